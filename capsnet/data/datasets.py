@@ -1,0 +1,91 @@
+"""torch Datasets over in-memory uint8 image tensors, and ``load(name, split, root)``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from capsnet.errors import DataError
+
+DEFAULT_ROOT = Path(os.environ.get("CAPSNET_DATA", "data"))
+
+
+class TensorImageDataset(Dataset):
+    """(image, target) pairs from uint8 images (N, H, W) or (N, C, H, W) and targets (N, ...).
+
+    Items are float (C, H, W) in [0, 1] and an int class (or the target row, e.g. multi-hot).
+    ``tensors`` exposes the raw tensors so training can batch them without per-item work.
+    """
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, name: str = ""):
+        if images.dim() == 3:
+            images = images.unsqueeze(1)  # (N, 1, H, W)
+        if images.dim() != 4:
+            raise DataError(
+                f"{name or 'dataset'}: images must be (N, [C,] H, W), got {tuple(images.shape)}"
+            )
+        if images.shape[0] != targets.shape[0]:
+            raise DataError(
+                f"{name or 'dataset'}: {images.shape[0]} images but {targets.shape[0]} targets"
+            )
+        self.images = images  # (N, C, H, W) uint8
+        self.targets = targets  # (N,) int64 or (N, K)
+        self.name = name
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images, self.targets
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int):
+        image = self.images[index].float().div_(255.0)  # (C, H, W)
+        target = self.targets[index]
+        return image, (int(target) if target.dim() == 0 else target)
+
+    def subset(self, limit: int | None) -> TensorImageDataset:
+        """The first ``limit`` items (all when None)."""
+        if limit is None or limit >= len(self):
+            return self
+        return TensorImageDataset(self.images[:limit], self.targets[:limit], self.name)
+
+
+def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
+    """Rotate each image about its centre by ``angle`` degrees (counter-clockwise),
+    bilinear, zero fill, same canvas. uint8 (N, [C,] H, W) in, same shape and dtype out."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    return TF.rotate(
+        images, float(angle), interpolation=InterpolationMode.BILINEAR, expand=False, fill=0
+    )
+
+
+def load(
+    name: str,
+    split: str = "test",
+    root: str | os.PathLike | None = None,
+    *,
+    angle: float | None = None,
+    download: bool = True,
+    mirror: str | None = None,
+    progress: bool = False,
+) -> TensorImageDataset:
+    """A prepared dataset by name: ``mnist`` or ``rotated-mnist`` (with ``angle``)."""
+    from capsnet.data import mnist
+
+    root = Path(root) if root is not None else DEFAULT_ROOT
+    raw_mnist = root / "raw" / "mnist"
+    if name == "mnist":
+        images, labels = mnist.load_split(raw_mnist, split, download, mirror, progress)
+        return TensorImageDataset(images, labels, f"mnist-{split}")
+    if name == "rotated-mnist":
+        if angle is None:
+            raise DataError("rotated-mnist needs an angle")
+        images, labels = mnist.load_split(raw_mnist, split, download, mirror, progress)
+        return TensorImageDataset(rotate_images(images, angle), labels, f"rotated-mnist-{angle:g}")
+    raise DataError(f"unknown dataset {name!r}; choose one of: mnist, rotated-mnist")

@@ -1,0 +1,76 @@
+"""MNIST: official sources, raw-MD5 verification, IDX parsing into uint8 tensors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from capsnet.data.formats import read_idx_images, read_idx_labels
+from capsnet.data.sources import RemoteFile, fetch
+from capsnet.errors import DataError
+
+OFFICIAL_BASES = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "http://yann.lecun.com/exdb/mnist/",
+)
+
+# file stem -> raw (decompressed) MD5, SPEC 2.1
+RAW_MD5 = {
+    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+}
+
+SPLIT_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def remote_files() -> list[RemoteFile]:
+    return [
+        RemoteFile(
+            "mnist", f"{stem}.gz", tuple(base + f"{stem}.gz" for base in OFFICIAL_BASES), md5
+        )
+        for stem, md5 in RAW_MD5.items()
+    ]
+
+
+def download(raw_dir: str | os.PathLike, mirror: str | None = None, progress: bool = True):
+    """Fetch and verify the four MNIST files into ``raw_dir``."""
+    return [fetch(remote, raw_dir, mirror=mirror, progress=progress) for remote in remote_files()]
+
+
+def read_split(raw_dir: str | os.PathLike, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images uint8 (N, 28, 28) and labels int64 (N,) of ``split`` from the raw .gz files."""
+    if split not in SPLIT_FILES:
+        raise DataError(f"MNIST split {split!r} unknown; choose train or test")
+    image_stem, label_stem = SPLIT_FILES[split]
+    raw_dir = Path(raw_dir)
+    images = read_idx_images(raw_dir / f"{image_stem}.gz")
+    labels = read_idx_labels(raw_dir / f"{label_stem}.gz")
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(
+            f"{raw_dir / image_stem}.gz: {images.shape[0]} images but "
+            f"{labels.shape[0]} labels in {label_stem}.gz"
+        )
+    return images, labels
+
+
+def load_split(
+    raw_dir: str | os.PathLike,
+    split: str,
+    download_missing: bool = True,
+    mirror: str | None = None,
+    progress: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``read_split``, downloading (and verifying) the files first when asked."""
+    if download_missing:
+        stems = SPLIT_FILES.get(split, ())
+        wanted = [r for r in remote_files() if r.filename[: -len(".gz")] in stems]
+        for remote in wanted:
+            fetch(remote, raw_dir, mirror=mirror, progress=progress)
+    return read_split(raw_dir, split)

@@ -1,0 +1,235 @@
+"""Where dataset files come from: an optional mirror, then the official URLs.
+
+Every file is verified by the MD5 of its DECOMPRESSED content (so a faithful mirror that
+recompressed a file still verifies) and written atomically: data goes to a temporary file
+in the target directory, is fsynced, verified and only then renamed into place. A killed
+download therefore never leaves a file that looks complete, and a rerun starts clean.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from capsnet.errors import DataError
+
+MIRROR_ENV = "CAPSNET_MIRROR"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One official file: its name, where it lives, and the MD5 of its raw content."""
+
+    dataset: str
+    filename: str
+    urls: tuple[str, ...]
+    raw_md5: str
+
+
+def mirror_setting(mirror: str | None = None) -> str | None:
+    """The mirror to use: the explicit argument, else $CAPSNET_MIRROR, else None."""
+    value = mirror if mirror is not None else os.environ.get(MIRROR_ENV)
+    return value or None
+
+
+def candidate_urls(remote: RemoteFile, mirror: str | None = None) -> list[str]:
+    """Mirror first (``<mirror>/<dataset>/<filename>``), then the official URLs."""
+    urls = []
+    mirror = mirror_setting(mirror)
+    if mirror:
+        urls.append(mirror.rstrip("/") + f"/{remote.dataset}/{remote.filename}")
+    urls.extend(remote.urls)
+    return urls
+
+
+def raw_md5(path: str | os.PathLike) -> str:
+    """MD5 of the decompressed content of ``path`` (gzip detected by its magic bytes)."""
+    digest = hashlib.md5()
+    try:
+        with open(path, "rb") as fh:
+            opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+    return digest.hexdigest()
+
+
+def is_verified(path: str | os.PathLike, expected_md5: str) -> bool:
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        return raw_md5(path) == expected_md5
+    except DataError:
+        return False
+
+
+def _open_source(url: str, timeout: float):
+    """A readable stream and its size (or None) for a URL, a file:// URL or a local path."""
+    if "://" not in url:
+        path = Path(url)
+        return open(path, "rb"), path.stat().st_size
+    if url.startswith("file://"):
+        path = Path(urllib.request.url2pathname(url[len("file://") :]))
+        return open(path, "rb"), path.stat().st_size
+    request = urllib.request.Request(url, headers={"User-Agent": "capsnet-pipeline"})
+    response = urllib.request.urlopen(request, timeout=timeout)
+    size = response.headers.get("Content-Length")
+    return response, int(size) if size else None
+
+
+def _copy_to_temp(url: str, target: Path, timeout: float, progress: bool) -> Path:
+    """Stream ``url`` into a temporary file next to ``target``; return its path."""
+    from tqdm.auto import tqdm
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        stream, size = _open_source(url, timeout)
+        with (
+            stream,
+            os.fdopen(fd, "wb") as out,
+            tqdm(
+                total=size,
+                unit="B",
+                unit_scale=True,
+                desc=target.name,
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
+            for chunk in iter(lambda: stream.read(CHUNK), b""):
+                out.write(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        return tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def fetch(
+    remote: RemoteFile,
+    directory: str | os.PathLike,
+    mirror: str | None = None,
+    retries: int = 3,
+    backoff: float = 1.0,
+    timeout: float = 60.0,
+    progress: bool = True,
+) -> Path:
+    """Make ``directory/remote.filename`` present and verified; return its path.
+
+    A verified file already there is kept. Otherwise each candidate URL is tried (with
+    ``retries`` attempts and exponential backoff for network errors); the first download
+    whose raw MD5 matches is renamed into place.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / remote.filename
+    if is_verified(target, remote.raw_md5):
+        return target
+    for stale in directory.glob(f".{remote.filename}.*.part"):  # left by a killed download
+        stale.unlink(missing_ok=True)
+    failures: list[str] = []
+    for url in candidate_urls(remote, mirror):
+        for attempt in range(retries):
+            try:
+                tmp = _copy_to_temp(url, target, timeout, progress)
+            except FileNotFoundError:
+                failures.append(f"{url} (not found)")
+                break
+            except urllib.error.HTTPError as exc:
+                failures.append(f"{url} (HTTP {exc.code})")
+                if exc.code in (404, 403, 410):
+                    break
+            except (urllib.error.URLError, OSError, TimeoutError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if attempt == retries - 1:
+                    failures.append(f"{url} ({reason})")
+            else:
+                digest = raw_md5(tmp) if _is_readable(tmp) else "unreadable"
+                if digest == remote.raw_md5:
+                    os.replace(tmp, target)
+                    _fsync_dir(directory)
+                    return target
+                tmp.unlink(missing_ok=True)
+                failures.append(
+                    f"{url} (MD5 mismatch: raw content {digest}, expected {remote.raw_md5})"
+                )
+                break
+            if attempt < retries - 1:
+                time.sleep(backoff * 2**attempt)
+    tried = "; ".join(failures)
+    raise DataError(
+        f"{remote.dataset}/{remote.filename}: no source worked. Tried: {tried}. "
+        f"Set ${MIRROR_ENV} (or data.mirror in params.yaml) to a directory or URL prefix "
+        f"holding {remote.dataset}/{remote.filename}"
+    )
+
+
+def fetch_all(remotes: Iterable[RemoteFile], directory: str | os.PathLike, **kwargs) -> list[Path]:
+    return [fetch(remote, directory, **kwargs) for remote in remotes]
+
+
+def _is_readable(path: Path) -> bool:
+    try:
+        raw_md5(path)
+        return True
+    except DataError:
+        return False
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    try:
+        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+            shutil.copyfileobj(fin, fout, CHUNK)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

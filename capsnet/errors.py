@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI prints these as one line, without a traceback."""
+
+
+class CapsnetError(Exception):
+    """Base class for errors caused by user input (files, options, params)."""
+
+
+class CheckpointError(CapsnetError):
+    """A checkpoint is missing, truncated, foreign or unsafe."""
+
+
+class DataError(CapsnetError):
+    """A dataset file is missing, corrupt or of the wrong format."""
+
+
+class ConfigError(CapsnetError):
+    """A parameter or option has an unknown name or an invalid value."""

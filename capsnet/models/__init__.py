@@ -1,0 +1,140 @@
+"""Model registry: every model is registered by name beside its Config dataclass.
+
+``build(name, **overrides)`` makes a model; ``names()`` lists them. A model's config
+(``model.config``, a dataclass) is saved in every checkpoint so the checkpoint alone
+rebuilds the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from capsnet.errors import ConfigError
+
+
+class ModelOutput(NamedTuple):
+    """What every model returns.
+
+    scores: (B, classes): capsule lengths / activations for capsule models, logits otherwise.
+    poses: (B, classes, D) class capsule poses, or None.
+    reconstruction: (B, C, H, W) decoder output, or None.
+    """
+
+    scores: torch.Tensor
+    poses: torch.Tensor | None = None
+    reconstruction: torch.Tensor | None = None
+
+
+class ModelSpec(NamedTuple):
+    name: str
+    model_cls: type[nn.Module]
+    config_cls: type
+    defaults: dict[str, Any]
+    description: str
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(
+    name: str, config_cls: type, description: str = "", **defaults: Any
+) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator (may be stacked) registering a model under ``name``."""
+
+    def wrap(model_cls: type[nn.Module]) -> type[nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} registered twice")
+        _REGISTRY[name] = ModelSpec(name, model_cls, config_cls, defaults, description)
+        return model_cls
+
+    return wrap
+
+
+def names() -> list[str]:
+    """Registered model names, sorted."""
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def spec(name: str) -> ModelSpec:
+    _load_families()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(names())}")
+    return _REGISTRY[name]
+
+
+def make_config(name: str, **overrides: Any):
+    """The config dataclass of ``name`` with its registered defaults and ``overrides``."""
+    model_spec = spec(name)
+    fields = {f.name for f in dataclasses.fields(model_spec.config_cls)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ConfigError(
+            f"model {name!r} has no config field(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(fields))}"
+        )
+    values = {**model_spec.defaults, **overrides}
+    try:
+        return model_spec.config_cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model {name!r}: {exc}") from None
+
+
+def build(name: str, **overrides: Any) -> nn.Module:
+    """Build model ``name``; keyword overrides replace config fields."""
+    config = make_config(name, **overrides)
+    model = spec(name).model_cls(config)
+    model.model_name = name
+    return model
+
+
+def build_from_config(name: str, config: dict[str, Any]) -> nn.Module:
+    """Rebuild a model from a saved config dict (all fields given explicitly)."""
+    model_spec = spec(name)
+    config = dict(config)
+    fields = {f.name for f in dataclasses.fields(model_spec.config_cls)}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise ConfigError(f"model {name!r} has no config field(s) {', '.join(unknown)}")
+    try:
+        cfg = model_spec.config_cls(**config)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model {name!r}: {exc}") from None
+    model = model_spec.model_cls(cfg)
+    model.model_name = name
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+_FAMILIES = ("capsnet.models.capsnet", "capsnet.models.baselines", "capsnet.models.em")
+
+
+def _load_families() -> None:
+    import importlib
+
+    for module in _FAMILIES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+__all__ = [
+    "ModelOutput",
+    "build",
+    "build_from_config",
+    "count_parameters",
+    "make_config",
+    "names",
+    "register",
+    "spec",
+]

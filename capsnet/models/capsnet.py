@@ -1,0 +1,108 @@
+"""CapsNet with dynamic routing (Sabour, Frosst, Hinton 2017)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsnet.layers import Decoder, DenseCapsules, PrimaryCapsules, conv_output_size
+from capsnet.models import ModelOutput, register
+from capsnet.routing import safe_norm
+
+
+@dataclass
+class CapsNetConfig:
+    in_channels: int = 1
+    input_size: int = 28
+    num_classes: int = 10
+    conv_channels: int = 256
+    conv_kernel: int = 9
+    primary_types: int = 32
+    primary_dim: int = 8
+    primary_kernel: int = 9
+    primary_stride: int = 2
+    class_dim: int = 16
+    routing_iterations: int = 3
+    detach_inner: bool = True
+    decoder: bool = True
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+
+    def __post_init__(self):
+        self.decoder_hidden = tuple(int(h) for h in self.decoder_hidden)
+        for name in (
+            "in_channels",
+            "input_size",
+            "num_classes",
+            "conv_channels",
+            "primary_types",
+            "primary_dim",
+            "class_dim",
+            "routing_iterations",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.primary_grid < 1:
+            raise ValueError(f"input_size {self.input_size} is too small for the kernels")
+
+    @property
+    def primary_grid(self) -> int:
+        conv = conv_output_size(self.input_size, self.conv_kernel)
+        return conv_output_size(conv, self.primary_kernel, self.primary_stride)
+
+    @property
+    def num_primary(self) -> int:
+        return self.primary_types * self.primary_grid**2
+
+
+@register("capsnet", CapsNetConfig, "Sabour et al. 2017 CapsNet (3 routing iterations)")
+@register(
+    "capsnet-small",
+    CapsNetConfig,
+    "CapsNet with 64 conv channels and 8 primary types (for CPU runs)",
+    conv_channels=64,
+    primary_types=8,
+    decoder_hidden=(256, 512),
+)
+class CapsNet(nn.Module):
+    default_loss = "margin"
+
+    def __init__(self, config: CapsNetConfig):
+        super().__init__()
+        self.config = config
+        self.conv1 = nn.Conv2d(config.in_channels, config.conv_channels, config.conv_kernel)
+        self.primary = PrimaryCapsules(
+            config.conv_channels,
+            config.primary_types,
+            config.primary_dim,
+            config.primary_kernel,
+            config.primary_stride,
+        )
+        self.classes = DenseCapsules(
+            config.num_primary,
+            config.primary_dim,
+            config.num_classes,
+            config.class_dim,
+            iterations=config.routing_iterations,
+            detach_inner=config.detach_inner,
+        )
+        image_shape = (config.in_channels, config.input_size, config.input_size)
+        self.decoder = (
+            Decoder(config.num_classes * config.class_dim, config.decoder_hidden, image_shape)
+            if config.decoder
+            else None
+        )
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
+        """x (B, C, H, W) in [0, 1]; target (B,) masks the decoder (else the prediction)."""
+        h = F.relu(self.conv1(x))  # (B, 256, 20, 20)
+        u = self.primary(h)  # (B, 1152, 8)
+        v, _ = self.classes(u)  # (B, 10, 16)
+        scores = safe_norm(v)  # (B, 10)
+        reconstruction = None
+        if self.decoder is not None:
+            mask_index = scores.argmax(dim=1) if target is None else target
+            reconstruction = self.decoder(v, mask_index)  # (B, 1, 28, 28)
+        return ModelOutput(scores, v, reconstruction)

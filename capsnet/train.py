@@ -1,0 +1,286 @@
+"""Training: one ``fit`` for the CLI, the DVC stages and the Ray Tune trainable."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from capsnet import losses
+from capsnet.errors import ConfigError
+from capsnet.evaluate import accuracy
+
+LOSSES = ("auto", "margin", "cross-entropy", "spread")
+
+
+@dataclass
+class TrainConfig:
+    """Training settings (defaults: the official CapsNet code, SPEC 1.1)."""
+
+    epochs: int = 1
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    shift_pixels: int = 0  # random shift augmentation, up to this many pixels
+    loss: str = "auto"  # auto (the model's default) | margin | cross-entropy | spread
+    m_plus: float = 0.9
+    m_minus: float = 0.1
+    lam: float = 0.5
+    recon_weight: float = 0.0005
+    spread_margin: tuple[float, float] = (0.2, 0.9)
+    spread_schedule: str = "linear"  # linear | sigmoid (official EM code)
+    eval_batch_size: int = 500
+    num_workers: int = 0
+    progress: bool | None = None  # None: a bar only when stderr is a terminal
+
+    def __post_init__(self):
+        self.spread_margin = tuple(float(m) for m in self.spread_margin)
+        for name in ("epochs", "batch_size", "lr_decay_steps", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr_decay <= 1:
+            raise ConfigError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.shift_pixels < 0:
+            raise ConfigError(f"train.shift_pixels must be >= 0, got {self.shift_pixels}")
+        if self.loss not in LOSSES:
+            raise ConfigError(
+                f"train.loss {self.loss!r} unknown; choose one of {', '.join(LOSSES)}"
+            )
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ConfigError(f"train.amp {self.amp!r} unknown; choose auto, bf16 or off")
+        if self.spread_schedule not in ("linear", "sigmoid"):
+            raise ConfigError(f"train.spread_schedule {self.spread_schedule!r}: linear or sigmoid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu for "auto"; otherwise the named device (checked)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"--device {name!r} is not a torch device (auto, cpu, cuda, mps)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name}: MPS is not available on this machine")
+    return device
+
+
+def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each image by an integer offset in [-max_shift, max_shift] per axis, zero fill.
+
+    images (B, C, H, W) -> (B, C, H, W); offsets drawn from ``generator`` (on images' device).
+    """
+    if max_shift == 0:
+        return images
+    batch, _, height, width = images.shape
+    padded = torch.nn.functional.pad(images, (max_shift,) * 4)  # (B, C, H+2s, W+2s)
+    offsets = torch.randint(
+        0, 2 * max_shift + 1, (2, batch), generator=generator, device=generator.device
+    ).to(images.device)  # (2, B)
+    rows = offsets[0, :, None] + torch.arange(height, device=images.device)  # (B, H)
+    cols = offsets[1, :, None] + torch.arange(width, device=images.device)  # (B, W)
+    batch_index = torch.arange(batch, device=images.device)[:, None, None]  # (B, 1, 1)
+    out = padded.permute(0, 2, 3, 1)[batch_index, rows[:, :, None], cols[:, None, :]]  # (B,H,W,C)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def spread_margin(config: TrainConfig, step: int, total_steps: int) -> float:
+    """Spread-loss margin at ``step``: linear from start to end over training, or the
+    official EM code's sigmoid schedule (0.2 + 0.79 * sigmoid(min(10, step / 50000 - 4)))."""
+    start, end = config.spread_margin
+    if config.spread_schedule == "sigmoid":
+        return start + 0.79 * (1.0 / (1.0 + math.exp(-min(10.0, step / 50000.0 - 4.0))))
+    frac = min(1.0, step / max(1, total_steps - 1))
+    return start + (end - start) * frac
+
+
+def compute_loss(
+    model: nn.Module,
+    output,
+    images: torch.Tensor,
+    targets: torch.Tensor,
+    config: TrainConfig,
+    step: int = 0,
+    total_steps: int = 1,
+) -> torch.Tensor:
+    """The training loss of ``output`` for ``targets`` under ``config.loss``."""
+    kind = config.loss if config.loss != "auto" else getattr(model, "default_loss", "cross-entropy")
+    if kind == "margin":
+        loss = losses.margin_loss(output.scores, targets, config.m_plus, config.m_minus, config.lam)
+        if output.reconstruction is not None and config.recon_weight > 0:
+            loss = loss + losses.reconstruction_loss(
+                output.reconstruction, images, config.recon_weight
+            )
+        return loss
+    if kind == "cross-entropy":
+        return losses.cross_entropy(output.scores, targets)
+    if kind == "spread":
+        margin = spread_margin(config, step, total_steps)
+        return losses.spread_loss(output.scores, targets, margin)
+    raise ConfigError(f"train.loss {kind!r} unknown")
+
+
+@dataclass
+class TrainState:
+    """What a resumed run needs besides the model weights."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    optimizer: dict | None = None
+    scheduler: dict | None = None
+    rng: torch.Tensor | None = None
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+def _tensor_batches(dataset: Dataset, config: TrainConfig, device, generator):
+    """Shuffled (images float (B, C, H, W), targets) from an in-memory dataset, on ``device``."""
+    images, targets = dataset.tensors
+    images, targets = images.to(device), targets.to(device)
+    order = torch.randperm(images.shape[0], generator=generator, device=generator.device)
+    order = order.to(device)
+    for start in range(0, images.shape[0], config.batch_size):
+        index = order[start : start + config.batch_size]
+        yield images[index].float().div_(255.0), targets[index]
+
+
+def _loader_batches(dataset: Dataset, config: TrainConfig, generator, epoch: int):
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=True,
+        generator=generator,
+        num_workers=config.num_workers,
+        worker_init_fn=getattr(dataset, "worker_init_fn", None),
+        persistent_workers=False,
+    )
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+    yield from loader
+
+
+def fit(
+    model: nn.Module,
+    train_data: Dataset,
+    val_data: Dataset | None = None,
+    config: TrainConfig | None = None,
+    on_epoch: Callable[[dict, TrainState], None] | None = None,
+    resume: TrainState | None = None,
+) -> list[dict]:
+    """Train ``model`` on ``train_data`` and return the per-epoch history.
+
+    Each epoch's record holds epoch, train_loss, train_accuracy, val_accuracy (when
+    ``val_data`` is given), lr, seconds and images_per_second; ``on_epoch(record, state)``
+    is called after each epoch (Ray Tune reports and checkpoints there). ``resume`` continues
+    a run from a saved TrainState (weights already loaded into ``model``).
+    """
+    from tqdm.auto import tqdm
+
+    config = config or TrainConfig()
+    device = select_device(config.device)
+    _seed_everything(config.seed)
+    model.to(device)
+    use_amp = device.type == "cuda" and config.amp in ("auto", "bf16")
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: config.lr_decay ** (step / config.lr_decay_steps)
+    )
+    state = resume or TrainState()
+    if state.optimizer is not None:
+        optimizer.load_state_dict(state.optimizer)
+    if state.scheduler is not None:
+        scheduler.load_state_dict(state.scheduler)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(config.seed)
+    if state.rng is not None:
+        generator.set_state(state.rng)
+    fast = hasattr(train_data, "tensors")
+    steps_per_epoch = math.ceil(len(train_data) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+
+    for epoch in range(state.epoch, config.epochs):
+        model.train()
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device, dtype=torch.long)
+        seen = 0
+        batches = (
+            _tensor_batches(train_data, config, device, generator)
+            if fast
+            else _loader_batches(train_data, config, generator, epoch)
+        )
+        bar = tqdm(
+            batches,
+            total=steps_per_epoch,
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            disable=None if config.progress is None else not config.progress,
+            leave=False,
+            unit="batch",
+        )
+        for images, targets in bar:
+            images = images.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            if config.shift_pixels:
+                images = random_shift(images, config.shift_pixels, generator)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+                output = model(images, targets if targets.dim() == 1 else None)
+                loss = compute_loss(model, output, images, targets, config, state.step, total_steps)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            state.step += 1
+            batch = images.shape[0]
+            seen += batch
+            loss_sum += loss.detach() * batch
+            if targets.dim() == 1:
+                correct += (output.scores.detach().argmax(1) == targets).sum()
+        bar.close()
+        seconds = time.perf_counter() - started
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum.item() / max(1, seen),
+            "train_accuracy": correct.item() / max(1, seen),
+            "lr": scheduler.get_last_lr()[0],
+            "seconds": seconds,
+            "images_per_second": seen / seconds if seconds > 0 else float("nan"),
+        }
+        if val_data is not None and len(val_data):
+            record["val_accuracy"] = accuracy(model, val_data, config.eval_batch_size, device)[
+                "accuracy"
+            ]
+        state.epoch = epoch + 1
+        state.history.append(record)
+        state.optimizer = optimizer.state_dict()
+        state.scheduler = scheduler.state_dict()
+        state.rng = generator.get_state()
+        if on_epoch is not None:
+            on_epoch(record, state)
+    return state.history

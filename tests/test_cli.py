@@ -1,0 +1,199 @@
+"""The `capsnet` command: happy paths in-process, error paths as a user sees them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from capsnet import checkpoint, models
+
+
+def run_cli(*args, env_extra=None, cwd=None):
+    import os
+
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, env=env, cwd=cwd
+    )
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_models_lists_names_with_parameter_counts():
+    result = run_cli("models")
+    assert result.returncode == 0
+    assert "capsnet " in result.stdout and "8,215,568" in result.stdout
+    assert "lenet5" in result.stdout
+
+
+@pytest.mark.slow
+def test_train_then_eval_reproduces_test_accuracy(tmp_path, mnist_root):
+    out = tmp_path / "run"
+    result = run_cli(
+        "train",
+        "--model",
+        "lenet5",
+        "--train-limit",
+        "2000",
+        "--val-size",
+        "500",
+        "--test-limit",
+        "1000",
+        "--data-root",
+        str(mnist_root),
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mnist"]["n"] == 1000
+    assert metrics["mnist"]["accuracy"] > 0.5
+    results_file = tmp_path / "eval.json"
+    result = run_cli(
+        "eval",
+        str(out / "model.pt"),
+        "--limit",
+        "1000",
+        "--angles",
+        "0,45",
+        "--data-root",
+        str(mnist_root),
+        "--out",
+        str(results_file),
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads(results_file.read_text())
+    entry = results["run"]
+    assert entry["model"] == "lenet5"
+    assert entry["mnist"] == metrics["mnist"]
+    assert entry["rotated-mnist"]["accuracy"]["0"] == metrics["mnist"]["accuracy"]
+    assert set(entry["rotated-mnist"]["accuracy"]) == {"0", "45"}
+    assert "lenet5" in result.stdout
+
+
+def test_eval_json_schema_for_two_checkpoints(tmp_path, mnist_root):
+    from click.testing import CliRunner
+
+    from capsnet.cli import main
+
+    torch.manual_seed(0)
+    paths = []
+    for name in ("lenet5", "capsnet-small"):
+        paths.append(str(checkpoint.save(tmp_path / f"{name}.pt", models.build(name))))
+    out = tmp_path / "e.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            *paths,
+            "--limit",
+            "50",
+            "--angles",
+            "0,90",
+            "--data-root",
+            str(mnist_root),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"lenet5", "capsnet-small"}
+    for entry in data.values():
+        assert set(entry) == {"model", "checkpoint", "mnist", "rotated-mnist"}
+        assert entry["mnist"]["n"] == 50
+        assert set(entry["rotated-mnist"]["accuracy"]) == {"0", "90"}
+        assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
+
+
+def test_unknown_model(tmp_path):
+    result = run_cli("train", "--model", "capsnett", "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "unknown model 'capsnett'")
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_checkpoint(tmp_path):
+    assert_one_line_error(
+        run_cli("eval", str(tmp_path / "none.pt")), "none.pt", "checkpoint not found"
+    )
+
+
+def test_truncated_checkpoint(tmp_path):
+    path = checkpoint.save(tmp_path / "t.pt", models.build("lenet5"))
+    path.write_bytes(path.read_bytes()[:100])
+    assert_one_line_error(run_cli("eval", str(path)), "t.pt", "truncated")
+
+
+def test_foreign_file_as_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello")
+    assert_one_line_error(run_cli("eval", str(path)), "notes.pt")
+
+
+def test_bad_angles(tmp_path):
+    path = checkpoint.save(tmp_path / "m.pt", models.build("lenet5"))
+    assert_one_line_error(run_cli("eval", str(path), "--angles", "10,abc"), "--angles")
+
+
+def test_bad_option_values(tmp_path):
+    assert_one_line_error(
+        run_cli("train", "--model", "lenet5", "--epochs", "0", "--out", str(tmp_path)), "--epochs"
+    )
+    assert_one_line_error(run_cli("eval"), "CHECKPOINT")
+
+
+def test_out_is_a_file(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert_one_line_error(run_cli("train", "--model", "lenet5", "--out", str(target)), "--out")
+
+
+def test_routing_iterations_for_a_model_without_routing(tmp_path):
+    assert_one_line_error(
+        run_cli(
+            "train", "--model", "lenet5", "--routing-iterations", "3", "--out", str(tmp_path / "o")
+        ),
+        "--routing-iterations",
+    )
+
+
+def test_unavailable_device(tmp_path, mnist_root):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_cli(
+        "train",
+        "--model",
+        "lenet5",
+        "--device",
+        "cuda",
+        "--data-root",
+        str(mnist_root),
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert_one_line_error(result, "CUDA is not available")
+
+
+def test_no_source_for_mnist_names_the_urls_and_the_mirror_setting(tmp_path):
+    result = run_cli(
+        "train",
+        "--model",
+        "lenet5",
+        "--data-root",
+        str(tmp_path / "empty"),
+        "--mirror",
+        str(tmp_path / "no-mirror"),
+        "--out",
+        str(tmp_path / "o"),
+        env_extra={"CAPSNET_MIRROR": ""},
+    )
+    assert_one_line_error(result, "no source worked", "no-mirror", "CAPSNET_MIRROR")

@@ -1,0 +1,148 @@
+import pytest
+import torch
+
+from capsnet import checkpoint, evaluate, models
+from capsnet.data.datasets import TensorImageDataset, load
+from capsnet.train import TrainConfig, compute_loss, fit, random_shift, select_device
+
+
+@pytest.fixture(scope="module")
+def mnist_small(mnist_root):
+    train = load("mnist", "train", mnist_root, download=False)
+    test = load("mnist", "test", mnist_root, download=False)
+    return train, test
+
+
+def test_overfits_a_64_image_batch_to_100_percent(mnist_small):
+    train, _ = mnist_small
+    images, labels = train.tensors
+    batch = TensorImageDataset(images[:64], labels[:64])
+    torch.manual_seed(0)
+    model = models.build("capsnet-small")
+    config = TrainConfig(epochs=60, batch_size=64, lr=3e-3, progress=False)
+    fit(model, batch, None, config)
+    assert evaluate.accuracy(model, batch)["accuracy"] == 1.0
+
+
+def test_training_is_repeatable_on_cpu_with_a_seed(mnist_small):
+    train, _ = mnist_small
+    data = train.subset(256)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        model = models.build("lenet5")
+        history = fit(
+            model,
+            data,
+            data,
+            TrainConfig(epochs=2, batch_size=32, seed=3, shift_pixels=2, progress=False),
+        )
+        runs.append((history, model.state_dict()))
+    assert [r["train_loss"] for r in runs[0][0]] == [r["train_loss"] for r in runs[1][0]]
+    for key, value in runs[0][1].items():
+        assert torch.equal(value, runs[1][1][key]), key
+
+
+def test_history_records_and_callback(mnist_small):
+    train, test = mnist_small
+    seen = []
+    torch.manual_seed(0)
+    model = models.build("lenet5")
+    history = fit(
+        model,
+        train.subset(512),
+        test.subset(200),
+        TrainConfig(epochs=2, batch_size=64, progress=False),
+        on_epoch=lambda record, state: seen.append((record["epoch"], state.epoch)),
+    )
+    assert seen == [(1, 1), (2, 2)]
+    assert [r["epoch"] for r in history] == [1, 2]
+    for record in history:
+        assert {"train_loss", "train_accuracy", "val_accuracy", "lr", "seconds"} <= set(record)
+        assert 0.0 <= record["val_accuracy"] <= 1.0
+    # Adam lr decays as 0.96 ** (step / 2000): 16 steps after two epochs of 8 batches
+    assert history[-1]["lr"] == pytest.approx(1e-3 * 0.96 ** (16 / 2000))
+
+
+def test_resume_continues_where_a_run_stopped(mnist_small):
+    train, _ = mnist_small
+    data = train.subset(128)
+    config = TrainConfig(epochs=2, batch_size=32, progress=False)
+    torch.manual_seed(0)
+    straight = models.build("lenet5")
+    full = fit(straight, data, None, config)
+
+    torch.manual_seed(0)
+    first = models.build("lenet5")
+    states = []
+    fit(
+        first,
+        data,
+        None,
+        TrainConfig(epochs=1, batch_size=32, progress=False),
+        on_epoch=lambda record, state: states.append(state),
+    )
+    resumed = fit(first, data, None, config, resume=states[0])
+    assert [r["epoch"] for r in resumed] == [1, 2]
+    assert resumed[1]["train_loss"] == pytest.approx(full[1]["train_loss"], rel=1e-5)
+
+
+def test_random_shift_moves_content_within_bounds_and_zero_fills():
+    images = torch.zeros(50, 1, 10, 10)
+    images[:, :, 4:6, 4:6] = 1.0
+    generator = torch.Generator().manual_seed(0)
+    shifted = random_shift(images, 2, generator)
+    assert shifted.shape == images.shape
+    assert torch.equal(shifted.sum(dim=(1, 2, 3)), images.sum(dim=(1, 2, 3)))
+    rows = shifted[:, 0].sum(dim=2).argmax(dim=1)
+    assert rows.min() >= 2 and rows.max() <= 6
+    assert len(set(rows.tolist())) > 1
+    assert torch.equal(random_shift(images, 0, generator), images)
+
+
+def test_train_save_load_eval_reproduces_accuracy_exactly(tmp_path, mnist_small):
+    train, test = mnist_small
+    torch.manual_seed(0)
+    model = models.build("capsnet-small", routing_iterations=2)
+    config = TrainConfig(epochs=1, batch_size=64, progress=False)
+    fit(model, train.subset(640), None, config)
+    before = evaluate.accuracy(model, test.subset(300))
+    path = checkpoint.save(
+        tmp_path / "m.pt", model, train_config=config.to_dict(), metrics={"mnist": before}
+    )
+    loaded, meta = checkpoint.load(path)
+    after = evaluate.accuracy(loaded, test.subset(300))
+    assert after == before
+    assert meta["metrics"]["mnist"] == before
+    assert meta["model_config"]["routing_iterations"] == 2
+    assert meta["train_config"]["batch_size"] == 64
+
+
+def test_rotation_sweep_at_zero_equals_upright(mnist_small):
+    _, test = mnist_small
+    torch.manual_seed(0)
+    model = models.build("lenet5")
+    data = test.subset(200)
+    sweep = evaluate.rotation_sweep(model, data, [0, 360, 35])
+    upright = evaluate.accuracy(model, data)["accuracy"]
+    assert sweep["n"] == 200
+    assert sweep["accuracy"]["0"] == upright
+    assert sweep["accuracy"]["360"] == upright
+
+
+def test_margin_loss_used_for_capsules_and_cross_entropy_for_cnns():
+    images = torch.rand(2, 1, 28, 28)
+    targets = torch.tensor([1, 2])
+    config = TrainConfig(progress=False)
+    caps = models.build("capsnet-small")
+    cnn = models.build("lenet5")
+    caps_loss = compute_loss(caps, caps(images, targets), images, targets, config)
+    cnn_out = cnn(images)
+    cnn_loss = compute_loss(cnn, cnn_out, images, targets, config)
+    torch.testing.assert_close(cnn_loss, torch.nn.functional.cross_entropy(cnn_out.scores, targets))
+    assert caps_loss.item() > 0
+
+
+def test_select_device():
+    assert select_device("cpu").type == "cpu"
+    assert select_device("auto").type in ("cpu", "cuda", "mps")
