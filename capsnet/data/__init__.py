@@ -1,5 +1,5 @@
 """Datasets: sources (mirror + official URLs), formats, and torch Datasets."""
 
-from capsnet.data.datasets import TensorImageDataset, load
+from capsnet.data.datasets import DATASETS, TensorImageDataset, load, rotate_images
 
-__all__ = ["TensorImageDataset", "load"]
+__all__ = ["DATASETS", "TensorImageDataset", "load", "rotate_images"]

@@ -65,27 +65,83 @@ def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
     )
 
 
+DATASETS = (
+    "mnist",
+    "expanded-mnist",
+    "rotated-mnist",
+    "affnist",
+    "affnist-synth",
+    "smallnorb",
+    "multimnist",
+)
+
+
 def load(
     name: str,
     split: str = "test",
     root: str | os.PathLike | None = None,
     *,
     angle: float | None = None,
+    subset: str = "all",
+    seed: int | None = None,
     download: bool = True,
     mirror: str | None = None,
     progress: bool = False,
-) -> TensorImageDataset:
-    """A prepared dataset by name: ``mnist`` or ``rotated-mnist`` (with ``angle``)."""
+    **options,
+) -> Dataset:
+    """A prepared dataset by name, as a torch Dataset of (image float (C, H, W) in [0, 1],
+    target): an int class, or a multi-hot (10,) float vector for ``multimnist``.
+
+    Names: mnist, expanded-mnist (40x40 canvas, random shift from ``seed``), rotated-mnist
+    (``angle`` degrees), affnist (real files; split ``test`` or ``test-centered``),
+    affnist-synth (test only), smallnorb (``subset``: all or a viewpoint subset, see
+    ``capsnet.data.smallnorb.SUBSETS``; ``options``: channels, standardize, augment),
+    multimnist (``options``: merge, redraw). Prepared files under ``root/prepared`` are used
+    when present; MNIST-derived sets are otherwise computed from the raw MNIST files
+    (downloaded when ``download``).
+    """
     from capsnet.data import mnist
 
     root = Path(root) if root is not None else DEFAULT_ROOT
-    raw_mnist = root / "raw" / "mnist"
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    known = {
+        "smallnorb": {"channels", "standardize", "augment", "crop", "brightness", "contrast"},
+        "multimnist": {"merge", "redraw"},
+    }.get(name, set())
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise DataError(f"{name}: unknown option(s) {', '.join(unknown)}")
+
+    def mnist_split(which: str):
+        return mnist.load_tensors(root, which, download, mirror, progress)
+
     if name == "mnist":
-        images, labels = mnist.load_split(raw_mnist, split, download, mirror, progress)
+        images, labels = mnist_split(split)
         return TensorImageDataset(images, labels, f"mnist-{split}")
     if name == "rotated-mnist":
         if angle is None:
             raise DataError("rotated-mnist needs an angle")
-        images, labels = mnist.load_split(raw_mnist, split, download, mirror, progress)
-        return TensorImageDataset(rotate_images(images, angle), labels, f"rotated-mnist-{angle:g}")
-    raise DataError(f"unknown dataset {name!r}; choose one of: mnist, rotated-mnist")
+        from capsnet.data import rotated
+
+        images, labels = rotated.load_tensors(root, split, angle, mnist_split)
+        return TensorImageDataset(images, labels, f"rotated-mnist-{angle:g}")
+    if name == "expanded-mnist":
+        from capsnet.data import affnist
+
+        images, labels = mnist_split(split)
+        expanded = affnist.expand(images, seed=0 if seed is None else seed)
+        return TensorImageDataset(expanded, labels, f"expanded-mnist-{split}")
+    if name in ("affnist", "affnist-synth"):
+        from capsnet.data import affnist
+
+        loader = affnist.load_real if name == "affnist" else affnist.load_synth
+        images, labels = loader(root, split, mnist_split=mnist_split)
+        return TensorImageDataset(images, labels, f"{name}-{split}")
+    if name == "smallnorb":
+        from capsnet.data import smallnorb
+
+        return smallnorb.load(root, split, subset=subset, seed=seed or 0, **options)
+    from capsnet.data import multimnist
+
+    return multimnist.load(root, split, mnist_split, seed=seed, **options)

@@ -84,3 +84,132 @@ def write_idx(path: str | os.PathLike, tensor: torch.Tensor) -> None:
     if str(path).endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=6)
     atomic_write_bytes(path, payload)
+
+
+# --- smallNORB binary (SPEC 2.3) -----------------------------------------------------------
+
+NORB_DTYPES = {
+    0x1E3D4C55: "uint8",
+    0x1E3D4C54: "int32",
+    0x1E3D4C51: "float32",
+    0x1E3D4C53: "float64",
+    0x1E3D4C56: "int16",
+}
+NORB_MAGIC = {dtype: magic for magic, dtype in NORB_DTYPES.items()}
+
+
+def read_norb(path: str | os.PathLike):
+    """A smallNORB binary matrix (optionally .gz) -> numpy array of its dtype and dims.
+
+    Header: little-endian int32 magic, ndim, then max(3, ndim) dims (the extra ones ignored).
+    """
+    import numpy as np
+
+    data = read_bytes(path)
+    if len(data) < 8:
+        raise DataError(f"{path}: too short for a smallNORB header ({len(data)} bytes)")
+    magic, ndim = (int(v) for v in np.frombuffer(data, "<i4", count=2))
+    if magic not in NORB_DTYPES:
+        raise DataError(f"{path}: smallNORB magic {magic:#x} unknown")
+    if not 0 < ndim <= 8:
+        raise DataError(f"{path}: smallNORB header ndim {ndim} out of range 1..8")
+    header = 8 + 4 * max(3, ndim)
+    if len(data) < header:
+        raise DataError(f"{path}: truncated smallNORB header")
+    dims = [int(d) for d in np.frombuffer(data, "<i4", count=ndim, offset=8)]
+    dtype = np.dtype(NORB_DTYPES[magic]).newbyteorder("<")
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(data) - header != expected or min(dims) < 0:
+        raise DataError(
+            f"{path}: header dims {dims} ({NORB_DTYPES[magic]}) need {expected} bytes but the "
+            f"file holds {len(data) - header}"
+        )
+    return np.frombuffer(data, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def write_norb(path: str | os.PathLike, array) -> None:
+    """Write ``array`` in the smallNORB binary format (gzip when the name ends in .gz)."""
+    import numpy as np
+
+    from capsnet.data.sources import atomic_write_bytes
+
+    array = np.ascontiguousarray(array)
+    magic = NORB_MAGIC[array.dtype.name]
+    dims = list(array.shape) + [1] * max(0, 3 - array.ndim)
+    header = np.array([magic, array.ndim, *dims], dtype="<i4").tobytes()
+    payload = header + array.astype(array.dtype.newbyteorder("<")).tobytes()
+    if str(path).endswith(".gz"):
+        payload = gzip.compress(payload, compresslevel=1)
+    atomic_write_bytes(path, payload)
+
+
+# --- affNIST MATLAB files (SPEC 2.2) -------------------------------------------------------
+
+AFFNIST_FIELDS = ("image", "label_int", "label_one_of_n", "human_readable_transform")
+AFFNIST_SIDE = 40
+
+
+def read_affnist_mat(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """An affNIST .mat file -> images uint8 (N, 40, 40) and labels int64 (N,).
+
+    The struct ``affNISTdata`` holds ``image`` (1600, N), one row-major image per column.
+    """
+    import numpy as np
+    import scipy.io
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        mat = scipy.io.loadmat(path, struct_as_record=False, squeeze_me=True)
+    except (ValueError, TypeError, OSError, EOFError, NotImplementedError) as exc:
+        raise DataError(f"{path}: not a readable MATLAB file ({exc})") from None
+    if "affNISTdata" not in mat:
+        raise DataError(
+            f"{path}: no affNISTdata struct (found {sorted(k for k in mat if k[:2] != '__')})"
+        )
+    struct = mat["affNISTdata"]
+    names = set(getattr(struct, "_fieldnames", []) or [])
+    missing = [f for f in ("image", "label_int") if f not in names]
+    if missing:
+        raise DataError(f"{path}: affNISTdata lacks field(s) {', '.join(missing)}")
+    image = np.asarray(struct.image)
+    labels = np.atleast_1d(np.asarray(struct.label_int))
+    if image.ndim == 1:  # squeeze_me drops N when N == 1
+        image = image[:, None]
+    if image.ndim != 2 or image.shape[0] != AFFNIST_SIDE * AFFNIST_SIDE:
+        raise DataError(f"{path}: affNISTdata.image has shape {image.shape}, expected (1600, N)")
+    if labels.shape[0] != image.shape[1]:
+        raise DataError(f"{path}: {image.shape[1]} images but {labels.shape[0]} labels")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{path}: label {int(labels.max())} out of range 0..9")
+    images = np.ascontiguousarray(image.T).astype(np.uint8).reshape(-1, AFFNIST_SIDE, AFFNIST_SIDE)
+    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))  # (N,40,40), (N,)
+
+
+def write_affnist_mat(
+    path: str | os.PathLike, images: torch.Tensor, labels: torch.Tensor, transforms=None
+) -> None:
+    """Write images uint8 (N, 40, 40) and labels (N,) as an official-layout affNIST .mat."""
+    import io
+
+    import numpy as np
+    import scipy.io
+
+    from capsnet.data.sources import atomic_write_bytes
+
+    images = images.to(torch.uint8).numpy().reshape(images.shape[0], -1)  # (N, 1600)
+    labels = labels.numpy().astype(np.uint8)
+    one_hot = np.zeros((10, labels.shape[0]), np.uint8)
+    one_hot[labels, np.arange(labels.shape[0])] = 1
+    if transforms is None:
+        transforms = np.zeros((7, labels.shape[0]))
+    struct = {
+        "image": np.ascontiguousarray(images.T),  # (1600, N)
+        "label_int": labels[None, :],  # (1, N)
+        "label_one_of_n": one_hot,  # (10, N)
+        "human_readable_transform": transforms,
+    }
+    buffer = io.BytesIO()
+    scipy.io.savemat(buffer, {"affNISTdata": struct}, do_compression=True)
+    atomic_write_bytes(path, buffer.getvalue())

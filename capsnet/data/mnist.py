@@ -74,3 +74,38 @@ def load_split(
         for remote in wanted:
             fetch(remote, raw_dir, mirror=mirror, progress=progress)
     return read_split(raw_dir, split)
+
+
+def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Parse and check the raw files; write ``out_dir/{train,test}.pt`` (uint8 images,
+    int64 labels) atomically, both or neither."""
+    from capsnet.data.store import atomic_directory, save_prepared
+
+    splits = {split: read_split(raw_dir, split) for split in SPLIT_FILES}
+    with atomic_directory(out_dir) as tmp:
+        for split, (images, labels) in splits.items():
+            save_prepared(
+                tmp / f"{split}.pt",
+                {"images": images, "labels": labels},
+                dataset="mnist",
+                split=split,
+                count=int(labels.shape[0]),
+            )
+    return Path(out_dir)
+
+
+def load_tensors(
+    root: str | os.PathLike,
+    split: str,
+    download_missing: bool = True,
+    mirror: str | None = None,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST ``split`` from ``root/prepared/mnist`` when prepared, else from ``root/raw/mnist``."""
+    from capsnet.data.store import load_prepared
+
+    prepared = Path(root) / "prepared" / "mnist" / f"{split}.pt"
+    if prepared.is_file():
+        tensors, _ = load_prepared(prepared)
+        return tensors["images"], tensors["labels"]
+    return load_split(Path(root) / "raw" / "mnist", split, download_missing, mirror, progress)

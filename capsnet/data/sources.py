@@ -16,8 +16,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +30,30 @@ CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One official file: its name, where it lives, and the MD5 of its raw content."""
+    """One official file: its name, where it lives, and the MD5 of its raw content.
+
+    Files without a published MD5 (affNIST) set ``raw_md5=None`` and a ``check`` that
+    raises DataError when the file is incomplete (for zips: every member's CRC-32).
+    """
 
     dataset: str
     filename: str
     urls: tuple[str, ...]
-    raw_md5: str
+    raw_md5: str | None
+    check: Callable[[Path], None] | None = None
+
+    def verify(self, path: str | os.PathLike) -> str | None:
+        """None when ``path`` is a verified copy, else why not."""
+        if self.raw_md5 is not None:
+            digest = raw_md5(path)
+            if digest != self.raw_md5:
+                return f"MD5 mismatch: raw content {digest}, expected {self.raw_md5}"
+        if self.check is not None:
+            try:
+                self.check(Path(path))
+            except DataError as exc:
+                return str(exc)
+        return None
 
 
 def mirror_setting(mirror: str | None = None) -> str | None:
@@ -67,12 +86,15 @@ def raw_md5(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def is_verified(path: str | os.PathLike, expected_md5: str) -> bool:
+def is_verified(path: str | os.PathLike, expected: str | RemoteFile) -> bool:
+    """Whether ``path`` exists and matches an MD5 (or a RemoteFile's verification)."""
     path = Path(path)
     if not path.is_file():
         return False
     try:
-        return raw_md5(path) == expected_md5
+        if isinstance(expected, RemoteFile):
+            return expected.verify(path) is None
+        return raw_md5(path) == expected
     except DataError:
         return False
 
@@ -140,7 +162,7 @@ def fetch(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / remote.filename
-    if is_verified(target, remote.raw_md5):
+    if is_verified(target, remote):
         return target
     for stale in directory.glob(f".{remote.filename}.*.part"):  # left by a killed download
         stale.unlink(missing_ok=True)
@@ -161,15 +183,16 @@ def fetch(
                 if attempt == retries - 1:
                     failures.append(f"{url} ({reason})")
             else:
-                digest = raw_md5(tmp) if _is_readable(tmp) else "unreadable"
-                if digest == remote.raw_md5:
+                try:
+                    problem = remote.verify(tmp)
+                except DataError as exc:  # e.g. a truncated .gz
+                    problem = str(exc).replace(str(tmp), "download")
+                if problem is None:
                     os.replace(tmp, target)
                     _fsync_dir(directory)
                     return target
                 tmp.unlink(missing_ok=True)
-                failures.append(
-                    f"{url} (MD5 mismatch: raw content {digest}, expected {remote.raw_md5})"
-                )
+                failures.append(f"{url} ({problem})")
                 break
             if attempt < retries - 1:
                 time.sleep(backoff * 2**attempt)
@@ -183,14 +206,6 @@ def fetch(
 
 def fetch_all(remotes: Iterable[RemoteFile], directory: str | os.PathLike, **kwargs) -> list[Path]:
     return [fetch(remote, directory, **kwargs) for remote in remotes]
-
-
-def _is_readable(path: Path) -> bool:
-    try:
-        raw_md5(path)
-        return True
-    except DataError:
-        return False
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -233,3 +248,58 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_zip(path: Path) -> None:
+    """Raise DataError unless ``path`` is a complete zip whose members' CRC-32s all match."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: corrupt zip ({exc})") from None
+    if bad is not None:
+        raise DataError(f"{path}: corrupt zip (CRC mismatch in member {bad})")
+
+
+def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike) -> list[Path]:
+    """Extract every member of a zip under ``target``; refuse the whole archive when any
+    member would land outside it (``../``, absolute paths, drive letters, symlinks).
+
+    Members are extracted into a temporary directory beside ``target`` and moved into place
+    only when all succeeded, so a refused or corrupt archive leaves nothing behind.
+    """
+    archive_path, target = Path(archive_path), Path(target)
+    check_zip(archive_path)
+    target.mkdir(parents=True, exist_ok=True)
+    root = target.resolve()
+    with zipfile.ZipFile(archive_path) as archive:
+        members = [m for m in archive.infolist() if not m.is_dir()]
+        for member in members:
+            name = member.filename.replace("\\", "/")
+            dest = (root / name).resolve()
+            is_link = (member.external_attr >> 16) & 0o170000 == 0o120000
+            if name.startswith("/") or ":" in name or is_link or not dest.is_relative_to(root):
+                raise DataError(
+                    f"{archive_path}: member {member.filename!r} would be extracted outside "
+                    f"{target}; refusing the archive"
+                )
+        staging = Path(tempfile.mkdtemp(prefix=f".{archive_path.name}.", dir=target))
+        written = []
+        try:
+            for member in members:
+                out = staging / member.filename
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as fin, open(out, "wb") as fout:
+                    shutil.copyfileobj(fin, fout, CHUNK)
+            for member in members:
+                final = target / member.filename
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / member.filename, final)
+                written.append(final)
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise DataError(f"{archive_path}: corrupt zip ({exc})") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return written

@@ -1,0 +1,122 @@
+"""``capsnet data download|prepare|show``: thin wrappers over capsnet.data.stages and load."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from capsnet.data.datasets import DATASETS
+from capsnet.data.stages import DOWNLOADS, PREPARES
+
+PARAMS_HELP = "params.yaml to read (default: ./params.yaml when present, else the defaults)."
+
+
+def _params(path: Path | None):
+    from capsnet.config import load_or_default
+
+    return load_or_default(path)
+
+
+@click.group("data")
+def data_group() -> None:
+    """Download, prepare and look at datasets (the DVC data stages)."""
+
+
+@data_group.command("download")
+@click.argument("dataset", type=click.Choice(DOWNLOADS))
+@click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=PARAMS_HELP,
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory (default: $CAPSNET_DATA or ./data).",
+)
+@click.option(
+    "--mirror",
+    default=None,
+    help="Mirror directory or URL prefix (default: $CAPSNET_MIRROR, then data.mirror).",
+)
+def download_command(dataset, params_path, root, mirror) -> None:
+    """Fetch and verify DATASET's raw files into ROOT/raw/DATASET."""
+    from capsnet.data import stages
+
+    out = stages.download(dataset, _params(params_path), root, mirror, sys.stderr.isatty())
+    click.echo(f"{dataset}: {out}")
+
+
+@data_group.command("prepare")
+@click.argument("dataset", type=click.Choice(PREPARES))
+@click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=PARAMS_HELP,
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory (default: $CAPSNET_DATA or ./data).",
+)
+def prepare_command(dataset, params_path, root) -> None:
+    """Build ROOT/prepared/DATASET from the raw files (or the prepared MNIST)."""
+    from capsnet.data import stages
+
+    out = stages.prepare(dataset, _params(params_path), root)
+    click.echo(f"{dataset}: {out}")
+
+
+@data_group.command("show")
+@click.argument("dataset", type=click.Choice(DATASETS))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="PNG file to write.",
+)
+@click.option("--split", default="test", show_default=True)
+@click.option("--count", type=click.IntRange(1, 100), default=16, show_default=True)
+@click.option("--angle", type=float, default=None, help="Rotation for rotated-mnist.")
+@click.option("--subset", default="all", show_default=True, help="smallnorb viewpoint subset.")
+@click.option(
+    "--augment",
+    "strategy",
+    default=None,
+    help="Show training augmentation: none, shift, rotate, affine, elastic (settings from params).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=PARAMS_HELP,
+)
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None)
+def show_command(dataset, out, split, count, angle, subset, strategy, seed, params_path, root):
+    """Write a grid of DATASET samples with their labels to OUT (PNG)."""
+    from capsnet.data.show import show
+
+    params = _params(params_path)
+    show(
+        dataset,
+        out,
+        split=split,
+        count=count,
+        angle=angle,
+        subset=subset,
+        strategy=strategy,
+        seed=seed,
+        params=params,
+        root=root,
+    )
+    click.echo(f"wrote {out}")

@@ -1,0 +1,107 @@
+"""The data stages: what ``capsnet data download|prepare NAME`` does, given the params.
+
+Each stage reads its params section, calls one library function and writes one directory:
+``<root>/raw/<dataset>`` (download) or ``<root>/prepared/<name>`` (prepare). A dataset
+switched off in params gets a directory holding only DISABLED.txt, because DVC needs every
+declared output to exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from capsnet.config import Params
+from capsnet.data.store import is_disabled, write_disabled
+from capsnet.errors import DataError
+
+DOWNLOADS = ("mnist", "affnist", "smallnorb")
+PREPARES = ("mnist", "affnist", "affnist-synth", "smallnorb", "multimnist", "rotated-mnist")
+
+
+def _root(params: Params, root: str | Path | None) -> Path:
+    from capsnet.data.datasets import DEFAULT_ROOT
+
+    return Path(root) if root is not None else DEFAULT_ROOT
+
+
+def download(name: str, params: Params, root=None, mirror=None, progress=False) -> Path:
+    """Fetch and verify the raw files of ``name`` into ``<root>/raw/<name>``."""
+    from capsnet.data import affnist, mnist, smallnorb
+
+    if name not in DOWNLOADS:
+        raise DataError(
+            f"unknown dataset {name!r} to download; choose one of {', '.join(DOWNLOADS)}"
+        )
+    data = params.data
+    out = _root(params, root) / "raw" / name
+    mirror = data.resolved_mirror(mirror)
+    if not getattr(data, name).enabled:
+        return write_disabled(out, f"data.{name}.enabled is false in params.yaml")
+    if name == "affnist" and data.affnist.source == "synth":
+        return write_disabled(out, "data.affnist.source is synth: the real files are not used")
+    if is_disabled(out):
+        (out / "DISABLED.txt").unlink()
+    if name == "mnist":
+        mnist.download(out, mirror, progress)
+    elif name == "smallnorb":
+        smallnorb.download(out, mirror, progress)
+    else:
+        try:
+            affnist.download(out, mirror, data.affnist.include_training, progress)
+        except DataError as exc:
+            if data.affnist.source != "auto":
+                raise
+            return write_disabled(
+                out,
+                f"data.affnist.source is auto and the real files are "
+                f"unreachable, so evaluation uses affnist-synth: {exc}",
+            )
+    return out
+
+
+def prepare(name: str, params: Params, root=None) -> Path:
+    """Build ``<root>/prepared/<name>`` from the raw files or the prepared MNIST."""
+    from capsnet.data import affnist, mnist, multimnist, rotated, smallnorb
+
+    if name not in PREPARES:
+        raise DataError(f"unknown dataset {name!r} to prepare; choose one of {', '.join(PREPARES)}")
+    data = params.data
+    root = _root(params, root)
+    out = root / "prepared" / name
+    section = {"affnist-synth": "affnist", "rotated-mnist": "rotated"}.get(name, name)
+    if not getattr(data, section).enabled:
+        return write_disabled(out, f"data.{section}.enabled is false in params.yaml")
+    if name == "mnist":
+        return mnist.prepare(root / "raw" / "mnist", out)
+    if name == "rotated-mnist":
+        return rotated.prepare(root, out, data.rotated.angles)
+    if name == "multimnist":
+        m = data.multimnist
+        return multimnist.build(
+            root,
+            out,
+            seed=m.seed,
+            shift=m.shift,
+            pad=m.pad,
+            merge=m.merge,
+            train_pairs_per_digit=m.train_pairs_per_digit,
+            test_pairs_per_digit=m.test_pairs_per_digit,
+            redraw_each_epoch=m.redraw_each_epoch,
+        )
+    if name == "affnist-synth":
+        s = data.affnist.synth
+        return affnist.build_synth(
+            root,
+            out,
+            seed=s.seed,
+            rotation_degrees=s.rotation_degrees,
+            shear=s.shear,
+            scale=s.scale,
+            limit=s.limit,
+        )
+    raw = root / "raw" / name
+    if is_disabled(raw):
+        return write_disabled(out, (raw / "DISABLED.txt").read_text())
+    if name == "affnist":
+        return affnist.prepare(raw, out)
+    return smallnorb.prepare(raw, out, data.smallnorb.size)
