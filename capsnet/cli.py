@@ -11,8 +11,6 @@ import click
 
 from capsnet.errors import CapsnetError
 
-DEFAULT_ANGLES = "0,15,30,35,45,60,90,180"
-
 
 class CapsnetGroup(click.Group):
     """A click group whose user errors end as one line on stderr, never a traceback."""
@@ -60,23 +58,36 @@ def _write_json_atomic(path: Path, payload) -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
 
 
-def _parse_angles(ctx, param, value: str | None):
-    if value is None:
-        return None
-    try:
-        angles = [float(a) for a in value.split(",") if a.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of degrees") from None
-    if not angles:
-        raise click.BadParameter("no angles given")
-    return angles
+TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
+AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 
 
 @main.command("train")
 @click.option("--model", "model_name", required=True, help="Registered model name.")
+@click.option(
+    "--dataset",
+    type=click.Choice(TRAIN_DATASETS),
+    default="mnist",
+    show_default=True,
+    help="Training data; the model's input size, channels and classes follow it.",
+)
+@click.option(
+    "--subset",
+    default="all",
+    show_default=True,
+    help="smallNORB viewpoint subset to train on (e.g. azimuth-familiar).",
+)
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option(
+    "--loss",
+    type=click.Choice(["auto", "margin", "cross-entropy", "spread"]),
+    default="auto",
+    show_default=True,
+    help="auto: margin for dynamic-routing capsules, spread for EM, cross-entropy for CNNs.",
+)
 @click.option(
     "--train-limit",
     type=click.IntRange(min=1),
@@ -88,7 +99,7 @@ def _parse_angles(ctx, param, value: str | None):
     type=click.IntRange(min=0),
     default=5000,
     show_default=True,
-    help="Images held out from the end of the MNIST training set for validation.",
+    help="Images held out from the end of the training set for validation.",
 )
 @click.option(
     "--test-limit",
@@ -103,7 +114,14 @@ def _parse_angles(ctx, param, value: str | None):
     type=click.IntRange(min=0, max=8),
     default=2,
     show_default=True,
-    help="Random shift augmentation in pixels (0: off).",
+    help="Random shift augmentation in pixels, batched on the device (0: off).",
+)
+@click.option(
+    "--augment",
+    type=click.Choice(AUGMENT_STRATEGIES),
+    default=None,
+    help="An albumentations strategy with the settings of params.yaml `augment` "
+    "(replaces --shift).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
@@ -122,61 +140,91 @@ def _parse_angles(ctx, param, value: str | None):
 )
 def train_command(
     model_name,
+    dataset,
+    subset,
     epochs,
     batch_size,
     lr,
+    weight_decay,
+    loss,
     train_limit,
     val_size,
     test_limit,
     routing_iterations,
     shift_pixels,
+    augment,
     seed,
     device,
     data_root,
     mirror,
     out,
 ):
-    """Train a model on MNIST; write OUT/model.pt and OUT/metrics.json."""
+    """Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included)."""
     import torch
 
     from capsnet import checkpoint, evaluate, models
-    from capsnet.data.datasets import TensorImageDataset, load
+    from capsnet.data.datasets import load, split_tail
     from capsnet.train import TrainConfig, fit, select_device
 
     select_device(device)  # an unavailable device fails before any work
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
-    overrides = {}
-    if routing_iterations is not None:
-        if "routing_iterations" not in {f for f in models.make_config(model_name).__dict__}:
+    field_names = set(models.make_config(model_name).__dict__)
+    if routing_iterations is not None and "routing_iterations" not in field_names:
+        raise click.BadParameter(
+            f"model {model_name!r} has no routing", param_hint="--routing-iterations"
+        )
+    if subset != "all" and dataset != "smallnorb":
+        raise click.BadParameter("only smallnorb has viewpoint subsets", param_hint="--subset")
+    progress = sys.stderr.isatty()
+    options = {"subset": subset} if dataset == "smallnorb" else {}
+    full = load(dataset, "train", data_root, mirror=mirror, progress=progress, **options)
+    test = load(dataset, "test", data_root, mirror=mirror, progress=progress, **options)
+    if test_limit is not None and test_limit < len(test):
+        test = split_tail(test, len(test) - test_limit)[0]
+    if val_size >= len(full):
+        raise click.BadParameter(
+            f"{val_size} >= {len(full)} training images", param_hint="--val-size"
+        )
+    train_set, val_set = split_tail(full, val_size, train_limit)
+    if dataset == "smallnorb" and val_size:  # validate on centre crops, not augmented ones
+        plain = load(dataset, "train", data_root, augment=False, **options)
+        val_set = split_tail(plain, val_size)[1]
+    if augment not in (None, "none", "shift") or (augment == "shift" and dataset != "mnist"):
+        from capsnet.config import load_or_default
+        from capsnet.data.augment import AugmentedDataset
+
+        if not hasattr(train_set, "tensors"):
             raise click.BadParameter(
-                f"model {model_name!r} has no routing", param_hint="--routing-iterations"
+                f"--augment applies to image tensors; {dataset} augments itself",
+                param_hint="--augment",
             )
+        params = load_or_default("params.yaml" if Path("params.yaml").is_file() else None)
+        train_set = AugmentedDataset(train_set, augment, params.augment, seed)
+        shift_pixels = 0
+    elif augment == "none":
+        shift_pixels = 0
+    sample, _ = test[0]  # (C, H, W)
+    overrides = {"in_channels": sample.shape[0], "input_size": sample.shape[-1]}
+    overrides["num_classes"] = 5 if dataset == "smallnorb" else 10
+    overrides = {k: v for k, v in overrides.items() if k in field_names}
+    if routing_iterations is not None:
         overrides["routing_iterations"] = routing_iterations
     config = TrainConfig(
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
+        weight_decay=weight_decay,
+        loss=loss,
         seed=seed,
         device=device,
         shift_pixels=shift_pixels,
     )
     torch.manual_seed(seed)
     model = models.build(model_name, **overrides)
-    progress = sys.stderr.isatty()
-    full = load("mnist", "train", data_root, mirror=mirror, progress=progress)
-    test = load("mnist", "test", data_root, mirror=mirror, progress=progress).subset(test_limit)
-    images, labels = full.tensors
-    if val_size >= images.shape[0]:
-        raise click.BadParameter(
-            f"{val_size} >= {images.shape[0]} training images", param_hint="--val-size"
-        )
-    cut = images.shape[0] - val_size
-    train_set = TensorImageDataset(images[:cut], labels[:cut], "mnist-train").subset(train_limit)
-    val_set = TensorImageDataset(images[cut:], labels[cut:], "mnist-val") if val_size else None
     click.echo(
         f"training {model_name} ({models.count_parameters(model):,} parameters) on "
-        f"{len(train_set)} images for {epochs} epoch(s)",
+        f"{len(train_set)} {dataset} images for {epochs} epoch(s)",
         err=True,
     )
 
@@ -193,16 +241,21 @@ def train_command(
     started = time.perf_counter()
     history = fit(model, train_set, val_set, config, on_epoch=report)
     train_seconds = time.perf_counter() - started
-    test_result = evaluate.accuracy(model.cpu(), test, config.eval_batch_size, "cpu")
+    if dataset == "multimnist":
+        test_result = evaluate.evaluate_multimnist(model.cpu(), test, config.eval_batch_size)
+        test_result["accuracy"] = test_result["strict_accuracy"]
+    else:
+        test_result = evaluate.accuracy(model.cpu(), test, config.eval_batch_size, "cpu")
     metrics = {
         "model": model_name,
+        "dataset": dataset,
         "parameters": models.count_parameters(model),
         "epochs": epochs,
         "train_images": len(train_set),
         "train_seconds": round(train_seconds, 3),
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 3),
         "val_accuracy": history[-1].get("val_accuracy"),
-        "mnist": test_result,
+        dataset: test_result,
         "history": history,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -214,93 +267,45 @@ def train_command(
     )
 
 
-def _checkpoint_names(paths: list[Path]) -> list[str]:
-    """Readable unique names: the file stem, or its folder for a generic 'model.pt'."""
-    names = [
-        p.parent.name if p.stem in ("model", "checkpoint") and p.parent.name else p.stem
-        for p in paths
-    ]
-    if len(set(names)) != len(names):
-        names = [str(p) for p in paths]
-    return names
-
-
-@main.command("eval")
-@click.argument("checkpoints", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--dataset", type=click.Choice(["mnist"]), default="mnist", show_default=True)
-@click.option(
-    "--angles",
-    callback=_parse_angles,
-    default=None,
-    help=f"Also evaluate on MNIST rotated by these degrees, e.g. {DEFAULT_ANGLES}.",
+@main.command(
+    "bench",
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Evaluate on the first N test images only.",
-)
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--data-root", type=click.Path(file_okay=False, path_type=Path), default=None)
-@click.option("--mirror", default=None)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the results as JSON here.",
-)
-def eval_command(checkpoints, dataset, angles, limit, batch_size, device, data_root, mirror, out):
-    """Evaluate CHECKPOINT(s) side by side on MNIST (and rotated MNIST with --angles)."""
-    from capsnet import checkpoint, evaluate
-    from capsnet.data.datasets import load
-    from capsnet.train import select_device
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_command(args) -> None:
+    """Throughput benchmark (benchmarks/throughput.py; `capsnet bench --help` for options)."""
+    from capsnet import bench
 
-    device = select_device(device)
-    loaded = [checkpoint.load(path, map_location="cpu") for path in checkpoints]  # fail early
-    test = load(dataset, "test", data_root, mirror=mirror, progress=sys.stderr.isatty())
-    test = test.subset(limit)
-    results = {}
-    for name, path, (model, meta) in zip(_checkpoint_names(list(checkpoints)), checkpoints, loaded):
-        model.to(device)
-        entry = {
-            "model": meta["model_name"],
-            "checkpoint": str(path),
-            "mnist": evaluate.accuracy(model, test, batch_size, device),
-        }
-        if angles:
-            entry["rotated-mnist"] = evaluate.rotation_sweep(
-                model, test, angles, batch_size, device
-            )
-        results[name] = entry
-    _print_table(results, angles)
-    if out is not None:
-        _write_json_atomic(out, results)
-        click.echo(f"wrote {out}")
-
-
-def _print_table(results: dict, angles) -> None:
-    header = ["checkpoint", "model", "mnist"] + [f"{a:g}°" for a in (angles or [])]
-    rows = []
-    for name, entry in results.items():
-        row = [name, entry["model"], f"{entry['mnist']['accuracy']:.4f}"]
-        for angle in angles or []:
-            row.append(f"{entry['rotated-mnist']['accuracy'][f'{angle:g}']:.4f}")
-        rows.append(row)
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    code = bench.main(list(args))
+    if code:
+        sys.exit(code)
 
 
 def _register_lazy_groups() -> None:
-    """Attach command groups that live beside the code they drive."""
+    """Attach commands that live beside the code they drive. Commands of pipeline/ (Ray,
+    W&B) import those libraries only when run, so `capsnet` works with torch alone."""
+    from capsnet.eval_cli import eval_command, evaluate_stage_command
+
+    main.add_command(eval_command)
+    main.add_command(evaluate_stage_command)
     try:
         from capsnet.data.cli import data_group
     except ModuleNotFoundError as exc:  # the data extras are optional
-        if exc.name not in ("capsnet.data.cli", "albumentations", "scipy", "matplotlib"):
+        if exc.name not in ("albumentations", "scipy", "matplotlib", "yaml"):
             raise
     else:
         main.add_command(data_group)
+    try:
+        from pipeline.cli import sweep_command, train_final_command
+        from pipeline.publish import publish_command
+    except ModuleNotFoundError as exc:  # pipeline/ is not installed beside capsnet/
+        if exc.name not in ("pipeline", "pipeline.cli", "pipeline.publish"):
+            raise
+    else:
+        main.add_command(sweep_command)
+        main.add_command(train_final_command)
+        main.add_command(publish_command)
 
 
 _register_lazy_groups()

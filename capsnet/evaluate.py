@@ -54,8 +54,15 @@ def _autocast(device: torch.device):
 def accuracy(
     model: nn.Module, dataset: Dataset, batch_size: int = EVAL_BATCH_SIZE, device=None
 ) -> dict:
-    """{"accuracy": fraction correct (argmax of scores), "n": number of examples}."""
+    """{"accuracy": fraction correct (argmax of scores), "n": number of examples}.
+
+    For multi-hot targets (MultiMNIST) the accuracy is the strict one: both true classes
+    are the two highest scores.
+    """
     scores, targets = predict(model, dataset, batch_size, device)
+    if targets.dim() == 2:
+        multi = multimnist_scores(scores, targets)
+        return {"accuracy": multi["strict_accuracy"], "n": multi["n"]}
     correct = (scores.argmax(dim=1) == targets).sum().item()
     n = int(targets.shape[0])
     return {"accuracy": correct / n if n else float("nan"), "n": n}
@@ -84,3 +91,153 @@ def rotation_sweep(
         rotated = TensorImageDataset(rotate_images(images, angle), targets)
         result[format_angle(angle)] = accuracy(model, rotated, batch_size, device)["accuracy"]
     return {"n": int(targets.shape[0]), "accuracy": result}
+
+
+def multimnist_scores(scores: torch.Tensor, targets: torch.Tensor) -> dict:
+    """MultiMNIST accuracy from class scores (N, K) and multi-hot targets (N, K).
+
+    strict_accuracy: both true digits are the two highest scores (the paper's measure);
+    at_least_one: at least one of them is; half_credit: half a point per digit found.
+    """
+    top2 = scores.topk(2, dim=1).indices  # (N, 2)
+    hits = targets.float().gather(1, top2).sum(dim=1)  # (N,) in {0, 1, 2}
+    n = int(scores.shape[0])
+    if n == 0:
+        return {
+            "strict_accuracy": float("nan"),
+            "at_least_one": float("nan"),
+            "half_credit": float("nan"),
+            "n": 0,
+        }
+    return {
+        "strict_accuracy": (hits == 2).float().mean().item(),
+        "at_least_one": (hits >= 1).float().mean().item(),
+        "half_credit": (hits / 2).mean().item(),
+        "n": n,
+    }
+
+
+def evaluate_multimnist(
+    model: nn.Module, dataset: Dataset, batch_size: int = EVAL_BATCH_SIZE, device=None
+) -> dict:
+    scores, targets = predict(model, dataset, batch_size, device)
+    return multimnist_scores(scores, targets)
+
+
+def classification_loss(model: nn.Module, scores: torch.Tensor, targets: torch.Tensor):
+    """The model's classification loss without extras (no reconstruction term): the margin
+    loss for dynamic-routing capsules, cross-entropy on the scores otherwise."""
+    from capsnet import losses
+
+    if getattr(model, "default_loss", "") == "margin":
+        return losses.margin_loss(scores, targets)
+    return losses.cross_entropy(scores, targets)
+
+
+def adversarial_images(
+    model: nn.Module,
+    images: torch.Tensor,
+    targets: torch.Tensor,
+    epsilon: float,
+    steps: int = 1,
+    step_size: float | None = None,
+) -> torch.Tensor:
+    """Untargeted L-inf attack: FGSM for steps=1, BIM (iterated, projected) for steps>1.
+
+    images (B, C, H, W) in [0, 1] -> adversarial images of the same shape, within epsilon
+    of the originals and clipped to [0, 1].
+    """
+    step_size = epsilon if steps == 1 else (step_size or epsilon / steps * 1.25)
+    was_training = model.training
+    model.eval()
+    adv = images.detach().clone()
+    try:
+        for _ in range(steps):
+            adv.requires_grad_(True)
+            loss = classification_loss(model, model(adv).scores, targets)
+            (grad,) = torch.autograd.grad(loss, adv)
+            adv = adv.detach() + step_size * grad.sign()  # (B, C, H, W)
+            adv = torch.min(torch.max(adv, images - epsilon), images + epsilon).clamp_(0.0, 1.0)
+    finally:
+        model.train(was_training)
+    return adv.detach()
+
+
+def robustness(
+    model: nn.Module,
+    dataset: Dataset,
+    epsilons=(0.05, 0.1, 0.2),
+    bim_steps: int = 10,
+    batch_size: int = 200,
+    device=None,
+) -> dict:
+    """Accuracy under FGSM and BIM at each epsilon: {"fgsm": {"<eps>": x}, "bim": {...}, "n"}."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    counts = {attack: {format_angle(e): 0 for e in epsilons} for attack in ("fgsm", "bim")}
+    n = 0
+    for images, targets in _batches(dataset, batch_size):
+        images, targets = images.to(device), torch.as_tensor(targets).to(device)
+        n += images.shape[0]
+        for eps in epsilons:
+            for attack, steps in (("fgsm", 1), ("bim", bim_steps)):
+                adv = adversarial_images(model, images, targets, eps, steps)
+                with torch.no_grad():
+                    predicted = model.eval()(adv).scores.argmax(dim=1)
+                counts[attack][format_angle(eps)] += int((predicted == targets).sum())
+    result = {attack: {k: v / n for k, v in per_eps.items()} for attack, per_eps in counts.items()}
+    result["n"] = n
+    return result
+
+
+@torch.no_grad()
+def pose_equivariance(
+    model: nn.Module, dataset: Dataset, angles, batch_size: int = EVAL_BATCH_SIZE, device=None
+) -> dict | None:
+    """How the true class capsule's pose moves as the input rotates.
+
+    For each image the pose p(angle) of its true class is taken at every angle. Returns
+    per-dimension Pearson correlation between angle and pose (pooled over images after
+    removing each image's mean pose), the share of pose-change variance explained by the
+    first principal direction, and the mean pose change |p(angle) - p(0)| per angle.
+    None for models without poses.
+    """
+    from capsnet.data.datasets import TensorImageDataset, rotate_images
+
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    model.eval()
+    images, targets = dataset.tensors
+    angles = [float(a) for a in angles]
+    poses = []
+    for angle in angles:
+        rotated = TensorImageDataset(rotate_images(images, angle), targets)
+        per_angle = []
+        for batch, labels in _batches(rotated, batch_size):
+            out = model(batch.to(device))
+            if out.poses is None:
+                return None
+            index = labels.to(device).view(-1, 1, 1).expand(-1, 1, out.poses.shape[-1])
+            per_angle.append(out.poses.float().gather(1, index).squeeze(1).cpu())  # (B, D)
+        poses.append(torch.cat(per_angle))
+    stacked = torch.stack(poses, dim=1)  # (N, A, D)
+    centred = stacked - stacked.mean(dim=1, keepdim=True)  # (N, A, D)
+    angle_t = torch.tensor(angles)
+    angle_c = (angle_t - angle_t.mean()).view(1, -1, 1)  # (1, A, 1)
+    cov = (centred * angle_c).sum(dim=(0, 1))  # (D,)
+    denom = (
+        centred.pow(2).sum(dim=(0, 1)).sqrt()
+        * angle_c.pow(2).sum().sqrt()
+        * (stacked.shape[0] ** 0.5)
+    )
+    correlation = torch.where(denom > 0, cov / denom, torch.zeros_like(cov))  # (D,)
+    reference = angles.index(0.0) if 0.0 in angles else 0
+    change = stacked - stacked[:, reference : reference + 1]  # (N, A, D)
+    flat = change.reshape(-1, change.shape[-1])  # (N*A, D)
+    singular = torch.linalg.svdvals(flat - flat.mean(dim=0))
+    explained = (singular[0] ** 2 / singular.pow(2).sum()).item() if singular.sum() > 0 else 0.0
+    return {
+        "angles": angles,
+        "dim_correlation": correlation.tolist(),
+        "first_direction_explained": explained,
+        "mean_pose_change": change.norm(dim=-1).mean(dim=0).tolist(),
+        "n": int(stacked.shape[0]),
+    }

@@ -218,7 +218,7 @@ class SweepConfig:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     storage_path: str = "sweep/ray"  # local dir, shared filesystem or s3://bucket/prefix
     max_failures: int = 2  # retries of a failed trial (a lost node, an OOM kill)
-    reuse_actors: bool = False
+    reuse_actors: bool = True  # a finished trial's process runs the next one
     seed: int = 0
     wandb: WandbConfig = field(default_factory=WandbConfig)
 

@@ -43,7 +43,11 @@ def test_train_then_eval_reproduces_test_accuracy(tmp_path, mnist_root):
         "--model",
         "lenet5",
         "--train-limit",
-        "2000",
+        "3000",
+        "--epochs",
+        "2",
+        "--lr",
+        "0.003",
         "--val-size",
         "500",
         "--test-limit",
@@ -197,3 +201,7 @@ def test_no_source_for_mnist_names_the_urls_and_the_mirror_setting(tmp_path):
         env_extra={"CAPSNET_MIRROR": ""},
     )
     assert_one_line_error(result, "no source worked", "no-mirror", "CAPSNET_MIRROR")
+
+
+def test_bench_bad_option_is_one_line():
+    assert_one_line_error(run_cli("bench", "--batch-sizes", "x"), "--batch-sizes")

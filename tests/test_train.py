@@ -146,3 +146,76 @@ def test_margin_loss_used_for_capsules_and_cross_entropy_for_cnns():
 def test_select_device():
     assert select_device("cpu").type == "cpu"
     assert select_device("auto").type in ("cpu", "cuda", "mps")
+
+
+def test_split_tail_keeps_in_memory_sets_and_slices_others(mnist_small):
+    from capsnet.data.datasets import Slice, split_tail
+
+    train, _ = mnist_small
+    data = train.subset(100)
+    head, tail = split_tail(data, 30, head_limit=50)
+    assert hasattr(head, "tensors") and len(head) == 50 and len(tail) == 30
+    assert torch.equal(tail.tensors[0], data.tensors[0][70:])
+
+    class Epochs(torch.utils.data.Dataset):
+        def __init__(self):
+            self.epoch = None
+
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return i
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    base = Epochs()
+    head, tail = split_tail(base, 4)
+    assert isinstance(head, Slice) and [head[i] for i in range(len(head))] == list(range(6))
+    assert [tail[i] for i in range(len(tail))] == [6, 7, 8, 9]
+    head.set_epoch(3)
+    assert base.epoch == 3
+    with pytest.raises(IndexError):
+        head[6]
+
+
+def test_train_command_on_multimnist_writes_strict_accuracy(tmp_path, mnist_root):
+    import json
+
+    from click.testing import CliRunner
+
+    from capsnet.cli import main
+
+    out = tmp_path / "mm"
+    result = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--model",
+            "capsnet-small",
+            "--dataset",
+            "multimnist",
+            "--train-limit",
+            "64",
+            "--val-size",
+            "32",
+            "--test-limit",
+            "40",
+            "--batch-size",
+            "32",
+            "--data-root",
+            str(mnist_root),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dataset"] == "multimnist"
+    assert set(metrics["multimnist"]) >= {"strict_accuracy", "at_least_one", "half_credit", "n"}
+    assert metrics["multimnist"]["n"] == 40
+    from capsnet import checkpoint
+
+    model, _ = checkpoint.load(out / "model.pt")
+    assert model.config.input_size == 36  # MultiMNIST canvas: 28 + 2 * pad

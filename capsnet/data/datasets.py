@@ -54,6 +54,46 @@ class TensorImageDataset(Dataset):
         return TensorImageDataset(self.images[:limit], self.targets[:limit], self.name)
 
 
+class Slice(Dataset):
+    """Items ``start`` to ``stop`` of a dataset, forwarding ``set_epoch`` and
+    ``worker_init_fn`` so per-epoch redraws and per-worker seeding keep working."""
+
+    def __init__(self, base: Dataset, start: int, stop: int):
+        self.base, self.start, self.stop = base, start, min(stop, len(base))
+        self.name = getattr(base, "name", "")
+        if hasattr(base, "worker_init_fn"):
+            self.worker_init_fn = base.worker_init_fn
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.base[self.start + index]
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+
+def split_tail(dataset: Dataset, tail: int, head_limit: int | None = None):
+    """(head, tail) of ``dataset``: the last ``tail`` items apart (None when 0), the head
+    cut to its first ``head_limit`` items. In-memory datasets stay in memory."""
+    n = len(dataset)
+    if tail >= n:
+        raise DataError(f"{getattr(dataset, 'name', 'dataset')}: cannot hold out {tail} of {n}")
+    cut = n - tail
+    if hasattr(dataset, "tensors"):
+        images, targets = dataset.tensors
+        name = getattr(dataset, "name", "")
+        head = TensorImageDataset(images[:cut], targets[:cut], name).subset(head_limit)
+        rest = TensorImageDataset(images[cut:], targets[cut:], f"{name}-val") if tail else None
+        return head, rest
+    head = Slice(dataset, 0, cut if head_limit is None else min(cut, head_limit))
+    return head, (Slice(dataset, cut, n) if tail else None)
+
+
 def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
     """Rotate each image about its centre by ``angle`` degrees (counter-clockwise),
     bilinear, zero fill, same canvas. uint8 (N, [C,] H, W) in, same shape and dtype out."""

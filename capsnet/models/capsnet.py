@@ -88,6 +88,10 @@ class CapsNet(nn.Module):
             iterations=config.routing_iterations,
             detach_inner=config.detach_inner,
         )
+        # channels_last weights make both convolutions run channels_last (faster oneDNN/cuDNN
+        # kernels); the capsule formation in PrimaryCapsules is layout independent.
+        self.conv1.to(memory_format=torch.channels_last)
+        self.primary.conv.to(memory_format=torch.channels_last)
         image_shape = (config.in_channels, config.input_size, config.input_size)
         self.decoder = (
             Decoder(config.num_classes * config.class_dim, config.decoder_hidden, image_shape)
@@ -97,7 +101,8 @@ class CapsNet(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
         """x (B, C, H, W) in [0, 1]; target (B,) masks the decoder (else the prediction)."""
-        h = F.relu(self.conv1(x))  # (B, 256, 20, 20)
+        x = x.contiguous(memory_format=torch.channels_last)  # (B, C, H, W)
+        h = F.relu(self.conv1(x))  # (B, 256, 20, 20), channels_last
         u = self.primary(h)  # (B, 1152, 8)
         v, _ = self.classes(u)  # (B, 10, 16)
         scores = safe_norm(v)  # (B, 10)

@@ -1,0 +1,169 @@
+"""Matplotlib figures for the evaluation stage, written atomically as PNG files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+PERTURBATION_DELTAS = tuple(round(-0.25 + 0.05 * i, 2) for i in range(11))  # the paper's sweep
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Save ``fig`` to ``path`` through a temporary file and a rename; close it."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def rotation_curve(curves: dict[str, dict[str, float]], path, title: str = "") -> Path:
+    """Accuracy versus rotation angle, one line per model: curves {model: {"<angle>": acc}}."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for model, points in curves.items():
+        pairs = sorted((float(a), acc) for a, acc in points.items())
+        ax.plot(
+            [a for a, _ in pairs], [100 * acc for _, acc in pairs], marker="o", ms=3, label=model
+        )
+    ax.set_xlabel("rotation of the test digits (degrees)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or "Accuracy on rotated MNIST")
+    return save_figure(fig, path)
+
+
+def image_grid(
+    rows: list[torch.Tensor], path, row_labels=None, col_labels=None, title: str = ""
+) -> Path:
+    """Rows of images (each (N, C, H, W) or (N, H, W), values in [0, 1]) as one grid."""
+    plt = _pyplot()
+    n_rows, n_cols = len(rows), max(r.shape[0] for r in rows)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(n_cols * 0.9, n_rows * 0.95), squeeze=False)
+    for i, row in enumerate(rows):
+        for j in range(n_cols):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j < row.shape[0]:
+                image = row[j].detach().float().cpu()
+                if image.dim() == 3:
+                    image = image[0]  # first channel
+                ax.imshow(image.numpy(), cmap="gray", vmin=0, vmax=1)
+            else:
+                ax.axis("off")
+            if col_labels is not None and i == 0 and j < len(col_labels):
+                ax.set_title(str(col_labels[j]), fontsize=7)
+        if row_labels is not None:
+            axes[i][0].set_ylabel(
+                str(row_labels[i]), fontsize=7, rotation=0, ha="right", va="center"
+            )
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return save_figure(fig, path)
+
+
+def confusion_matrix(
+    predicted: torch.Tensor, targets: torch.Tensor, num_classes: int, path, title: str = ""
+) -> Path:
+    """Confusion matrix (rows: true class, columns: predicted) with counts."""
+    plt = _pyplot()
+    counts = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    counts.index_put_(
+        (targets.long(), predicted.long()), torch.ones_like(targets.long()), accumulate=True
+    )
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.imshow(counts.numpy(), cmap="Blues")
+    for i in range(num_classes):
+        for j in range(num_classes):
+            value = int(counts[i, j])
+            if value:
+                ax.text(
+                    j,
+                    i,
+                    str(value),
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if value > counts.max() / 2 else "black",
+                )
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_xticks(range(num_classes))
+    ax.set_yticks(range(num_classes))
+    ax.set_title(title or "Confusion matrix")
+    return save_figure(fig, path)
+
+
+def equivariance_plot(diagnostics: dict[str, dict], path) -> Path:
+    """Per-model pose diagnostics: |correlation| of each pose dimension with the angle,
+    and the mean pose change per angle."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    width = 0.8 / max(1, len(diagnostics))
+    for k, (model, diag) in enumerate(diagnostics.items()):
+        corr = diag["dim_correlation"]
+        left.bar(
+            [d + k * width for d in range(len(corr))],
+            [abs(c) for c in corr],
+            width,
+            label=f"{model} (1st direction: {100 * diag['first_direction_explained']:.0f}%)",
+        )
+        right.plot(diag["angles"], diag["mean_pose_change"], marker="o", ms=3, label=model)
+    left.set_xlabel("pose dimension")
+    left.set_ylabel("|correlation with angle|")
+    left.set_ylim(0, 1)
+    left.legend(fontsize=7)
+    right.set_xlabel("rotation (degrees)")
+    right.set_ylabel("mean |pose(angle) - pose(0)|")
+    right.grid(alpha=0.3)
+    fig.suptitle("Does the class capsule's pose encode the rotation?", fontsize=10)
+    return save_figure(fig, path)
+
+
+@torch.no_grad()
+def perturbation_rows(
+    model,
+    image: torch.Tensor,
+    label: int,
+    deltas=PERTURBATION_DELTAS,
+):
+    """Reconstructions with each pose dimension of the class capsule swept by ``deltas``.
+
+    image (C, H, W) -> list of D tensors, each (len(deltas), C, H, W).
+    """
+    model.eval()
+    out = model(image.unsqueeze(0))
+    if out.poses is None or getattr(model, "decoder", None) is None:
+        return []
+    poses = out.poses.float()  # (1, K, D)
+    label_t = torch.tensor([label])
+    rows = []
+    for dim in range(poses.shape[-1]):
+        batch = poses.repeat(len(deltas), 1, 1)  # (S, K, D): one copy per delta, small
+        batch[:, label, dim] += torch.tensor(deltas)
+        rows.append(model.decoder(batch, label_t.expand(len(deltas))))  # (S, C, H, W)
+    return rows

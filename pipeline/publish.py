@@ -1,0 +1,246 @@
+"""The publish stage: one W&B eval run per evaluated checkpoint (job_type "eval", group =
+the experiment), a W&B Report when online, and eval/report.html always.
+
+W&B is offline unless an API key is configured (pipeline.tracking.resolve_mode); nothing
+here touches the network in offline mode. ``capsnet publish`` is the stage's command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline import report, tracking
+
+REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
+
+
+def flatten_metrics(entry: dict, prefix: str = "") -> dict[str, float]:
+    """Every finite number of an evaluation entry under a slash-joined key, e.g.
+    ``mnist/accuracy``, ``rotated-mnist/accuracy/35``, ``robustness/fgsm/0.1``."""
+    flat: dict[str, float] = {}
+    for key, value in entry.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            if "skipped" not in value:
+                flat.update(flatten_metrics(value, name + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value):
+                flat[name] = value
+    return flat
+
+
+def rotation_points(entry: dict) -> list[tuple[float, float]]:
+    """(angle, accuracy) of an entry's rotated-MNIST sweep, by angle."""
+    sweep = entry.get("rotated-mnist") or {}
+    return sorted((float(a), acc) for a, acc in (sweep.get("accuracy") or {}).items())
+
+
+def figures_for(name: str, fig_dir: Path) -> list[Path]:
+    """The shared figures plus the ones made for checkpoint ``name``."""
+    if not fig_dir.is_dir():
+        return []
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    shared = ("rotation", "reconstructions", "equivariance")
+    return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in shared or p.stem.endswith(slug)]
+
+
+def publish_runs(
+    results: dict,
+    fig_dir: str | os.PathLike,
+    *,
+    project: str,
+    group: str,
+    mode: str,
+    wandb_dir: str | os.PathLike,
+) -> list[dict[str, Any]]:
+    """Log one eval run per checkpoint entry; returns [{name, run_id, mode, url}]."""
+    if mode == "disabled":
+        return []
+    import wandb
+
+    fig_dir = Path(fig_dir)
+    published = []
+    try:
+        for name, entry in results.items():
+            if "checkpoint" not in entry:
+                continue  # seed means are in the report table, not runs of their own
+            run = tracking.start_run(
+                project,
+                group,
+                f"eval-{name}",
+                mode,
+                wandb_dir,
+                {"model": entry["model"], "checkpoint": entry["checkpoint"], "entry": name},
+                job_type="eval",
+            )
+            metrics = flatten_metrics(entry)
+            payload: dict[str, Any] = dict(metrics)
+            points = rotation_points(entry)
+            if points:
+                table = wandb.Table(columns=["angle", "accuracy"], data=[list(p) for p in points])
+                payload["rotation_curve"] = table
+                payload["rotation_plot"] = wandb.plot.line(
+                    table, "angle", "accuracy", title=f"{name}: accuracy versus rotation"
+                )
+            for path in figures_for(name, fig_dir):
+                payload[f"figures/{path.stem}"] = wandb.Image(
+                    str(path), caption=report.caption(path)
+                )
+            run.log(payload)
+            for angle, accuracy in points:  # one row per angle: a line plot against "angle"
+                run.log({"angle": angle, "rotated_accuracy": accuracy})
+            run.summary.update(metrics)
+            run_id, url = run.id, (run.url if mode == "online" else None)
+            run.finish()  # before the next init, which would otherwise return this run
+            published.append(
+                {
+                    "name": name,
+                    "run_id": run_id,
+                    "mode": mode,
+                    "url": url,
+                }
+            )
+    finally:
+        tracking.finish_all([])  # waits until W&B's service has written every run
+    return published
+
+
+def _markdown_sweep(rows: list[dict[str, str]], limit: int = 20) -> str:
+    if not rows:
+        return "No sweep results."
+    columns = [c for c in rows[0] if any(r.get(c) for r in rows) and c not in ("error", "node")]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r.get(c) or "" for c in columns) + " |" for r in rows[:limit]]
+    return "\n".join(lines)
+
+
+def create_wandb_report(
+    results: dict,
+    *,
+    project: str,
+    group: str,
+    sweep_rows: list[dict[str, str]],
+    entity: str | None = None,
+) -> str:
+    """A W&B Report (wandb-workspaces) with the result table, the rotation curve of the eval
+    runs and the sweep comparison; returns its URL. Online only."""
+    import wandb
+    import wandb_workspaces.reports.v2 as wr
+
+    entity = entity or wandb.Api().default_entity
+    eval_runs = wr.Runset(entity=entity, project=project, name="eval runs", query="eval-")
+    sweep_runs = wr.Runset(entity=entity, project=project, name="sweep trials", query="")
+    doc = wr.Report(
+        project=project,
+        entity=entity,
+        title=REPORT_TITLE,
+        description=f"Evaluation of experiment {group}: rotated MNIST, affNIST, MultiMNIST.",
+    )
+    doc.blocks = [
+        wr.H1(REPORT_TITLE),
+        wr.P("Test accuracy of every final model beside the papers' numbers."),
+        wr.MarkdownBlock(report.readme_table(results)),
+        wr.H2("Accuracy versus rotation"),
+        wr.PanelGrid(
+            runsets=[eval_runs],
+            panels=[
+                wr.LinePlot(title="accuracy versus rotation", x="angle", y=["rotated_accuracy"]),
+                wr.MediaBrowser(title="figures", media_keys=["figures/rotation"]),
+            ],
+        ),
+        wr.H2("Sweep comparison"),
+        wr.MarkdownBlock(_markdown_sweep(sweep_rows)),
+        wr.PanelGrid(
+            runsets=[sweep_runs],
+            panels=[wr.BarPlot(title="validation accuracy", metrics=["val_accuracy"])],
+        ),
+    ]
+    doc.save()
+    return doc.url
+
+
+def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
+    """The whole stage for a ``config.Params``: runs, report.html, the W&B Report when
+    online. Returns what was published (also written beside the HTML as published.json)."""
+    from capsnet.data.sources import atomic_write_bytes
+
+    settings = params.publish
+    say = log or (lambda line: None)
+    results = report.load_results(metrics_path)
+    group = settings.experiment or params.sweep.name
+    mode = tracking.prepare_environment(settings.mode)
+    sweep_rows = report.read_sweep(settings.sweep_results)
+    html_path = report.write_report(
+        metrics_path, settings.html, fig_dir=fig_dir, sweep_csv=settings.sweep_results
+    )
+    say(f"wrote {html_path}")
+    runs = publish_runs(
+        results,
+        fig_dir,
+        project=settings.project,
+        group=group,
+        mode=mode,
+        wandb_dir=settings.dir,
+    )
+    say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {Path(settings.dir) / 'wandb'}")
+    url = None
+    if mode == "online" and settings.report:
+        url = create_wandb_report(
+            results, project=settings.project, group=group, sweep_rows=sweep_rows
+        )
+        say(f"W&B report: {url}")
+    summary = {
+        "mode": mode,
+        "group": group,
+        "html": str(html_path),
+        "runs": runs,
+        "report_url": url,
+    }
+    out = Path(settings.html).with_name("published.json")
+    atomic_write_bytes(out, (json.dumps(summary, indent=2) + "\n").encode())
+    return summary
+
+
+@click.command("publish")
+@click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default="params.yaml",
+    show_default=True,
+    help="The params file (section publish).",
+)
+@click.option(
+    "--metrics",
+    "metrics_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Evaluation results (default: <evaluate.out_dir>/metrics.json).",
+)
+@click.option(
+    "--readme",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also regenerate this README's results table (between the results markers).",
+)
+def publish_command(params_path, metrics_path, readme):
+    """W&B eval runs (offline unless configured), report.html and, online, a W&B Report."""
+    from capsnet import config
+
+    params = config.load(params_path)
+    out_dir = Path(params.evaluate.out_dir)
+    metrics_path = metrics_path or out_dir / "metrics.json"
+    summary = publish(params, metrics_path, out_dir / "figures", log=lambda s: click.echo(s))
+    if readme is not None:
+        figure = os.path.relpath(
+            (out_dir / "figures" / "rotation.png").resolve(), readme.resolve().parent
+        )
+        changed = report.update_readme(readme, metrics_path, figure=figure)
+        click.echo(f"{readme}: results table {'updated' if changed else 'unchanged'}")
+    click.echo(f"published {len(summary['runs'])} run(s); report {summary['html']}")

@@ -1,0 +1,285 @@
+"""W&B tracking, offline first.
+
+Runs are offline unless an API key is configured (``WANDB_API_KEY`` or a ``wandb login``
+entry in ~/.netrc) or ``wandb.mode`` says otherwise. The mode is exported as WANDB_MODE in
+the driver's environment before Ray starts (Ray's own W&B integration demands an API key
+unless it sees WANDB_MODE=offline there, and Ray's processes inherit it) and passed to
+every ``wandb.init``. Trial runs are logged from the driver by a Tune callback, so worker
+nodes need neither W&B settings nor network.
+
+Offline runs in W&B 0.31 write no wandb-summary.json; ``read_history`` reads the logged
+rows back from a run's ``.wandb`` file (a block-structured log of protobuf records).
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from capsnet.errors import ConfigError
+
+
+def resolve_mode(setting: str = "auto") -> str:
+    """offline | online | disabled: the explicit setting, else $WANDB_MODE, else online
+    only when an API key is configured."""
+    if setting != "auto":
+        return setting
+    env = os.environ.get("WANDB_MODE")
+    if env:
+        if env in ("dryrun",):
+            return "offline"
+        if env not in ("offline", "online", "disabled"):
+            raise ConfigError(f"WANDB_MODE={env!r}: offline, online or disabled")
+        return env
+    return "online" if api_key_configured() else "offline"
+
+
+def api_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        auth = netrc.netrc().authenticators(
+            os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1]
+        )
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return bool(auth and auth[2])
+
+
+def prepare_environment(setting: str = "auto") -> str:
+    """Resolve the mode and export it (WANDB_MODE, quiet console) for this process and the
+    Ray processes it starts; returns the mode."""
+    mode = resolve_mode(setting)
+    os.environ["WANDB_MODE"] = mode
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_CONSOLE", "off")
+    return mode
+
+
+#: What a trial's W&B run logs from each Tune result.
+TRIAL_KEYS = (
+    "epoch",
+    "train_loss",
+    "train_accuracy",
+    "val_accuracy",
+    "val_rotated_accuracy",
+    "epoch_seconds",
+    "eval_seconds",
+    "setup_seconds",
+    "time_total_s",
+)
+
+
+def _settings():
+    import wandb
+
+    # no console capture, no system-metrics process, no git probing: a trial's run is a
+    # few rows, and nothing here may wait on the network
+    return wandb.Settings(
+        console="off",
+        silent=True,
+        init_timeout=90,
+        x_disable_stats=True,
+        x_disable_machine_info=True,
+        disable_git=True,
+        save_code=False,
+    )
+
+
+def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.PathLike):
+    """A Tune callback logging one W&B run per trial (id = trial id, group = sweep name,
+    job_type "sweep") from the driver; None when W&B is disabled."""
+    if mode == "disabled":
+        return None
+    from ray.tune import Callback
+
+    class TrialRuns(Callback):
+        """Runs live in the driver process (``reinit="create_new"``: several at once), so
+        a trial costs no extra Ray actors or processes and works on any cluster."""
+
+        def __init__(self):
+            self.directory = Path(wandb_dir).resolve()
+            self.runs: dict[str, Any] = {}
+
+        def __getstate__(self):  # Tune pickles callbacks with the experiment
+            return {"directory": self.directory, "runs": {}}
+
+        def _run(self, trial):
+            import wandb
+
+            run = self.runs.get(trial.trial_id)
+            if run is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                run = wandb.init(
+                    project=project,
+                    group=group,
+                    job_type="sweep",
+                    id=trial.trial_id,
+                    name=f"{group}-{trial.trial_id}",
+                    mode=mode,
+                    dir=str(self.directory),
+                    config={**trial.config, "trial_id": trial.trial_id},
+                    reinit="create_new",
+                    settings=_settings(),
+                )
+                self.runs[trial.trial_id] = run
+            return run
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self._run(trial)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            row = {k: result[k] for k in TRIAL_KEYS if isinstance(result.get(k), (int, float))}
+            self._run(trial).log(row, step=int(result.get("epoch", 0)))
+
+        def _finish(self, trial):
+            run = self.runs.pop(trial.trial_id, None)
+            if run is not None:
+                run.finish()
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._finish(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._finish(trial)
+
+        def on_experiment_end(self, trials, **info):
+            finish_all(self.runs.values())  # also an interrupted sweep's open runs
+            self.runs.clear()
+
+    return TrialRuns()
+
+
+def start_run(
+    project: str, group: str, name: str, mode: str, wandb_dir, config: dict, job_type="train"
+):
+    """A W&B run for one final training (job_type "train", or an evaluation: "eval");
+    None when disabled."""
+    if mode == "disabled":
+        return None
+    import wandb
+
+    directory = Path(wandb_dir).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=project,
+        group=group,
+        job_type=job_type,
+        name=name,
+        mode=mode,
+        dir=str(directory),
+        config=config,
+        settings=_settings(),
+    )
+
+
+def finish_all(runs) -> None:
+    """Finish ``runs`` and shut W&B's service down, which waits until it has written the
+    runs' files (after ``finish`` alone the last rows of an offline run may still be in
+    flight)."""
+    import wandb
+
+    for run in runs:
+        if run is not None:
+            run.finish()
+    wandb.teardown()
+
+
+def offline_runs(wandb_dir: str | os.PathLike) -> dict[str, Path]:
+    """{run id: run directory} of the offline runs under ``wandb_dir``/wandb."""
+    runs = {}
+    for path in sorted(Path(wandb_dir).glob("wandb/offline-run-*")):
+        for record_file in path.glob("run-*.wandb"):
+            runs[record_file.stem[len("run-") :]] = path
+    return runs
+
+
+_BLOCK = 32768
+_RECORD_HEADER = struct.Struct("<IHB")  # crc32, length, type
+_FILE_HEADER = struct.Struct("<4sHB")  # magic ":W&B", 0xBEE1, version
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _records(path: Path) -> Iterator[bytes]:
+    """The payloads of a ``.wandb`` file: 32 KiB blocks of chunks, each with a 7-byte
+    header (crc32 of type + data, length, type); a record spans chunks FIRST..LAST."""
+    data = path.read_bytes()
+    ident, magic, version = _FILE_HEADER.unpack_from(data, 0)
+    if ident != b":W&B" or magic != 0xBEE1 or version not in (0, 1):
+        raise ValueError(f"{path}: not a W&B transaction log")
+    offset, pending = _FILE_HEADER.size, b""
+    while offset + _RECORD_HEADER.size <= len(data):
+        room = _BLOCK - offset % _BLOCK
+        if room < _RECORD_HEADER.size:  # block tail padding
+            offset += room
+            continue
+        checksum, length, kind = _RECORD_HEADER.unpack_from(data, offset)
+        start = offset + _RECORD_HEADER.size
+        chunk = data[start : start + length]
+        if kind == 0 and length == 0:  # zero fill at the end of a block
+            offset += room
+            continue
+        if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) & 0xFFFFFFFF != checksum:
+            break  # a torn write at the end of a live run
+        offset = start + length
+        if kind == _FULL:
+            yield chunk
+        elif kind == _FIRST:
+            pending = chunk
+        elif kind == _MIDDLE:
+            pending += chunk
+        elif kind == _LAST:
+            yield pending + chunk
+            pending = b""
+
+
+def read_history(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows ``wandb.log`` wrote to an offline run, as dicts (values JSON-decoded)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (record_file,) = Path(run_dir).glob("run-*.wandb")
+    rows = []
+    for payload in _records(record_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") != "history":
+            continue
+        row = {}
+        for item in record.history.item:
+            key = item.key or "/".join(item.nested_key)
+            row[key] = json.loads(item.value_json)
+        rows.append(row)
+    return rows
+
+
+def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """group, job_type, run id, project and config of an offline run."""
+    from wandb.proto import wandb_internal_pb2
+
+    (record_file,) = Path(run_dir).glob("run-*.wandb")
+    info: dict[str, Any] = {"config": {}}
+    for payload in _records(record_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            info.update(
+                run_id=run.run_id,
+                group=run.run_group,
+                job_type=run.job_type,
+                project=run.project,
+                name=run.display_name,
+            )
+            for item in run.config.update:
+                info["config"][item.key] = json.loads(item.value_json)
+        elif kind == "config":
+            for item in record.config.update:
+                info["config"][item.key] = json.loads(item.value_json)
+    return info

@@ -1,0 +1,156 @@
+"""The ``train`` stage after the sweep: the best sweep config trained for params.yaml
+``train.epochs``, and the baselines (lenet5) with the same augmentation.
+
+Each run is the same ``capsnet.train.fit`` a trial calls, converted from the same flat
+config (pipeline/trials.py); each writes ``<out_dir>/<model>.pt`` with
+``capsnet.checkpoint.save`` (atomic) and logs a W&B run (job_type "train").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsnet.errors import ConfigError
+from capsnet.sweep_config import FinalTrainConfig, SweepConfig
+from pipeline import tracking, trials
+
+
+def read_best(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        best = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found; run the sweep first (capsnet sweep)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
+    if not isinstance(best, dict) or not isinstance(best.get("config"), dict):
+        raise ConfigError(f"{path}: no 'config' of the best trial")
+    return best
+
+
+def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, Any]]:
+    """The run configs to train: the best one, then each baseline with its augmentation,
+    learning rate and margins (parameters a baseline lacks are ignored)."""
+    runs = [dict(best["config"])]
+    for name in final.baselines:
+        if name != best["config"].get("model"):
+            runs.append({**best["config"], "model": name})
+    return runs
+
+
+def train_final(
+    final: FinalTrainConfig,
+    sweep: SweepConfig,
+    *,
+    best_path: str | os.PathLike = "sweep/best.json",
+    data_root: str | os.PathLike | None = None,
+    mirror: str | None = None,
+    augment_params=None,
+    metrics_path: str | os.PathLike | None = None,
+    log=print,
+) -> dict[str, dict[str, Any]]:
+    """Train every final run; returns {model name: metrics} and writes the checkpoints
+    (and, with ``metrics_path``, the metrics as JSON)."""
+    from capsnet import checkpoint, evaluate, models
+    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.train import fit
+
+    best = read_best(best_path)
+    runs = final_runs(best, final)
+    for run in runs:  # fail on a bad name before loading data or training anything
+        models.spec(run["model"])
+        trials.check_augment(run.get("augment", "none"))
+    mode = tracking.prepare_environment(sweep.wandb.mode)
+    train_images, train_labels, val_images, val_labels = trials.split_mnist(
+        data_root, trials.default_mirror(mirror), final.train_size, final.val_size
+    )
+    val_set = TensorImageDataset(val_images, val_labels, "mnist-val") if final.val_size else None
+    angle = float(best.get("rotation_angle", sweep.rotation_angle))
+    rotated = (
+        TensorImageDataset(rotate_images(val_images, angle), val_labels, "mnist-val-rot")
+        if final.val_size
+        else None
+    )
+    out_dir = Path(final.out_dir)
+    results: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        plan = trials.plan(
+            run, epochs=final.epochs, batch_size=final.batch_size, seed=final.seed, progress=None
+        )
+        torch.manual_seed(final.seed)
+        model = plan.build_model()
+        train_set = trials.training_set(
+            train_images, train_labels, plan.augment, final.seed, augment_params
+        )
+        wandb_run = tracking.start_run(
+            sweep.wandb.project,
+            sweep.name,
+            f"train-{plan.model_name}",
+            mode,
+            sweep.wandb.dir,
+            {**run, "epochs": final.epochs, "train_images": len(train_set)},
+        )
+        log(
+            f"training {plan.model_name} ({models.count_parameters(model):,} parameters, "
+            f"augment {plan.augment}) on {len(train_set)} images for {final.epochs} epoch(s)"
+        )
+
+        def on_epoch(record, state, wandb_run=wandb_run, name=plan.model_name):
+            val = record.get("val_accuracy")
+            log(
+                f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
+                + (f" val acc {val:.4f}" if val is not None else "")
+                + f" ({record['seconds']:.1f} s)"
+            )
+            if wandb_run is not None:
+                wandb_run.log(record, step=record["epoch"])
+
+        started = time.perf_counter()
+        try:
+            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
+            metrics = {
+                "model": plan.model_name,
+                "parameters": models.count_parameters(model),
+                "augment": plan.augment,
+                "epochs": final.epochs,
+                "train_images": len(train_set),
+                "train_seconds": round(time.perf_counter() - started, 3),
+                "val_accuracy": history[-1].get("val_accuracy"),
+            }
+            if rotated is not None:
+                metrics["rotation_angle"] = angle
+                metrics["val_rotated_accuracy"] = evaluate.accuracy(
+                    model, rotated, plan.train_config.eval_batch_size
+                )["accuracy"]
+            if wandb_run is not None:
+                wandb_run.summary.update(
+                    {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+                )
+        finally:
+            if wandb_run is not None:
+                tracking.finish_all([wandb_run])
+        path = checkpoint.save(
+            out_dir / f"{plan.model_name}.pt",
+            model.cpu(),
+            train_config=plan.train_config.to_dict(),
+            metrics={**metrics, "history": history},
+            extra={
+                "run_config": run,
+                "sweep": best.get("sweep"),
+                "sweep_trial": best.get("trial_id"),
+                "role": "best" if run is runs[0] else "baseline",
+            },
+        )
+        log(f"wrote {path}")
+        results[plan.model_name] = metrics
+    if metrics_path is not None:
+        from capsnet.data.sources import atomic_write_bytes
+
+        atomic_write_bytes(Path(metrics_path), (json.dumps(results, indent=2) + "\n").encode())
+    return results

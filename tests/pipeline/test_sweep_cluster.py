@@ -1,0 +1,208 @@
+"""Sweeps on a two-node Ray cluster on loopback, node loss, and driver interrupt/resume.
+
+Slow: each test starts its own Ray processes (ray.cluster_utils.Cluster or a driver
+subprocess) and trains a few tiny capsnet-small trials.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.tune import run_sweep
+
+pytestmark = pytest.mark.slow
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def trial_results(experiment_root: Path) -> dict[str, list[dict]]:
+    """{trial id: reported results} from every trial's result.json under the storage."""
+    found = {}
+    for path in experiment_root.glob("*/trial_*/result.json"):
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        rows = []
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written right now
+                break
+        found[path.parent.name.removeprefix("trial_")] = rows
+    return found
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A head and a worker node (1 CPU each) on loopback; this process is the driver."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    worker = cluster.add_node(num_cpus=1, num_gpus=0)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster, worker
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_two_node_sweep_runs_trials_on_both_nodes(
+    two_node_cluster, tiny_sweep, sweep_data, tmp_path
+):
+    import ray
+
+    _cluster, worker = two_node_cluster
+    sweep = tiny_sweep(
+        space={
+            "model": "capsnet-small",
+            "routing_iterations": {"grid": [1, 2, 3, 4]},
+            "augment": "none",
+        }
+    )
+    run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+
+    rows = read_csv(tmp_path / "sweep" / "results.csv")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"TERMINATED"}
+    nodes = {r["node"] for r in rows}
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert nodes == alive and worker.node_id in nodes and len(nodes) == 2
+
+
+def test_killing_the_worker_node_retries_its_trials_elsewhere(
+    two_node_cluster, tiny_sweep, sweep_data, tmp_path
+):
+    cluster, worker = two_node_cluster
+    sweep = tiny_sweep(
+        epochs=3,
+        max_failures=3,
+        space={"model": "capsnet-small", "routing_iterations": {"grid": [1, 2]}, "augment": "none"},
+    )
+    killed = threading.Event()
+    stop = threading.Event()
+
+    def kill_worker_after_its_first_report():
+        while not stop.is_set():
+            reports = trial_results(tmp_path / "ray")
+            if any(r.get("node") == worker.node_id for rows in reports.values() for r in rows):
+                cluster.remove_node(worker, allow_graceful=False)
+                killed.set()
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_worker_after_its_first_report, daemon=True)
+    killer.start()
+    try:
+        run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed.is_set(), "no trial ever reported from the worker node"
+
+    rows = read_csv(tmp_path / "sweep" / "results.csv")
+    assert {r["status"] for r in rows} == {"TERMINATED"}
+    assert [r["epochs"] for r in rows] == ["3", "3"]
+    # every trial finished on the surviving head node
+    assert {r["node"] for r in rows} == {cluster.head_node.node_id}
+    reports = trial_results(tmp_path / "ray")
+    moved = [t for t, rs in reports.items() if any(r["node"] == worker.node_id for r in rs)]
+    assert moved, "the killed node's trial left no reports"
+    for trial in moved:  # resumed from its checkpoint: epochs continue, none repeated
+        epochs = [r["epoch"] for r in reports[trial]]
+        assert epochs[-1] == 3 and sorted(set(epochs)) == [1, 2, 3]
+
+
+def write_params(path: Path, tmp_path: Path) -> Path:
+    params = {
+        "augment": {"strategy": "none"},
+        "sweep": {
+            "name": "resume",
+            "space": {
+                "model": "capsnet-small",
+                "routing_iterations": {"grid": [1, 2, 3]},
+                "augment": "none",
+            },
+            "epochs": 2,
+            "batch_size": 50,
+            "train_size": 300,
+            "val_size": 200,
+            "asha": {"enabled": False},
+            "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1},
+            "storage_path": str(tmp_path / "ray"),
+            "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")},
+        },
+    }
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+CLI = (
+    "import sys; from capsnet.cli import main; from pipeline.cli import sweep_command; "
+    "main.add_command(sweep_command); main()"
+)
+
+
+def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path, mnist_root):
+    params = write_params(tmp_path / "params.yaml", tmp_path)
+    command = [
+        sys.executable,
+        "-c",
+        CLI,
+        "sweep",
+        "--params",
+        str(params),
+        "--out",
+        str(tmp_path / "sweep"),
+        "--num-cpus",
+        "1",
+        "--data-root",
+        str(mnist_root),
+    ]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    first = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        while first.poll() is None:  # wait for one finished trial and the next started
+            reports = trial_results(tmp_path / "ray")
+            done = [t for t, rs in reports.items() if rs and rs[-1]["epoch"] == 2]
+            if done and len(reports) >= 2:
+                break
+            time.sleep(0.2)
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        first.send_signal(signal.SIGINT)
+        output = first.communicate()[0]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode != 0, output[-3000:]
+    assert "interrupted" in output
+    finished = {
+        t: rs for t, rs in trial_results(tmp_path / "ray").items() if rs and rs[-1]["epoch"] == 2
+    }
+    assert finished and not (tmp_path / "sweep" / "results.csv").exists()
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "resumed 3 trial(s)" in second.stdout
+    rows = read_csv(tmp_path / "sweep" / "results.csv")
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"TERMINATED"}
+    assert {r["epochs"] for r in rows} == {"2"}
+    after = trial_results(tmp_path / "ray")
+    for trial, reports in finished.items():  # finished trials were not trained again
+        assert after[trial] == reports

@@ -1,0 +1,87 @@
+"""The train stage: the best sweep config and the baselines, written as checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capsnet import checkpoint
+from capsnet.errors import ConfigError
+from capsnet.sweep_config import FinalTrainConfig, SweepConfig
+from pipeline import tracking
+from pipeline.train_final import train_final
+
+
+def best_json(path, **config):
+    best = {
+        "sweep": "tiny",
+        "metric": "val_accuracy",
+        "trial_id": "abc_00001",
+        "rotation_angle": 30.0,
+        "config": {
+            "model": "capsnet-small",
+            "routing_iterations": 2,
+            "m_plus": 0.9,
+            "m_minus": 0.1,
+            "lam": 0.5,
+            "augment": "shift",
+            "lr": 0.002,
+            "recon_weight": 0.0005,
+            **config,
+        },
+    }
+    path.write_text(json.dumps(best))
+    return path
+
+
+def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
+    final = FinalTrainConfig.from_dict(
+        {
+            "epochs": 1,
+            "batch_size": 50,
+            "train_size": 200,
+            "val_size": 100,
+            "out_dir": str(tmp_path / "models"),
+        }
+    )
+    sweep = SweepConfig.from_dict(
+        {"name": "tiny", "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")}}
+    )
+    results = train_final(
+        final,
+        sweep,
+        best_path=best_json(tmp_path / "best.json"),
+        data_root=mnist_root,
+        metrics_path=tmp_path / "models" / "metrics.json",
+        log=lambda line: None,
+    )
+
+    assert list(results) == ["capsnet-small", "lenet5"]
+    model, meta = checkpoint.load(tmp_path / "models" / "capsnet-small.pt")
+    assert meta["model_name"] == "capsnet-small" and model.config.routing_iterations == 2
+    assert meta["train_config"]["lr"] == 0.002 and meta["train_config"]["epochs"] == 1
+    assert meta["extra"]["role"] == "best" and meta["extra"]["sweep_trial"] == "abc_00001"
+    _baseline, base_meta = checkpoint.load(tmp_path / "models" / "lenet5.pt")
+    assert base_meta["metrics"]["augment"] == "shift" and base_meta["extra"]["role"] == "baseline"
+    for metrics in results.values():
+        assert 0 <= metrics["val_accuracy"] <= 1 and metrics["rotation_angle"] == 30.0
+    assert json.loads((tmp_path / "models" / "metrics.json").read_text()) == results
+
+    runs = tracking.offline_runs(tmp_path / "runs")
+    infos = [tracking.read_run_info(d) for d in runs.values()]
+    assert sorted(i["name"] for i in infos) == ["train-capsnet-small", "train-lenet5"]
+    assert {(i["group"], i["job_type"]) for i in infos} == {("tiny", "train")}
+    for run_dir in runs.values():
+        assert [h["epoch"] for h in tracking.read_history(run_dir)] == [1]
+
+
+def test_missing_best_json_names_the_sweep(tmp_path):
+    with pytest.raises(ConfigError, match="run the sweep first"):
+        train_final(FinalTrainConfig(), SweepConfig(), best_path=tmp_path / "best.json")
+
+
+def test_unknown_baseline_fails_before_training(tmp_path):
+    final = FinalTrainConfig.from_dict({"baselines": ["lenet6"]})
+    with pytest.raises(ConfigError, match="unknown model 'lenet6'"):
+        train_final(final, SweepConfig(), best_path=best_json(tmp_path / "best.json"))

@@ -1,0 +1,88 @@
+"""The throughput harness runs, and its naive reference is an honest comparison."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from capsnet import bench, models
+
+EXPECTED_KEYS = {
+    "batch_sizes",
+    "train",
+    "infer",
+    "ratios",
+    "targets",
+    "peak_rss_mb",
+    "rss_batch",
+    "threads",
+    "torch",
+    "model",
+    "rounds",
+    "steps",
+}
+
+
+def test_quick_run_prints_a_table_and_one_json_line(capsys):
+    assert bench.main(["--quick"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert EXPECTED_KEYS <= set(result)
+    assert result["model"] == "capsnet-small"
+    for mode in ("train", "infer"):
+        assert set(result[mode]) == set(bench.IMPLEMENTATIONS)
+        assert all(v["4"] > 0 for v in result[mode].values())
+    assert set(result["peak_rss_mb"]) == set(bench.IMPLEMENTATIONS)
+    assert set(result["ratios"]["4"]) == set(bench.TARGETS)
+    assert "train img/s" in lines[0]
+
+
+def test_run_with_a_subset_of_implementations_and_no_rss():
+    result = bench.run(
+        [2],
+        rounds=1,
+        steps=1,
+        implementations=["capsnet", "conv"],
+        model="capsnet-small",
+        rss=False,
+    )
+    assert set(result["train"]) == {"capsnet", "conv"}
+    assert set(result["ratios"]["2"]) == {"train_vs_conv", "infer_vs_conv"}
+
+
+def test_bad_options_exit_nonzero_with_one_line(capsys):
+    assert bench.main(["--quick", "--impl", "capsnet,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert bench.main(["--batch-sizes", "a,b"]) == 2
+
+
+def test_missing_naive_reference_gives_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="source tree"):
+        bench.load_naive_module(tmp_path / "naive_capsnet.py")
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("capsnet", {}), ("capsnet-small", {}), ("capsnet-small", {"decoder": False})],
+)
+def test_naive_reference_has_the_same_parameter_count(name, overrides):
+    naive_cls = bench.load_naive_module().NaiveCapsNet
+    ours = models.build(name, **overrides)
+    assert models.count_parameters(naive_cls(ours.config)) == models.count_parameters(ours)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_naive_reference_matches_our_model_with_the_same_weights(iterations):
+    torch.manual_seed(0)
+    ours = models.build("capsnet-small", routing_iterations=iterations)
+    naive = bench.load_naive_module().NaiveCapsNet.from_model(ours)
+    x = torch.rand(5, 1, 28, 28)  # (B, C, H, W)
+    target = torch.tensor([0, 1, 2, 3, 4])
+    for t in (None, target):
+        expected = ours(x, t)
+        scores, poses, reconstruction = naive(x, t)
+        torch.testing.assert_close(scores, expected.scores, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(poses, expected.poses, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(reconstruction, expected.reconstruction, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,291 @@
+"""The evaluation stage: schema, agreement with training, MultiMNIST scoring, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+import torch
+from click.testing import CliRunner
+
+from capsnet import checkpoint, eval_stage, models
+from capsnet.evaluate import multimnist_scores
+
+SHIM = (
+    "import sys; from capsnet.cli import CapsnetGroup; "
+    "from capsnet.eval_cli import eval_command, evaluate_stage_command; "
+    "CapsnetGroup(commands={'eval': eval_command, 'evaluate-stage': evaluate_stage_command})"
+    "(prog_name='capsnet')"
+)
+
+
+def shim_group() -> click.Group:
+    """The new commands under the same one-line-error group as ``capsnet``."""
+    from capsnet.cli import CapsnetGroup
+    from capsnet.eval_cli import eval_command, evaluate_stage_command
+
+    return CapsnetGroup(commands={"eval": eval_command, "evaluate-stage": evaluate_stage_command})
+
+
+def run_shim(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-c", SHIM, *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    """{name: checkpoint path}: untrained 28x28 lenet5 and capsnet-small, a 36x36
+    capsnet-small (MultiMNIST) and a 40x40 lenet5 (affNIST, expanded MNIST)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    specs = {
+        "lenet5": ("lenet5", {}),
+        "capsnet-small": ("capsnet-small", {}),
+        "caps36": ("capsnet-small", {"input_size": 36}),
+        "lenet40": ("lenet5", {"input_size": 40}),
+    }
+    return {
+        name: checkpoint.save(root / f"{name}.pt", models.build(model, **overrides))
+        for name, (model, overrides) in specs.items()
+    }
+
+
+def test_multimnist_scoring_hand_built_cases():
+    scores = torch.tensor(
+        [
+            [0.9, 0.8, 0.1, 0.0],  # true {0, 1}: both are the two highest
+            [0.9, 0.1, 0.8, 0.0],  # true {0, 1}: one of them
+            [0.1, 0.2, 0.9, 0.8],  # true {0, 1}: none
+        ]
+    )
+    targets = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]], dtype=torch.float32)
+    result = multimnist_scores(scores, targets)
+    assert result["n"] == 3
+    assert result["strict_accuracy"] == pytest.approx(1 / 3)
+    assert result["at_least_one"] == pytest.approx(2 / 3)
+    assert result["half_credit"] == pytest.approx((1 + 0.5 + 0) / 3)
+    alone = {
+        k: multimnist_scores(scores[i : i + 1], targets[i : i + 1])
+        for k, i in (("both", 0), ("one", 1), ("none", 2))
+    }
+    assert [alone[k]["strict_accuracy"] for k in ("both", "one", "none")] == [1.0, 0.0, 0.0]
+    assert [alone[k]["half_credit"] for k in ("both", "one", "none")] == [1.0, 0.5, 0.0]
+
+
+def test_training_checkpoint_reproduces_training_accuracy(tmp_path, mnist_root):
+    from capsnet.cli import main
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--model",
+            "lenet5",
+            "--train-limit",
+            "300",
+            "--val-size",
+            "100",
+            "--test-limit",
+            "200",
+            "--epochs",
+            "4",
+            "--batch-size",
+            "25",
+            "--data-root",
+            str(mnist_root),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    trained = json.loads((out / "metrics.json").read_text())["mnist"]
+    assert trained["n"] == 200
+    options = eval_stage.EvalOptions(angles=[0, 35], limit=200, data_root=mnist_root)
+    results = eval_stage.evaluate_checkpoints([out / "model.pt"], ["mnist"], options)
+    assert set(results) == {"run"}
+    assert results["run"]["mnist"] == trained
+    assert trained["accuracy"] > 0.2  # it learned something in a few short epochs
+
+
+def test_rotated_mnist_at_zero_equals_mnist(untrained, mnist_root):
+    options = eval_stage.EvalOptions(angles=[0, 90], limit=64, data_root=mnist_root)
+    paths = [untrained["lenet5"], untrained["capsnet-small"]]
+    results = eval_stage.evaluate_checkpoints(paths, ["mnist", "rotated-mnist"], options)
+    for entry in results.values():
+        assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
+        assert entry["rotated-mnist"]["n"] == entry["mnist"]["n"] == 64
+
+
+def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
+    options = eval_stage.EvalOptions(
+        angles=[0, 35],
+        limit=40,
+        data_root=mnist_root,
+        robustness=True,
+        epsilons=[0.1],
+        bim_steps=2,
+        robustness_limit=16,
+        equivariance=True,
+        equivariance_angles=[-30, 0, 30],
+        equivariance_limit=8,
+        figure_examples=3,
+    )
+    datasets = ["mnist", "rotated-mnist", "affnist", "expanded-mnist", "multimnist", "smallnorb"]
+    results = eval_stage.evaluate_checkpoints(list(untrained.values()), datasets, options)
+    assert set(results) == set(untrained)
+    for name, entry in results.items():
+        assert entry["checkpoint"] == str(untrained[name])
+        assert set(entry) == {"model", "checkpoint", *datasets, "robustness", "equivariance"}
+        assert "skipped" in entry["smallnorb"]  # no smallNORB data here, never dropped
+
+    small = results["capsnet-small"]
+    assert small["mnist"]["n"] == 40 and 0 <= small["mnist"]["accuracy"] <= 1
+    assert set(small["rotated-mnist"]["accuracy"]) == {"0", "35"}
+    assert small["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
+    assert "36x36" in small["multimnist"]["skipped"]
+    assert set(small["robustness"]["fgsm"]) == {"0.1"} and small["robustness"]["n"] == 16
+    assert len(small["equivariance"]["dim_correlation"]) == 16
+    assert "no capsule poses" in results["lenet5"]["equivariance"]["skipped"]
+
+    multi = results["caps36"]["multimnist"]
+    assert set(multi) == {"strict_accuracy", "at_least_one", "half_credit", "n"}
+    assert multi["n"] == 40
+    assert multi["strict_accuracy"] <= multi["half_credit"] <= multi["at_least_one"]
+    assert "28x28" in results["caps36"]["mnist"]["skipped"]
+
+    wide = results["lenet40"]
+    assert wide["affnist"]["source"] == "affnist-synth"  # no real affNIST under mnist_root
+    assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
+
+    written = eval_stage.write_outputs(results, tmp_path / "eval", options)
+    assert json.loads(written["metrics"].read_text()) == json.loads(
+        eval_stage.metrics_json(results)
+    )
+    with open(written["rotation_csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["model"] for r in rows} == {"lenet5", "capsnet-small"}
+    assert len(rows) == 4 and set(rows[0]) == {"angle", "model", "accuracy"}
+    figures = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
+    assert {
+        "rotation.png",
+        "reconstructions.png",
+        "equivariance.png",
+        "perturbation-capsnet-small.png",
+        "confusion-lenet5.png",
+        "multimnist-caps36.png",
+    } <= figures
+    for name in figures:
+        assert (tmp_path / "eval" / "figures" / name).read_bytes()[:4] == b"\x89PNG"
+    assert not list((tmp_path / "eval").rglob(".*"))  # no temporary files left behind
+
+
+def test_seed_checkpoints_are_reported_with_mean_and_std():
+    def entry(path, acc, rot):
+        return {
+            "model": "capsnet-small",
+            "checkpoint": path,
+            "mnist": {"accuracy": acc, "n": 100},
+            "rotated-mnist": {"n": 100, "accuracy": {"0": acc, "35": rot}},
+            "affnist": {"skipped": "images are 40x40, the model takes 28x28"},
+        }
+
+    results = {"s0": entry("s0/model.pt", 0.9, 0.6), "s1": entry("s1/model.pt", 0.8, 0.4)}
+    agg = eval_stage.aggregate_seeds(results)["capsnet-small"]
+    assert agg["seeds"] == 2 and agg["checkpoints"] == ["s0/model.pt", "s1/model.pt"]
+    assert agg["mnist"] == {"accuracy": pytest.approx(0.85), "n": 100}
+    assert agg["rotated-mnist"]["accuracy"]["35"] == pytest.approx(0.5)
+    assert agg["std"]["mnist"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
+    assert agg["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
+    assert eval_stage.aggregate_seeds({"s0": results["s0"]}) == {}
+
+
+def test_cli_keeps_the_eval_schema(untrained, mnist_root, tmp_path):
+    out = tmp_path / "e.json"
+    paths = [str(untrained["lenet5"]), str(untrained["capsnet-small"])]
+    result = CliRunner().invoke(
+        shim_group(),
+        [
+            "eval",
+            *paths,
+            "--limit",
+            "30",
+            "--angles",
+            "0,90",
+            "--data-root",
+            str(mnist_root),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"lenet5", "capsnet-small"}
+    for entry in data.values():
+        assert set(entry) == {"model", "checkpoint", "mnist", "rotated-mnist"}
+        assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
+    assert "capsnet-small" in result.output
+
+
+def test_cli_missing_truncated_and_foreign_checkpoints(tmp_path):
+    assert_one_line_error(run_shim("eval", str(tmp_path / "none.pt")), "none.pt", "not found")
+    path = checkpoint.save(tmp_path / "t.pt", models.build("lenet5"))
+    path.write_bytes(path.read_bytes()[:100])
+    assert_one_line_error(run_shim("eval", str(path)), "t.pt", "truncated")
+    foreign = tmp_path / "notes.pt"
+    foreign.write_text("hello")
+    assert_one_line_error(run_shim("eval", str(foreign)), "notes.pt")
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    assert_one_line_error(run_shim("eval", str(other)), "other.pt", "not a capsnet checkpoint")
+
+
+def test_cli_bad_options(untrained, tmp_path):
+    path = str(untrained["lenet5"])
+    assert_one_line_error(run_shim("eval", path, "--dataset", "cifar"), "--dataset")
+    assert_one_line_error(run_shim("eval", path, "--epsilons", "0.1,2"), "--epsilons")
+    assert_one_line_error(run_shim("eval", path, "--out", str(tmp_path)), "--out")
+
+
+def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    (models_dir / "lenet5.pt").write_bytes(untrained["lenet5"].read_bytes())
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "evaluate:\n"
+        f"  models_dir: {models_dir}\n"
+        f"  out_dir: {tmp_path / 'eval'}\n"
+        "  datasets: [mnist, rotated-mnist]\n"
+        "  angles: [0, 35]\n"
+        "  limit: 30\n"
+        "  robustness: {enabled: false}\n"
+        "  equivariance: {enabled: false}\n"
+    )
+    result = CliRunner().invoke(
+        shim_group(), ["evaluate-stage", "--params", str(params), "--data-root", str(mnist_root)]
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["lenet5"]["mnist"]["n"] == 30
+    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy\n")
+    assert (tmp_path / "eval" / "figures" / "confusion-lenet5.png").is_file()
+
+    params.write_text("evaluate:\n  datasets: [mnist, cifar]\n")
+    assert_one_line_error(
+        run_shim("evaluate-stage", "--params", str(params)), "evaluate.datasets", "cifar"
+    )

@@ -1,0 +1,202 @@
+"""report.html (self-contained, rendered by headless Chromium), the README table and the
+W&B publishing (offline)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from capsnet import figures
+from capsnet.errors import CapsnetError
+from pipeline import report
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+RESULTS = {
+    "capsnet-small": {
+        "model": "capsnet-small",
+        "checkpoint": "models/capsnet-small.pt",
+        "mnist": {"accuracy": 0.97, "n": 1000},
+        "rotated-mnist": {"n": 1000, "accuracy": {"0": 0.97, "35": 0.81, "90": 0.2}},
+        "affnist": {"skipped": "images are 40x40, the model takes 28x28"},
+        "multimnist": {"skipped": "images are 36x36, the model takes 28x28"},
+        "robustness": {"fgsm": {"0.1": 0.5}, "bim": {"0.1": 0.3}, "n": 100},
+    },
+    "lenet5": {
+        "model": "lenet5",
+        "checkpoint": "models/lenet5.pt",
+        "mnist": {"accuracy": 0.96, "n": 1000},
+        "rotated-mnist": {"n": 1000, "accuracy": {"0": 0.96, "35": 0.7, "90": 0.15}},
+        "affnist": {"source": "affnist-synth", "accuracy": 0.5, "n": 1000},
+        "robustness": {"fgsm": {"0.1": 0.2}, "bim": {"0.1": 0.05}, "n": 100},
+    },
+}
+
+
+@pytest.fixture
+def eval_dir(tmp_path) -> Path:
+    """eval/metrics.json and two small figures, as the evaluate stage writes them."""
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps(RESULTS))
+    curves = {n: e["rotated-mnist"]["accuracy"] for n, e in RESULTS.items()}
+    figures.rotation_curve(curves, out / "figures" / "rotation.png")
+    import torch
+
+    figures.image_grid([torch.rand(3, 1, 8, 8)], out / "figures" / "reconstructions.png")
+    return out
+
+
+def test_report_html_is_self_contained(eval_dir, tmp_path):
+    sweep = tmp_path / "results.csv"
+    sweep.write_text("trial_id,augment,final_val_accuracy\nt1,shift,0.91\nt2,none,0.88\n")
+    path = report.write_report(eval_dir / "metrics.json", eval_dir / "report.html", sweep_csv=sweep)
+    text = path.read_text()
+    assert "<script" not in text.lower()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # nothing fetched
+    assert text.count('src="data:image/png;base64,') == 2
+    assert "97.00%" in text and "paper 99.37%" in text  # ours beside the paper's
+    assert "paper 76.05%" in text  # LeNet5 at 35 degrees
+    assert "affNIST (synth stand-in)" in text and "paper 66" not in text
+    assert "images are 40x40, the model takes 28x28" in text  # skips are explained
+    assert '<table id="sweep">' in text and "0.9100" in text
+    assert '<table id="robustness">' in text
+    assert not list(eval_dir.glob(".*"))
+
+
+def test_readme_table_between_markers(eval_dir, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{report.README_BEGIN}\nold\n{report.README_END}\ntail\n")
+    assert report.update_readme(readme, eval_dir / "metrics.json", "eval/figures/rotation.png")
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("tail\n")
+    assert "| capsnet-small | `models/capsnet-small.pt` | 97.00% (paper 99.37%) |" in text
+    assert "![accuracy versus rotation](eval/figures/rotation.png)" in text
+    assert not report.update_readme(readme, eval_dir / "metrics.json", "eval/figures/rotation.png")
+    readme.write_text("no markers\n")
+    with pytest.raises(CapsnetError, match="results:begin"):
+        report.update_readme(readme, eval_dir / "metrics.json")
+
+
+def test_load_results_errors(tmp_path):
+    with pytest.raises(CapsnetError, match="not found"):
+        report.load_results(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(CapsnetError, match="not valid JSON"):
+        report.load_results(bad)
+
+
+PROBE = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  document.body.setAttribute('data-images', imgs.length);
+  document.body.setAttribute('data-decoded',
+    imgs.filter(i => i.complete && i.naturalWidth > 0).length);
+  document.body.setAttribute('data-rows', document.querySelectorAll('#results tr').length);
+  document.body.setAttribute('data-table-height',
+    document.getElementById('results').getBoundingClientRect().height);
+});
+</script>"""
+
+
+def test_report_renders_in_headless_chromium(eval_dir, tmp_path):
+    if not CHROMIUM.is_file():
+        pytest.skip(
+            "no /usr/bin/chromium: install the Debian packages chromium and chromium-driver"
+        )
+    page = report.write_report(eval_dir / "metrics.json", eval_dir / "report.html")
+    # A probe copy: the report itself has no scripts; the probe records what rendered.
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    profile = tmp_path / "profile"
+    common = [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run(
+        [*common, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+        capture_output=True,
+        text=True,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", dom.stdout).group(1)
+    attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body))
+    assert attrs["images"] == "2" and attrs["decoded"] == "2", attrs
+    assert int(attrs["rows"]) == 1 + len(RESULTS)
+    assert float(attrs["table-height"]) > 20
+    shot = tmp_path / "shot.png"
+    taken = subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1200,2000", page.as_uri()],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        colours = image.convert("L").getextrema()
+    assert colours[0] < 100 and colours[1] > 200  # text and figures on a light page
+
+
+def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatch):
+    from pipeline import publish, tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    runs = publish.publish_runs(
+        RESULTS,
+        eval_dir / "figures",
+        project="capsnet-test",
+        group="exp-1",
+        mode="offline",
+        wandb_dir=tmp_path / "runs",
+    )
+    assert [r["name"] for r in runs] == ["capsnet-small", "lenet5"]
+    assert len({r["run_id"] for r in runs}) == 2
+    found = tracking.offline_runs(tmp_path / "runs")
+    assert set(found) == {r["run_id"] for r in runs}
+    for published in runs:
+        run_dir = found[published["run_id"]]
+        info = tracking.read_run_info(run_dir)
+        assert info["job_type"] == "eval" and info["group"] == "exp-1"
+        assert info["config"]["model"] == published["name"]
+        history = tracking.read_history(run_dir)
+        entry = RESULTS[published["name"]]
+        assert history[0]["mnist/accuracy"] == entry["mnist"]["accuracy"]
+        assert history[0]["rotated-mnist/accuracy/35"] == entry["rotated-mnist"]["accuracy"]["35"]
+        assert history[0]["rotation_curve/_type"] == "table-file"
+        assert "figures/rotation" in {k.rsplit("/", 1)[0] for k in history[0]}
+        curve = [(row["angle"], row["rotated_accuracy"]) for row in history[1:]]
+        assert (
+            curve == [(0, 0.97 if published["name"] == "capsnet-small" else 0.96), *curve[1:]]
+            and len(curve) == 3
+        )
+
+
+def test_publish_stage_offline_never_reports_online(eval_dir, tmp_path, monkeypatch):
+    from capsnet import config
+    from pipeline import publish
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(
+        publish, "create_wandb_report", lambda *a, **k: pytest.fail("W&B Report offline")
+    )
+    params = config.from_dict(config.Params, {"publish": {"dir": "runs", "project": "p"}})
+    summary = publish.publish(params, Path("eval/metrics.json"), Path("eval/figures"))
+    assert summary["mode"] == "offline" and summary["report_url"] is None
+    assert summary["group"] == params.sweep.name
+    assert len(summary["runs"]) == 2
+    assert Path("eval/report.html").is_file()
+    assert json.loads(Path("eval/published.json").read_text())["runs"] == summary["runs"]
