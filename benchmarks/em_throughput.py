@@ -1,0 +1,150 @@
+"""em-capsnet training-step throughput and peak memory: vectorised vs the loop reference.
+
+Each implementation runs in its own subprocess (so peak RSS is its own), interleaved over
+``--rounds`` rounds in the same invocation (fast, reference, fast, reference, ...), on
+identical weights and data; the table reports the median seconds per step and images/s over
+the rounds, the largest peak RSS, and the fast/reference throughput ratio (images/s).
+
+The loop reference keeps every position's temporaries for the backward pass (about 0.55 GiB
+per image at 32x32), so ``--reference-batch-size`` lets it run on a smaller batch than the
+fast model; the ratio then compares images/s at the two batch sizes, and the table says so.
+``--threads`` sets torch's intra-op threads in both (1 on a shared, loaded machine: with 2
+threads and other jobs on both cores every parallel op waits for a descheduled thread).
+
+    python benchmarks/em_throughput.py --batch-size 32 --reference-batch-size 8 \
+        --in-channels 2 --threads 1 --steps 2 --warmup 1 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _worker(args: argparse.Namespace) -> dict:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.em_reference import ReferenceEMCapsNet
+    from capsnet import losses, models
+
+    torch.set_num_threads(args.threads)
+    if args.worker == "reference":
+        args.batch_size = args.reference_batch_size or args.batch_size
+    torch.manual_seed(0)
+    model = models.build(
+        args.model,
+        in_channels=args.in_channels,
+        input_size=args.input_size,
+        num_classes=args.num_classes,
+        routing_iterations=args.iterations,
+    )
+    net = model if args.worker == "fast" else ReferenceEMCapsNet(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=2e-7)
+    g = torch.Generator().manual_seed(1)
+    shape = (args.batch_size, args.in_channels, args.input_size, args.input_size)
+    x = torch.rand(shape, generator=g)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+
+    def step() -> float:
+        out = net(x)
+        loss = losses.spread_loss(out.scores, y, 0.2)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return float(loss)
+
+    for _ in range(args.warmup):
+        step()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    seconds = (time.perf_counter() - started) / args.steps
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {
+        "impl": args.worker,
+        "batch_size": args.batch_size,
+        "seconds_per_step": seconds,
+        "images_per_second": args.batch_size / seconds,
+        "peak_rss_gib": peak_kib / 2**20,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="em-capsnet")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--in-channels", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--input-size", type=int, default=32)
+    parser.add_argument("--num-classes", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2, help="timed training steps")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--impl", choices=("both", "fast", "reference"), default="both")
+    parser.add_argument(
+        "--reference-batch-size", type=int, default=None, help="default: --batch-size"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--worker", choices=("fast", "reference"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(args)))
+        return
+
+    impls = ("fast", "reference") if args.impl == "both" else (args.impl,)
+    passthrough = list(argv if argv is not None else sys.argv[1:])
+    runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+    for round_ in range(args.rounds):
+        for impl in impls:
+            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--worker", impl]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+            runs[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"round {round_ + 1}: {impl} done", file=sys.stderr)
+
+    results = []
+    for rs in runs.values():
+        seconds = statistics.median(r["seconds_per_step"] for r in rs)
+        batch = rs[0]["batch_size"]
+        results.append(
+            {
+                **rs[0],
+                "seconds_per_step": seconds,
+                "images_per_second": batch / seconds,
+                "peak_rss_gib": max(r["peak_rss_gib"] for r in rs),
+                "all_seconds_per_step": [r["seconds_per_step"] for r in rs],
+            }
+        )
+    first = results[0]
+    print(
+        f"{args.model}, {args.in_channels}x{args.input_size}x{args.input_size}, "
+        f"{args.iterations} EM iterations, CPU, {first['threads']} threads, torch "
+        f"{first['torch']}, median of {args.rounds} round(s) x {args.steps} step(s)"
+    )
+    print("| implementation | batch | s / step | images / s | peak RSS (GiB) |")
+    print("|---|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['impl']} | {r['batch_size']} | {r['seconds_per_step']:.2f} "
+            f"| {r['images_per_second']:.2f} | {r['peak_rss_gib']:.2f} |"
+        )
+    if len(results) == 2:
+        ratio = results[0]["images_per_second"] / results[1]["images_per_second"]
+        print(f"fast / reference throughput ratio (images/s): {ratio:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""Matrix-capsule layers for EM routing (Hinton, Sabour, Frosst 2018).
+
+Capsule grids are carried as ``poses (B, H, W, T, 16)`` (a 4x4 pose matrix flattened row by
+row, or a 16-vector in the "vector" ablation) and ``activations (B, H, W, T)``.
+Votes are V_ij = M_i W_ij with one transformation matrix per (kernel offset, input type,
+output type), shared across positions; they are gathered with strided views, never with
+Python loops over positions (benchmarks/em_reference.py holds the readable loop version).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from capsnet.routing import EM_FINAL_LAMBDA, EM_MIN_VAR, em_routing_blocked
+
+POSE_SHAPES = {"matrix": (4, 4), "vector": (1, 16)}
+COORD_ENTRIES = (0, 1)  # vote entries that receive the scaled (row, col) position (SPEC 1.3)
+
+
+def pose_shape(pose: str) -> tuple[int, int]:
+    """(rows, cols) of a pose: 4x4 matrices, or 1x16 vectors (transforms become 16x16)."""
+    if pose not in POSE_SHAPES:
+        raise ValueError(f"pose must be one of {', '.join(POSE_SHAPES)}, got {pose!r}")
+    return POSE_SHAPES[pose]
+
+
+def transform(children: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """Votes of every child for every parent type, laid out parent-major for em_routing.
+
+    children (N, I, 16), weight (I, J, c, c) with c = 16 / rows -> votes (N, J, I, 16)
+    (contiguous), vote_ij = pose_i (rows x c) @ W_ij (c x c).
+    """
+    return expanded_transform(children, _expand_weight(weight, rows))  # (N, J, I, 16)
+
+
+def expanded_transform(children: torch.Tensor, weight_expanded: torch.Tensor) -> torch.Tensor:
+    """``transform`` with the weight already expanded by ``_expand_weight`` (done once per
+    layer call, not once per block of groups): children (N, I, 16), weight_expanded
+    (c, J, I, 16) -> votes (N, J, I, 16)."""
+    n, n_in, _ = children.shape
+    cols = weight_expanded.shape[0]
+    return _Transform.apply(children.reshape(n, n_in, -1, cols), weight_expanded)
+
+
+def _expand_poses(m: torch.Tensor) -> torch.Tensor:
+    """m (N, I, r, c) -> (N, c, I, r*c) with [n, k, i, (r, d)] = m[n, i, r, k]."""
+    n, n_in, rows, cols = m.shape
+    xe = m.permute(0, 3, 1, 2).unsqueeze(4)  # (N, c, I, r, 1)
+    return xe.expand(n, cols, n_in, rows, cols).reshape(n, cols, n_in, rows * cols)
+
+
+def _expand_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """weight (I, J, c, c) -> (c, J, I, r*c) with [k, j, i, (r, d)] = W[i, j, k, d]."""
+    n_in, n_out, cols, _ = weight.shape
+    we = weight.permute(2, 1, 0, 3).unsqueeze(3)  # (c, J, I, 1, c)
+    return we.expand(cols, n_out, n_in, rows, cols).reshape(cols, n_out, n_in, rows * cols)
+
+
+class _Transform(torch.autograd.Function):
+    """votes[n, j, i, (r, d)] = sum_k m[n, i, r, k] W[i, j, k, d] for m (N, I, r, c), with
+    the weight given expanded, we[k, j, i, (r, d)] = W[i, j, k, d] (``_expand_weight``).
+
+    Written as c broadcast multiply-adds over contiguous (i, r, d) rows of the output: the
+    contraction is only c = 4 long, so a batched matmul (or einsum, which also permutes its
+    result) is several times slower on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, m, we):
+        cols = m.shape[3]
+        xe = _expand_poses(m)  # (N, c, I, 16)
+        out = xe[:, 0].unsqueeze(1) * we[0]  # (N, J, I, 16)
+        for k in range(1, cols):
+            out.addcmul_(xe[:, k].unsqueeze(1), we[k])  # (N, J, I, 16)
+        ctx.save_for_backward(m, we)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        m, we = ctx.saved_tensors
+        n, n_in, rows, cols = m.shape
+        dm = dwe = None
+        if ctx.needs_input_grad[0]:
+            dxe = torch.stack([(g * we[k]).sum(dim=1) for k in range(cols)], dim=1)  # (N,c,I,16)
+            dxe = dxe.reshape(n, cols, n_in, rows, cols).sum(dim=4)  # (N, c, I, r)
+            dm = dxe.permute(0, 2, 3, 1)  # (N, I, r, c)
+        if ctx.needs_input_grad[1]:
+            xe = _expand_poses(m)  # (N, c, I, 16)
+            dwe = torch.stack([(g * xe[:, k].unsqueeze(1)).sum(dim=0) for k in range(cols)])
+        return dm, dwe  # (N, I, r, c), (c, J, I, 16)
+
+
+def _init_transforms(weight: torch.Tensor) -> None:
+    # Entries ~ N(0, 1/c): a vote entry is a sum of c products, so it keeps the pose's scale.
+    nn.init.normal_(weight, std=weight.shape[-1] ** -0.5)
+
+
+class PrimaryMatrixCaps(nn.Module):
+    """1x1 convolution -> per position ``types`` capsules: a 16-entry pose and a sigmoid
+    activation. Pose channel index = type * 16 + entry (a capsule lives at one position)."""
+
+    def __init__(self, in_channels: int, types: int):
+        super().__init__()
+        self.types = types
+        self.conv = nn.Conv2d(in_channels, types * 17, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.conv(x)  # (B, T*17, H, W)
+        batch, _, h, w = out.shape
+        t = self.types
+        poses = out[:, : t * 16].reshape(batch, t, 16, h, w).permute(0, 3, 4, 1, 2)  # (B,H,W,T,16)
+        activations = torch.sigmoid(out[:, t * 16 :]).permute(0, 2, 3, 1)  # (B, H, W, T)
+        return poses.contiguous(), activations.contiguous()
+
+
+class ConvMatrixCaps(nn.Module):
+    """Convolutional capsule layer: each output position routes the K x K x T_in capsules of
+    its window to T_out parent types with EM (each window is one routing group)."""
+
+    def __init__(
+        self,
+        in_types: int,
+        out_types: int,
+        kernel: int,
+        stride: int,
+        iterations: int = 3,
+        final_lambda: float = EM_FINAL_LAMBDA,
+        min_var: float = EM_MIN_VAR,
+        pose: str = "matrix",
+    ):
+        super().__init__()
+        self.kernel, self.stride = kernel, stride
+        self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
+        self.rows, cols = pose_shape(pose)
+        self.weight = nn.Parameter(torch.empty(kernel * kernel * in_types, out_types, cols, cols))
+        self.beta_v = nn.Parameter(torch.zeros(out_types))
+        self.beta_a = nn.Parameter(torch.zeros(out_types))
+        _init_transforms(self.weight)
+
+    def windows(
+        self, poses: torch.Tensor, activations: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """Children of every output position: (B*H'*W', K*K*T, 16), (B*H'*W', K*K*T), (H', W').
+
+        Child order within a window is (kernel row, kernel col, type), matching ``weight``.
+        """
+        k, s = self.kernel, self.stride
+        batch = poses.shape[0]
+        p = poses.unfold(1, k, s).unfold(2, k, s)  # (B, H', W', T, 16, K, K) strided view
+        a = activations.unfold(1, k, s).unfold(2, k, s)  # (B, H', W', T, K, K) strided view
+        h_out, w_out = p.shape[1], p.shape[2]
+        p = p.permute(0, 1, 2, 5, 6, 3, 4).reshape(batch * h_out * w_out, -1, 16)  # (N, KKT, 16)
+        a = a.permute(0, 1, 2, 4, 5, 3).reshape(batch * h_out * w_out, -1)  # (N, KKT)
+        return p, a, (h_out, w_out)
+
+    def forward(
+        self, poses: torch.Tensor, activations: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """poses (B, H, W, T_in, 16), activations (B, H, W, T_in) -> same with H', W', T_out."""
+        batch = poses.shape[0]
+        children, a_in, (h_out, w_out) = self.windows(poses, activations)
+        pose, act = em_routing_blocked(
+            expanded_transform,  # votes of a block of windows: (n, T_out, KKT, 16)
+            children,
+            a_in,
+            _expand_weight(self.weight, self.rows),  # (c, T_out, KKT, 16), once per call
+            self.beta_v,
+            self.beta_a,
+            self.iterations,
+            self.final_lambda,
+            self.min_var,
+        )  # (N, T_out, 16), (N, T_out)
+        out_types = self.weight.shape[1]
+        return (
+            pose.reshape(batch, h_out, w_out, out_types, 16),  # (B, H', W', T_out, 16)
+            act.reshape(batch, h_out, w_out, out_types),  # (B, H', W', T_out)
+        )
+
+
+def coordinate_offsets(
+    h: int, w: int, first: float, step: float, image_h: int, image_w: int
+) -> torch.Tensor:
+    """Scaled receptive-field centres of an h x w capsule grid, (h, w, 2) as (row, col).
+
+    Grid cell i has its receptive field centred on input pixel ``first + step * i``; the
+    centre (pixel index + 0.5) is divided by the image size, so it lies in (0, 1).
+    """
+    rows = (first + step * torch.arange(h, dtype=torch.float32) + 0.5) / image_h  # (h,)
+    cols = (first + step * torch.arange(w, dtype=torch.float32) + 0.5) / image_w  # (w,)
+    return torch.stack(torch.broadcast_tensors(rows[:, None], cols[None, :]), dim=-1)  # (h,w,2)
+
+
+class ClassCaps(nn.Module):
+    """Class capsules: every capsule of the last grid votes for every class with a matrix
+    per (input type, class), shared across positions. With coordinate addition the scaled
+    receptive-field centre (row, col) of the voting capsule is added to vote entries
+    ``COORD_ENTRIES`` (the paper adds it to the first two entries of the vote)."""
+
+    def __init__(
+        self,
+        in_types: int,
+        num_classes: int,
+        iterations: int = 3,
+        final_lambda: float = EM_FINAL_LAMBDA,
+        min_var: float = EM_MIN_VAR,
+        coordinate_addition: bool = True,
+        pose: str = "matrix",
+    ):
+        super().__init__()
+        self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
+        self.coordinate_addition = coordinate_addition
+        self.rows, cols = pose_shape(pose)
+        self.weight = nn.Parameter(torch.empty(in_types, num_classes, cols, cols))
+        self.beta_v = nn.Parameter(torch.zeros(num_classes))
+        self.beta_a = nn.Parameter(torch.zeros(num_classes))
+        _init_transforms(self.weight)
+
+    def votes(self, poses: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """poses (B, H, W, T, 16), offsets (H, W, 2) or None -> votes (B, E, H*W*T, 16)."""
+        return class_votes(poses, self.weight, self.rows, offsets)
+
+    def forward(
+        self, poses: torch.Tensor, activations: torch.Tensor, offsets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """poses (B, H, W, T, 16), activations (B, H, W, T), offsets (H, W, 2) used when
+        coordinate addition is on -> class poses (B, E, 16), class activations (B, E)."""
+        batch = poses.shape[0]
+        offsets = offsets if self.coordinate_addition else None
+        return em_routing_blocked(
+            partial(class_votes, rows=self.rows, offsets=offsets),  # (b, E, HWT, 16)
+            poses,
+            activations.reshape(batch, -1),  # (B, HWT)
+            self.weight,
+            self.beta_v,
+            self.beta_a,
+            self.iterations,
+            self.final_lambda,
+            self.min_var,
+        )  # (B, E, 16), (B, E)
+
+
+def class_votes(
+    poses: torch.Tensor, weight: torch.Tensor, rows: int, offsets: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Class-capsule votes: poses (B, H, W, T, 16), weight (T, E, c, c), offsets (H, W, 2) or
+    None -> votes (B, E, H*W*T, 16), child order (row, col, type)."""
+    batch, h, w, t, _ = poses.shape
+    m = poses.reshape(batch, h * w, t, rows, -1)  # (B, HW, T, r, c)
+    votes = torch.einsum("bstrc,tecd->bestrd", m, weight)  # (B, E, HW, T, r, c)
+    votes = votes.reshape(batch, -1, h * w, t, 16)  # (B, E, HW, T, 16)
+    if offsets is not None:
+        coord = votes.new_zeros(h * w, 1, 16)  # (HW, 1, 16)
+        coord[:, 0, list(COORD_ENTRIES)] = offsets.reshape(h * w, 2).to(coord.dtype)
+        votes = votes + coord  # (B, E, HW, T, 16)
+    return votes.reshape(batch, votes.shape[1], h * w * t, 16)  # (B, E, HWT, 16)

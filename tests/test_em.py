@@ -1,0 +1,405 @@
+"""Matrix capsules with EM routing: routing invariants, numerics, reference match, models."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from capsnet import losses, models
+from capsnet.em_layers import ClassCaps, coordinate_offsets
+from capsnet.routing import EM_MIN_VAR, em_inverse_temperatures, em_routing, em_routing_blocked
+from capsnet.train import TrainConfig, spread_margin
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.em_reference import ReferenceEMCapsNet, em_routing_reference
+
+SMALLNORB = {"in_channels": 1, "input_size": 32, "num_classes": 5}
+SMALLNORB_STEREO = {"in_channels": 2, "input_size": 32, "num_classes": 5}
+OVERFIT_IMAGES, OVERFIT_EPOCHS = 10, 60
+TINY = {"A": 8, "B": 4, "C": 4, "D": 4, "input_size": 24, "num_classes": 5}
+
+
+def _routing_inputs(batch=3, n_in=12, n_out=4, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    votes = torch.randn(batch, n_in, n_out, 16, generator=g, dtype=dtype)
+    activations = torch.rand(batch, n_in, generator=g, dtype=dtype)
+    beta_v = 0.1 * torch.randn(n_out, generator=g, dtype=dtype)
+    beta_a = 0.1 * torch.randn(n_out, generator=g, dtype=dtype)
+    return votes, activations, beta_v, beta_a
+
+
+# ---- parameter counts ---------------------------------------------------------------------
+
+
+def _em_count(in_channels, a, b, c, d, e, kernel=3):
+    conv1 = in_channels * 25 * a + a
+    primary = a * b * 17 + b * 17
+    caps1 = kernel * kernel * b * c * 16 + 2 * c  # 4x4 matrices + beta_v, beta_a per type
+    caps2 = kernel * kernel * c * d * 16 + 2 * d
+    classes = d * e * 16 + 2 * e
+    return conv1 + primary + caps1 + caps2 + classes
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "expected"),
+    [
+        # SPEC 1.3 "about 310K": the 4x4 matrices of ConvCaps1/2 alone are 2 x 147,456.
+        ("em-capsnet", SMALLNORB, 316_394),
+        ("em-capsnet", SMALLNORB_STEREO, 317_194),
+        ("em-capsnet", {}, 318_964),  # MNIST 28x28, E = 10
+        # SPEC 1.3 "about 68K"
+        ("em-capsnet-small", SMALLNORB, 67_154),
+        ("em-capsnet-small", SMALLNORB_STEREO, 68_754),
+        ("em-capsnet-small", {}, 68_444),
+        # SPEC 1.3 "about 4.2M at 32x32"
+        ("smallnorb-cnn", SMALLNORB, 4_252_549),
+        ("smallnorb-cnn", SMALLNORB_STEREO, 4_253_349),
+        ("smallnorb-cnn", {}, 3_274_634),
+    ],
+)
+def test_parameter_counts(name, overrides, expected):
+    assert models.count_parameters(models.build(name, **overrides)) == expected
+
+
+def test_parameter_count_formula():
+    model = models.build("em-capsnet", **SMALLNORB)
+    assert models.count_parameters(model) == _em_count(1, 32, 32, 32, 32, 5)
+    small = models.build("em-capsnet-small", **SMALLNORB_STEREO)
+    assert models.count_parameters(small) == _em_count(2, 64, 8, 16, 16, 5)
+
+
+def test_pose_vector_ablation_has_16x16_transforms():
+    model = models.build("em-capsnet", pose="vector", **SMALLNORB)
+    assert model.caps1.weight.shape == (9 * 32, 32, 16, 16)
+    out = models.build("em-capsnet-small", pose="vector", **TINY)(torch.rand(2, 1, 24, 24))
+    assert out.scores.shape == (2, 5) and torch.isfinite(out.scores).all()
+
+
+# ---- routing invariants and numerics --------------------------------------------------------
+
+
+def test_inverse_temperature_schedule():
+    lams = em_inverse_temperatures(3, 0.01)
+    assert lams == pytest.approx([0.01 * (1 - 0.95**1), 0.01 * (1 - 0.95**2), 0.01 * (1 - 0.95**3)])
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
+def test_em_invariants(iterations):
+    votes, act, beta_v, beta_a = _routing_inputs()
+    pose, a, r, var = em_routing(votes, act, beta_v, beta_a, iterations, return_assignments=True)
+    assert pose.shape == (3, 4, 16) and a.shape == (3, 4) and r.shape == (3, 12, 4)
+    torch.testing.assert_close(r.sum(dim=2), torch.ones(3, 12))
+    assert (r >= 0).all()
+    assert ((a > 0) & (a < 1)).all()
+    assert (var >= EM_MIN_VAR).all()
+
+
+def _finite_everywhere(votes, act, iterations):
+    votes = votes.clone().requires_grad_(True)
+    act = act.clone().requires_grad_(True)
+    beta_v = torch.zeros(votes.shape[2], requires_grad=True)
+    beta_a = torch.zeros(votes.shape[2], requires_grad=True)
+    pose, a = em_routing(votes, act, beta_v, beta_a, iterations)
+    (pose.square().sum() + a.sum()).backward()
+    for t in (pose, a, votes.grad, act.grad, beta_v.grad, beta_a.grad):
+        assert torch.isfinite(t).all()
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("case", ["zeros", "zero-activations", "saturated", "identical", "huge"])
+def test_em_no_nan_or_inf(iterations, case):
+    votes, act, _, _ = _routing_inputs(batch=2, n_in=18, n_out=5)
+    if case == "zeros":
+        votes, act = torch.zeros_like(votes), torch.zeros_like(act)
+    elif case == "zero-activations":
+        act = torch.zeros_like(act)
+    elif case == "saturated":
+        votes, act = 100.0 * votes, torch.ones_like(act)
+    elif case == "identical":
+        votes = votes[:, :1, :1].expand_as(votes).contiguous()
+    elif case == "huge":
+        votes = 1e4 * votes
+    _finite_everywhere(votes, act, iterations)
+
+
+def test_identical_votes_hit_the_variance_floor():
+    votes = torch.randn(1, 1, 1, 16).expand(2, 10, 3, 16).contiguous()
+    pose, _, _, var = em_routing(
+        votes, torch.ones(2, 10), torch.zeros(3), torch.zeros(3), 3, return_assignments=True
+    )
+    torch.testing.assert_close(var, torch.full_like(var, EM_MIN_VAR))
+    torch.testing.assert_close(pose, votes[:, 0])
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
+def test_em_matches_reference(iterations):
+    votes, act, beta_v, beta_a = _routing_inputs(batch=4, n_in=20, n_out=6, dtype=torch.float64)
+    pose, a, r, var = em_routing(votes, act, beta_v, beta_a, iterations, return_assignments=True)
+    ref_pose, ref_a, ref_r, ref_var = em_routing_reference(votes, act, beta_v, beta_a, iterations)
+    torch.testing.assert_close(pose, ref_pose)
+    torch.testing.assert_close(a, ref_a)
+    torch.testing.assert_close(var, ref_var)
+    if iterations > 1:
+        torch.testing.assert_close(r, ref_r)
+
+
+def test_em_routing_ignores_autocast():
+    votes, act, beta_v, beta_a = _routing_inputs()
+    expected = em_routing(votes, act, beta_v, beta_a, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = em_routing(votes, act, beta_v, beta_a, 3)
+    assert got[0].dtype == torch.float32
+    torch.testing.assert_close(got, expected)
+
+
+def test_em_gradients_match_reference():
+    votes, act, beta_v, beta_a = _routing_inputs(batch=2, n_in=9, n_out=3, dtype=torch.float64)
+    inputs = [t.clone().requires_grad_(True) for t in (votes, act, beta_v, beta_a)]
+    ref_inputs = [t.clone().requires_grad_(True) for t in (votes, act, beta_v, beta_a)]
+    pose, a = em_routing(*inputs, iterations=3)
+    ref_pose, ref_a, _, _ = em_routing_reference(*ref_inputs, iterations=3)
+    weight = torch.randn_like(pose, dtype=torch.float64)
+    ((pose * weight).sum() + 3 * a.sum()).backward()
+    ((ref_pose * weight).sum() + 3 * ref_a.sum()).backward()
+    for fast, ref in zip(inputs, ref_inputs):
+        torch.testing.assert_close(fast.grad, ref.grad)
+
+
+def _make_votes(children, weight):
+    # children (n, I, 4), weight (I, J, 4, 16) -> votes (n, J, I, 16), parent-major
+    return torch.einsum("nic,ijcp->njip", children, weight)
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
+@pytest.mark.parametrize("block_elements", [1, 7 * 16 * 5, 1 << 20])
+def test_blocked_em_matches_em_routing(iterations, block_elements):
+    """Blocked routing with per-block recomputation == em_routing on the full votes, values
+    and gradients of every input, whatever the block size (1 group, 7 groups, all)."""
+    g = torch.Generator().manual_seed(iterations)
+    n, n_in, n_out = 10, 7, 5
+    kids = torch.randn(n, n_in, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(n_in, n_out, 4, 16, generator=g, dtype=torch.float64)
+    act = torch.rand(n, n_in, generator=g, dtype=torch.float64)
+    beta_v = 0.1 * torch.randn(n_out, generator=g, dtype=torch.float64)
+    beta_a = 0.1 * torch.randn(n_out, generator=g, dtype=torch.float64)
+    inputs = [t.clone().requires_grad_(True) for t in (kids, weight, act, beta_v, beta_a)]
+    ref_inputs = [t.clone().requires_grad_(True) for t in (kids, weight, act, beta_v, beta_a)]
+    c, w, a, bv, ba = inputs
+    pose, act_out = em_routing_blocked(
+        _make_votes, c, a, w, bv, ba, iterations, block_elements=block_elements
+    )
+    rc, rw, ra, rbv, rba = ref_inputs
+    votes = _make_votes(rc, rw).transpose(1, 2)  # (n, I, J, 16)
+    ref_pose, ref_act = em_routing(votes, ra, rbv, rba, iterations)
+    torch.testing.assert_close(pose, ref_pose)
+    torch.testing.assert_close(act_out, ref_act)
+    weight_pose = torch.randn(pose.shape, generator=g, dtype=torch.float64)
+    ((pose * weight_pose).sum() + 3 * act_out.sum()).backward()
+    ((ref_pose * weight_pose).sum() + 3 * ref_act.sum()).backward()
+    for fast, ref in zip(inputs, ref_inputs):
+        torch.testing.assert_close(fast.grad, ref.grad)
+
+
+def test_blocked_em_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    kids = torch.randn(3, 4, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(4, 3, 4, 16, generator=g, dtype=torch.float64)
+    act = torch.rand(3, 4, generator=g, dtype=torch.float64)
+    betas = [0.1 * torch.randn(3, generator=g, dtype=torch.float64) for _ in range(2)]
+    inputs = tuple(t.requires_grad_(True) for t in (kids, act, weight, *betas))
+
+    def fn(c, a, w, bv, ba):
+        return em_routing_blocked(_make_votes, c, a, w, bv, ba, 2, final_lambda=1.0,
+                                  block_elements=64 * 3)  # fmt: skip
+
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+
+
+def test_conv_votes_transform_matches_einsum():
+    from capsnet.em_layers import transform
+
+    g = torch.Generator().manual_seed(0)
+    for rows in (4, 1):  # 4x4 matrices and the 16-vector ablation (16x16 transforms)
+        cols = 16 // rows
+        kids = torch.randn(5, 6, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(6, 3, cols, cols, generator=g, dtype=torch.float64)
+        weight.requires_grad_(True)
+        m = kids.reshape(5, 6, rows, cols)
+        expected = torch.einsum("nirc,ijcd->njird", m, weight).reshape(5, 3, 6, 16)
+        got = transform(kids, weight, rows)  # (N, J, I, 16)
+        torch.testing.assert_close(got, expected)
+        grad = torch.randn(got.shape, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(
+            torch.autograd.grad(got, (kids, weight), grad),
+            torch.autograd.grad(expected, (kids, weight), grad),
+        )
+
+
+def test_em_gradcheck():
+    votes, act, beta_v, beta_a = _routing_inputs(batch=1, n_in=4, n_out=3, dtype=torch.float64)
+    inputs = tuple(t.requires_grad_(True) for t in (votes, act, beta_v, beta_a))
+
+    def fn(*args):
+        pose, a = em_routing(*args, iterations=2, final_lambda=1.0)
+        return pose, a
+
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+
+
+# ---- layers and models ----------------------------------------------------------------------
+
+
+def test_model_matches_loop_reference():
+    torch.manual_seed(0)
+    model = models.build("em-capsnet-small", **TINY)
+    x = torch.rand(3, 1, 24, 24)
+    out = model(x)
+    out.scores.sum().backward()
+    fast_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = ReferenceEMCapsNet(model)(x)
+    ref.scores.sum().backward()
+    torch.testing.assert_close(out.scores, ref.scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.poses, ref.poses, rtol=1e-4, atol=1e-4)
+    for fast, p in zip(fast_grads, model.parameters()):
+        torch.testing.assert_close(fast, p.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_coordinate_addition_changes_only_the_first_two_vote_entries():
+    torch.manual_seed(0)
+    layer = ClassCaps(in_types=3, num_classes=4)
+    poses = torch.randn(2, 4, 4, 3, 16)
+    offsets = coordinate_offsets(4, 4, first=8.0, step=4.0, image_h=32, image_w=32)
+    plain = layer.votes(poses)  # (B, E, HWT, 16)
+    added = layer.votes(poses, offsets)
+    diff = (added - plain).reshape(2, 4, 4, 4, 3, 16)  # (B, E, H, W, T, 16)
+    expected_rows = offsets[..., 0][None, None, :, :, None].expand(2, 4, 4, 4, 3)
+    expected_cols = offsets[..., 1][None, None, :, :, None].expand(2, 4, 4, 4, 3)
+    torch.testing.assert_close(diff[..., 0], expected_rows)
+    torch.testing.assert_close(diff[..., 1], expected_cols)
+    assert (diff[..., 2:] == 0).all()
+
+
+def test_coordinate_offsets_are_receptive_field_centres():
+    offsets = coordinate_offsets(4, 4, first=8.0, step=4.0, image_h=32, image_w=32)
+    centres = torch.tensor([8.5, 12.5, 16.5, 20.5]) / 32
+    torch.testing.assert_close(offsets[:, 0, 0], centres)
+    torch.testing.assert_close(offsets[0, :, 1], centres)
+
+
+def test_coordinate_addition_is_a_setting():
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 24, 24)
+    on = models.build("em-capsnet-small", **TINY)
+    off = models.build("em-capsnet-small", coordinate_addition=False, **TINY)
+    off.load_state_dict(on.state_dict())
+    assert not torch.allclose(on(x).poses, off(x).poses)
+
+
+@pytest.mark.parametrize("name", ["em-capsnet", "em-capsnet-small", "smallnorb-cnn"])
+def test_models_forward_shapes_and_defaults(name):
+    model = models.build(name)  # MNIST shape by default
+    out = model(torch.rand(2, 1, 28, 28))
+    assert out.scores.shape == (2, 10) and out.reconstruction is None
+    if name.startswith("em"):
+        assert model.default_loss == "spread" and out.poses.shape == (2, 10, 16)
+        assert ((out.scores > 0) & (out.scores < 1)).all()
+    else:
+        assert model.default_loss == "cross-entropy"
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("fill", [0.0, 1.0, None])
+def test_model_no_nan_for_extreme_images(iterations, fill):
+    torch.manual_seed(iterations)
+    model = models.build("em-capsnet-small", routing_iterations=iterations, **TINY)
+    x = torch.rand(2, 1, 24, 24) if fill is None else torch.full((2, 1, 24, 24), fill)
+    out = model(x)
+    losses.spread_loss(out.scores, torch.tensor([0, 3]), 0.9).backward()
+    assert torch.isfinite(out.scores).all() and torch.isfinite(out.poses).all()
+    for p in model.parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+def test_stereo_smallnorb_shapes():
+    model = models.build("em-capsnet-small", **{**TINY, "in_channels": 2})
+    assert model(torch.rand(2, 2, 24, 24)).scores.shape == (2, 5)
+    cnn = models.build("smallnorb-cnn", **SMALLNORB_STEREO)
+    assert cnn(torch.rand(2, 2, 32, 32)).scores.shape == (2, 5)
+
+
+def test_config_validation():
+    with pytest.raises(Exception, match="pose"):
+        models.build("em-capsnet", pose="quaternion")
+    with pytest.raises(Exception, match="too small"):
+        models.build("em-capsnet", input_size=12)
+
+
+# ---- spread loss --------------------------------------------------------------------------
+
+
+def test_spread_loss_hand_computed():
+    a = torch.tensor([[0.2, 0.5, 0.9], [0.6, 0.1, 0.3]])
+    target = torch.tensor([2, 0])
+    # row 0 (m=0.5): max(0, 0.5-0.7)^2 + max(0, 0.5-0.4)^2 = 0.01
+    # row 1 (m=0.5): max(0, 0.5-0.5)^2 + max(0, 0.5-0.3)^2 = 0.04
+    assert losses.spread_loss(a, target, 0.5).item() == pytest.approx((0.01 + 0.04) / 2)
+    # m=0.9: row 0: 0.2^2 + 0.5^2 = 0.29; row 1: 0.4^2 + 0.6^2 = 0.52
+    assert losses.spread_loss(a, target, 0.9).item() == pytest.approx((0.29 + 0.52) / 2)
+
+
+def test_spread_margin_schedules():
+    linear = TrainConfig(spread_schedule="linear")
+    assert spread_margin(linear, 0, 101) == pytest.approx(0.2)
+    assert spread_margin(linear, 50, 101) == pytest.approx(0.55)
+    assert spread_margin(linear, 100, 101) == pytest.approx(0.9)
+    official = TrainConfig(spread_schedule="sigmoid")
+
+    def sig(z):
+        return 1.0 / (1.0 + math.exp(-z))
+
+    assert spread_margin(official, 0, 10) == pytest.approx(0.2 + 0.79 * sig(-4))
+    assert spread_margin(official, 200_000, 10) == pytest.approx(0.2 + 0.79 * 0.5)
+    assert spread_margin(official, 10**9, 10) == pytest.approx(0.2 + 0.79 * sig(10))
+
+
+# ---- training -----------------------------------------------------------------------------
+
+
+def _smallnorb_like(n, seed=0):
+    """n random stereo images in the prepared smallNORB format (uint8 (n, 2, 32, 32), 5 classes)."""
+    from capsnet.data.datasets import TensorImageDataset
+
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 2, 32, 32), generator=g, dtype=torch.uint8)
+    return TensorImageDataset(images, torch.arange(n) % 5, "smallnorb-like")
+
+
+def test_fit_trains_em_capsnet_with_spread_loss():
+    from capsnet.train import fit
+
+    torch.manual_seed(0)
+    model = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, **SMALLNORB_STEREO)
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-2, device="cpu", progress=False)
+    history = fit(model, _smallnorb_like(8), _smallnorb_like(4, seed=1), config)
+    assert all(math.isfinite(r["train_loss"]) for r in history)
+    assert 0.0 <= history[-1]["val_accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_overfits_a_small_smallnorb_batch():
+    from capsnet.evaluate import accuracy
+    from capsnet.train import fit
+
+    data = _smallnorb_like(OVERFIT_IMAGES)
+    torch.manual_seed(0)
+    model = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, **SMALLNORB_STEREO)
+    config = TrainConfig(
+        epochs=OVERFIT_EPOCHS, batch_size=32, lr=1e-2, device="cpu", progress=False
+    )
+    fit(model, data, None, config)
+    assert accuracy(model, data, 32, "cpu")["accuracy"] == 1.0
