@@ -282,6 +282,9 @@ class SweepConfig:
         return hashlib.sha256(blob).hexdigest()[:10]
 
 
+EXTRA_DATASETS = ("multimnist", "expanded-mnist")
+
+
 @dataclass
 class FinalTrainConfig:
     """params.yaml ``train``: the final model (best sweep config) and the baselines."""
@@ -293,12 +296,19 @@ class FinalTrainConfig:
     baselines: list[str] = field(default_factory=lambda: ["lenet5"])
     seed: int = 0
     out_dir: str = "models"
+    # Also train the same runs on these sets, for the evaluations that need other input
+    # sizes: multimnist (36x36, scored on MultiMNIST) and expanded-mnist (40x40, the
+    # Sabour affNIST protocol, scored on affNIST). Checkpoints: <model>@<dataset>.pt.
+    extra_datasets: list[str] = field(default_factory=list)
+    extra_train_size: int | None = 5000  # the first N training items of each extra set
 
     def __post_init__(self):
         _check_types(
             self,
             "train",
             {
+                "extra_datasets": (list,),
+                "extra_train_size": (int, type(None)),
                 "epochs": (int,),
                 "batch_size": (int,),
                 "train_size": (int, type(None)),
@@ -318,6 +328,16 @@ class FinalTrainConfig:
         if not all(isinstance(b, str) and b for b in self.baselines):
             raise ConfigError(
                 f"train.baselines must be a list of model names, got {self.baselines!r}"
+            )
+        unknown = [d for d in self.extra_datasets if d not in EXTRA_DATASETS]
+        if unknown:
+            raise ConfigError(
+                f"train.extra_datasets: {unknown[0]!r} unknown; choose from "
+                f"{', '.join(EXTRA_DATASETS)}"
+            )
+        if self.extra_train_size is not None and self.extra_train_size < 1:
+            raise ConfigError(
+                f"train.extra_train_size must be >= 1 or null, got {self.extra_train_size}"
             )
 
     @classmethod

@@ -149,8 +149,82 @@ def train_final(
         )
         log(f"wrote {path}")
         results[plan.model_name] = metrics
+    for dataset in final.extra_datasets:
+        results.update(
+            _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log)
+        )
     if metrics_path is not None:
         from capsnet.data.sources import atomic_write_bytes
 
         atomic_write_bytes(Path(metrics_path), (json.dumps(results, indent=2) + "\n").encode())
+    return results
+
+
+def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log):
+    """Train every final run on ``dataset`` (its own input size) without augmentation;
+    write <out_dir>/<model>@<dataset>.pt. Returns {"<model>@<dataset>": metrics}."""
+    from capsnet import checkpoint, models
+    from capsnet.data.datasets import load, split_tail
+    from capsnet.train import fit
+
+    full = load(dataset, "train", data_root, mirror=trials.default_mirror(mirror))
+    val_size = min(final.val_size, 1000)
+    train_set, val_set = split_tail(full, val_size, final.extra_train_size)
+    sample, _ = full[0]  # (C, H, W)
+    results = {}
+    for run in runs:
+        plan = trials.plan(
+            run, epochs=final.epochs, batch_size=final.batch_size, seed=final.seed, progress=None
+        )
+        plan.train_config.shift_pixels = 0  # the set carries its own translations
+        fields = set(models.make_config(plan.model_name).__dict__)
+        shape = {"in_channels": sample.shape[0], "input_size": sample.shape[-1]}
+        plan.overrides.update({k: v for k, v in shape.items() if k in fields})
+        torch.manual_seed(final.seed)
+        model = plan.build_model()
+        key = f"{plan.model_name}@{dataset}"
+        log(f"training {key} on {len(train_set)} images for {final.epochs} epoch(s)")
+        wandb_run = tracking.start_run(
+            sweep.wandb.project,
+            sweep.name,
+            f"train-{key}",
+            mode,
+            sweep.wandb.dir,
+            {**run, "dataset": dataset, "epochs": final.epochs, "train_images": len(train_set)},
+        )
+
+        def on_epoch(record, state, wandb_run=wandb_run, name=key):
+            val = record.get("val_accuracy")
+            log(
+                f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
+                + (f" val acc {val:.4f}" if val is not None else "")
+                + f" ({record['seconds']:.1f} s)"
+            )
+            if wandb_run is not None:
+                wandb_run.log(record, step=record["epoch"])
+
+        started = time.perf_counter()
+        try:
+            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
+        finally:
+            if wandb_run is not None:
+                tracking.finish_all([wandb_run])
+        metrics = {
+            "model": plan.model_name,
+            "dataset": dataset,
+            "parameters": models.count_parameters(model),
+            "epochs": final.epochs,
+            "train_images": len(train_set),
+            "train_seconds": round(time.perf_counter() - started, 3),
+            "val_accuracy": history[-1].get("val_accuracy"),
+        }
+        path = checkpoint.save(
+            Path(final.out_dir) / f"{key}.pt",
+            model.cpu(),
+            train_config=plan.train_config.to_dict(),
+            metrics={**metrics, "history": history},
+            extra={"run_config": run, "dataset": dataset, "sweep_trial": best.get("trial_id")},
+        )
+        log(f"wrote {path}")
+        results[key] = metrics
     return results

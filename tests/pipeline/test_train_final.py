@@ -85,3 +85,45 @@ def test_unknown_baseline_fails_before_training(tmp_path):
     final = FinalTrainConfig.from_dict({"baselines": ["lenet6"]})
     with pytest.raises(ConfigError, match="unknown model 'lenet6'"):
         train_final(final, SweepConfig(), best_path=best_json(tmp_path / "best.json"))
+
+
+def test_extra_datasets_train_models_of_their_input_size(tmp_path, mnist_root):
+    final = FinalTrainConfig.from_dict(
+        {
+            "epochs": 1,
+            "batch_size": 32,
+            "train_size": 64,
+            "val_size": 32,
+            "baselines": [],
+            "extra_datasets": ["multimnist", "expanded-mnist"],
+            "extra_train_size": 64,
+            "out_dir": str(tmp_path / "models"),
+        }
+    )
+    sweep = SweepConfig.from_dict(
+        {"name": "tiny", "wandb": {"mode": "disabled", "dir": str(tmp_path / "runs")}}
+    )
+    results = train_final(
+        final,
+        sweep,
+        best_path=best_json(tmp_path / "best.json"),
+        data_root=mnist_root,
+        log=lambda line: None,
+    )
+    assert set(results) == {
+        "capsnet-small",
+        "capsnet-small@multimnist",
+        "capsnet-small@expanded-mnist",
+    }
+    sizes = {}
+    for key in ("capsnet-small@multimnist", "capsnet-small@expanded-mnist"):
+        model, meta = checkpoint.load(tmp_path / "models" / f"{key}.pt")
+        sizes[key] = model.config.input_size
+        assert meta["extra"]["dataset"] == key.split("@")[1]
+        assert 0 <= results[key]["val_accuracy"] <= 1
+    assert sizes == {"capsnet-small@multimnist": 36, "capsnet-small@expanded-mnist": 40}
+
+
+def test_unknown_extra_dataset_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"train\.extra_datasets: 'affnist' unknown"):
+        FinalTrainConfig.from_dict({"extra_datasets": ["affnist"]})
