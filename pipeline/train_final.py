@@ -101,16 +101,7 @@ def train_final(
             f"augment {plan.augment}) on {len(train_set)} images for {final.epochs} epoch(s)"
         )
 
-        def on_epoch(record, state, wandb_run=wandb_run, name=plan.model_name):
-            val = record.get("val_accuracy")
-            log(
-                f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
-                + (f" val acc {val:.4f}" if val is not None else "")
-                + f" ({record['seconds']:.1f} s)"
-            )
-            if wandb_run is not None:
-                wandb_run.log(record, step=record["epoch"])
-
+        on_epoch = _epoch_reporter(log, wandb_run, plan.model_name)
         started = time.perf_counter()
         try:
             history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
@@ -193,16 +184,7 @@ def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mo
             {**run, "dataset": dataset, "epochs": final.epochs, "train_images": len(train_set)},
         )
 
-        def on_epoch(record, state, wandb_run=wandb_run, name=key):
-            val = record.get("val_accuracy")
-            log(
-                f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
-                + (f" val acc {val:.4f}" if val is not None else "")
-                + f" ({record['seconds']:.1f} s)"
-            )
-            if wandb_run is not None:
-                wandb_run.log(record, step=record["epoch"])
-
+        on_epoch = _epoch_reporter(log, wandb_run, key)
         started = time.perf_counter()
         try:
             history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
@@ -228,3 +210,19 @@ def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mo
         log(f"wrote {path}")
         results[key] = metrics
     return results
+
+
+def _epoch_reporter(log, wandb_run, name: str):
+    """fit's on_epoch callback: one log line per epoch, and the record to W&B."""
+
+    def on_epoch(record, state):
+        val = record.get("val_accuracy")
+        log(
+            f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
+            + (f" val acc {val:.4f}" if val is not None else "")
+            + f" ({record['seconds']:.1f} s)"
+        )
+        if wandb_run is not None:
+            wandb_run.log(record, step=record["epoch"])
+
+    return on_epoch
