@@ -19,6 +19,21 @@ def _params(path: Path | None):
     return load_or_default(path)
 
 
+params_option = click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=PARAMS_HELP,
+)
+root_option = click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory (default: $CAPSNET_DATA or ./data).",
+)
+
+
 @click.group("data")
 def data_group() -> None:
     """Download, prepare and look at datasets (the DVC data stages)."""
@@ -26,19 +41,8 @@ def data_group() -> None:
 
 @data_group.command("download")
 @click.argument("dataset", type=click.Choice(DOWNLOADS))
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=PARAMS_HELP,
-)
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Data directory (default: $CAPSNET_DATA or ./data).",
-)
+@params_option
+@root_option
 @click.option(
     "--mirror",
     default=None,
@@ -54,19 +58,8 @@ def download_command(dataset, params_path, root, mirror) -> None:
 
 @data_group.command("prepare")
 @click.argument("dataset", type=click.Choice(PREPARES))
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=PARAMS_HELP,
-)
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Data directory (default: $CAPSNET_DATA or ./data).",
-)
+@params_option
+@root_option
 def prepare_command(dataset, params_path, root) -> None:
     """Build ROOT/prepared/DATASET from the raw files (or the prepared MNIST)."""
     from capsnet.data import stages
@@ -94,13 +87,7 @@ def prepare_command(dataset, params_path, root) -> None:
     help="Show training augmentation: none, shift, rotate, affine, elastic (settings from params).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=PARAMS_HELP,
-)
+@params_option
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None)
 def show_command(dataset, out, split, count, angle, subset, strategy, seed, params_path, root):
     """Write a grid of DATASET samples with their labels to OUT (PNG)."""
