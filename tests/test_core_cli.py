@@ -1,31 +1,12 @@
 """The `capsnet` command: happy paths in-process, error paths as a user sees them."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from clihelpers import assert_one_line_error, run_cli
 
 from capsnet import checkpoint, models
-
-
-def run_cli(*args, env_extra=None, cwd=None):
-    import os
-
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, env=env, cwd=cwd
-    )
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_models_lists_names_with_parameter_counts():

@@ -4,46 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
-import click
 import pytest
 import torch
 from click.testing import CliRunner
+from clihelpers import assert_one_line_error, run_cli
 
 from capsnet import checkpoint, eval_stage, models
+from capsnet.cli import main
 from capsnet.evaluate import multimnist_scores
-
-SHIM = (
-    "import sys; from capsnet.cli import CapsnetGroup; "
-    "from capsnet.eval_cli import eval_command, evaluate_stage_command; "
-    "CapsnetGroup(commands={'eval': eval_command, 'evaluate-stage': evaluate_stage_command})"
-    "(prog_name='capsnet')"
-)
-
-
-def shim_group() -> click.Group:
-    """The new commands under the same one-line-error group as ``capsnet``."""
-    from capsnet.cli import CapsnetGroup
-    from capsnet.eval_cli import eval_command, evaluate_stage_command
-
-    return CapsnetGroup(commands={"eval": eval_command, "evaluate-stage": evaluate_stage_command})
-
-
-def run_shim(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-c", SHIM, *args], capture_output=True, text=True, cwd=cwd
-    )
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -214,51 +183,24 @@ def test_seed_checkpoints_are_reported_with_mean_and_std():
     assert eval_stage.aggregate_seeds({"s0": results["s0"]}) == {}
 
 
-def test_cli_keeps_the_eval_schema(untrained, mnist_root, tmp_path):
-    out = tmp_path / "e.json"
-    paths = [str(untrained["lenet5"]), str(untrained["capsnet-small"])]
-    result = CliRunner().invoke(
-        shim_group(),
-        [
-            "eval",
-            *paths,
-            "--limit",
-            "30",
-            "--angles",
-            "0,90",
-            "--data-root",
-            str(mnist_root),
-            "--out",
-            str(out),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
-    assert set(data) == {"lenet5", "capsnet-small"}
-    for entry in data.values():
-        assert set(entry) == {"model", "checkpoint", "mnist", "rotated-mnist"}
-        assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
-    assert "capsnet-small" in result.output
-
-
 def test_cli_missing_truncated_and_foreign_checkpoints(tmp_path):
-    assert_one_line_error(run_shim("eval", str(tmp_path / "none.pt")), "none.pt", "not found")
+    assert_one_line_error(run_cli("eval", str(tmp_path / "none.pt")), "none.pt", "not found")
     path = checkpoint.save(tmp_path / "t.pt", models.build("lenet5"))
     path.write_bytes(path.read_bytes()[:100])
-    assert_one_line_error(run_shim("eval", str(path)), "t.pt", "truncated")
+    assert_one_line_error(run_cli("eval", str(path)), "t.pt", "truncated")
     foreign = tmp_path / "notes.pt"
     foreign.write_text("hello")
-    assert_one_line_error(run_shim("eval", str(foreign)), "notes.pt")
+    assert_one_line_error(run_cli("eval", str(foreign)), "notes.pt")
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(2)}, other)
-    assert_one_line_error(run_shim("eval", str(other)), "other.pt", "not a capsnet checkpoint")
+    assert_one_line_error(run_cli("eval", str(other)), "other.pt", "not a capsnet checkpoint")
 
 
 def test_cli_bad_options(untrained, tmp_path):
     path = str(untrained["lenet5"])
-    assert_one_line_error(run_shim("eval", path, "--dataset", "cifar"), "--dataset")
-    assert_one_line_error(run_shim("eval", path, "--epsilons", "0.1,2"), "--epsilons")
-    assert_one_line_error(run_shim("eval", path, "--out", str(tmp_path)), "--out")
+    assert_one_line_error(run_cli("eval", path, "--dataset", "cifar"), "--dataset")
+    assert_one_line_error(run_cli("eval", path, "--epsilons", "0.1,2"), "--epsilons")
+    assert_one_line_error(run_cli("eval", path, "--out", str(tmp_path)), "--out")
 
 
 def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
@@ -277,7 +219,7 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
         "  equivariance: {enabled: false}\n"
     )
     result = CliRunner().invoke(
-        shim_group(), ["evaluate-stage", "--params", str(params), "--data-root", str(mnist_root)]
+        main, ["evaluate-stage", "--params", str(params), "--data-root", str(mnist_root)]
     )
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -287,5 +229,5 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
 
     params.write_text("evaluate:\n  datasets: [mnist, cifar]\n")
     assert_one_line_error(
-        run_shim("evaluate-stage", "--params", str(params)), "evaluate.datasets", "cifar"
+        run_cli("evaluate-stage", "--params", str(params)), "evaluate.datasets", "cifar"
     )
