@@ -1,18 +1,23 @@
 """em-capsnet training-step throughput and peak memory: vectorised vs the loop reference.
 
-Each implementation runs in its own subprocess (so peak RSS is its own), interleaved over
-``--rounds`` rounds in the same invocation (fast, reference, fast, reference, ...), on
-identical weights and data; the table reports the median seconds per step and images/s over
-the rounds, the largest peak RSS, and the fast/reference throughput ratio (images/s).
+Implementations: ``compiled`` (EMCapsNet.compile_routing: torch.compile'd EM routing, the
+fast path), ``eager`` (the default layers: blocked EM routing with a hand-written backward)
+and ``reference`` (benchmarks/em_reference.py: a Python loop over positions, plain autograd).
+Each runs in its own subprocess (so peak RSS is its own), interleaved over ``--rounds``
+rounds in the same invocation, on identical weights and data; the warm-up steps (and the
+compilation) are not timed. The table reports the median seconds per step and images/s
+over the rounds, the largest peak RSS, and each implementation's throughput (images/s) as a
+multiple of the reference's.
 
 The loop reference keeps every position's temporaries for the backward pass (about 0.55 GiB
-per image at 32x32), so ``--reference-batch-size`` lets it run on a smaller batch than the
-fast model; the ratio then compares images/s at the two batch sizes, and the table says so.
-``--threads`` sets torch's intra-op threads in both (1 on a shared, loaded machine: with 2
-threads and other jobs on both cores every parallel op waits for a descheduled thread).
+per image at 32x32: 17.6 GiB at batch 32), so ``--reference-batch-size`` lets it run on a
+smaller batch where memory is short; the ratio then compares images/s at two batch sizes,
+and the output says so. ``--threads`` sets torch's intra-op threads in every worker (1 on a
+shared, loaded machine: with 2 threads and other jobs on both cores every parallel op
+waits for a descheduled thread).
 
-    python benchmarks/em_throughput.py --batch-size 32 --reference-batch-size 8 \
-        --in-channels 2 --threads 1 --steps 2 --warmup 1 --rounds 3
+    python benchmarks/em_throughput.py --batch-size 32 --in-channels 2 --threads 1 \
+        --steps 2 --warmup 1 --rounds 3 --impls compiled,eager,reference
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+IMPLS = ("compiled", "eager", "reference")
 
 
 def _worker(args: argparse.Namespace) -> dict:
@@ -47,7 +53,9 @@ def _worker(args: argparse.Namespace) -> dict:
         num_classes=args.num_classes,
         routing_iterations=args.iterations,
     )
-    net = model if args.worker == "fast" else ReferenceEMCapsNet(model)
+    if args.worker == "compiled":
+        model.compile_routing()
+    net = ReferenceEMCapsNet(model) if args.worker == "reference" else model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=2e-7)
     g = torch.Generator().manual_seed(1)
     shape = (args.batch_size, args.in_channels, args.input_size, args.input_size)
@@ -90,20 +98,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="timed training steps")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--impl", choices=("both", "fast", "reference"), default="both")
+    parser.add_argument(
+        "--impls",
+        default="compiled,reference",
+        help="comma-separated, from compiled, eager, reference (timed in this order)",
+    )
     parser.add_argument(
         "--reference-batch-size", type=int, default=None, help="default: --batch-size"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--worker", choices=("fast", "reference"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args)))
         return
 
-    impls = ("fast", "reference") if args.impl == "both" else (args.impl,)
+    impls = tuple(name.strip() for name in args.impls.split(",") if name.strip())
+    unknown = [name for name in impls if name not in IMPLS]
+    if unknown or not impls:
+        parser.error(f"--impls: {', '.join(unknown) or 'none'} unknown; choose from {IMPLS}")
+    if "compiled" in impls and args.warmup < 1:
+        parser.error("--warmup must be >= 1 with the compiled implementation (compilation)")
     passthrough = list(argv if argv is not None else sys.argv[1:])
     runs: dict[str, list[dict]] = {impl: [] for impl in impls}
     for round_ in range(args.rounds):
@@ -139,9 +156,14 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['impl']} | {r['batch_size']} | {r['seconds_per_step']:.2f} "
             f"| {r['images_per_second']:.2f} | {r['peak_rss_gib']:.2f} |"
         )
-    if len(results) == 2:
-        ratio = results[0]["images_per_second"] / results[1]["images_per_second"]
-        print(f"fast / reference throughput ratio (images/s): {ratio:.2f}x")
+    reference = next((r for r in results if r["impl"] == "reference"), None)
+    for r in results:
+        if reference is not None and r is not reference:
+            r["ratio_vs_reference"] = r["images_per_second"] / reference["images_per_second"]
+            print(
+                f"{r['impl']} / reference throughput (images/s): {r['ratio_vs_reference']:.2f}x"
+                + ("" if r["batch_size"] == reference["batch_size"] else " (different batches)")
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -126,6 +126,14 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
 @click.option(
+    "--compile/--no-compile",
+    "compile_routing",
+    default=False,
+    show_default=True,
+    help="EM models: torch.compile the EM routing (a one-off compilation, then several "
+    "times faster steps).",
+)
+@click.option(
     "--data-root",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -155,6 +163,7 @@ def train_command(
     augment,
     seed,
     device,
+    compile_routing,
     data_root,
     mirror,
     out,
@@ -219,6 +228,7 @@ def train_command(
         seed=seed,
         device=device,
         shift_pixels=shift_pixels,
+        compile=compile_routing,
     )
     torch.manual_seed(seed)
     model = models.build(model_name, **overrides)
@@ -289,6 +299,9 @@ def _register_lazy_groups() -> None:
 
     main.add_command(eval_command)
     main.add_command(evaluate_stage_command)
+    from capsnet.viewpoints_cli import viewpoints_command
+
+    main.add_command(viewpoints_command)
     try:
         from capsnet.data.cli import data_group
     except ModuleNotFoundError as exc:  # the data extras are optional

@@ -22,7 +22,13 @@ from typing import Any, Literal
 
 from capsnet.errors import ConfigError
 from capsnet.eval_config import EvaluateParams, PublishParams
-from capsnet.sweep_config import FinalTrainConfig, SweepConfig
+from capsnet.sweep_config import (
+    FinalTrainConfig,
+    SmallnorbSweepConfig,
+    SmallnorbTrainConfig,
+    SweepConfig,
+)
+from capsnet.viewpoints_config import ViewpointsParams
 
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
@@ -220,6 +226,10 @@ class Params:
     train: FinalTrainConfig = field(default_factory=FinalTrainConfig)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)  # issue 5: eval_config.py
     publish: PublishParams = field(default_factory=PublishParams)
+    # issue 6: the smallNORB ablation sweep and its final training (capsnet/sweep_config.py)
+    smallnorb_sweep: SmallnorbSweepConfig = field(default_factory=SmallnorbSweepConfig)
+    smallnorb_train: SmallnorbTrainConfig = field(default_factory=SmallnorbTrainConfig)
+    viewpoints: ViewpointsParams = field(default_factory=ViewpointsParams)  # issue 6
 
 
 def _type_name(tp) -> str:

@@ -9,12 +9,18 @@ Python loops over positions (benchmarks/em_reference.py holds the readable loop 
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
 from torch import nn
 
-from capsnet.routing import EM_FINAL_LAMBDA, EM_MIN_VAR, em_routing_blocked
+from capsnet.routing import (
+    EM_FINAL_LAMBDA,
+    EM_MIN_VAR,
+    em_routing_blocked,
+    em_routing_from_poses,
+)
 
 POSE_SHAPES = {"matrix": (4, 4), "vector": (1, 16)}
 COORD_ENTRIES = (0, 1)  # vote entries that receive the scaled (row, col) position (SPEC 1.3)
@@ -93,6 +99,46 @@ class _Transform(torch.autograd.Function):
         return dm, dwe  # (N, I, r, c), (c, J, I, 16)
 
 
+COMPILED_BLOCK = 8  # windows per call of the compiled routing (best of 2..16 on a CPU core)
+_compiled_routing = None
+
+
+def compiled_em_routing(
+    children: torch.Tensor,
+    activations: torch.Tensor,
+    weight: torch.Tensor,
+    beta_v: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int,
+    final_lambda: float,
+    min_var: float,
+    block: int = COMPILED_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``em_routing_from_poses`` compiled with torch.compile, ``block`` windows per call.
+
+    children (N, I, 16), activations (N, I), weight (I, J, c, c) -> pose (N, J, 16),
+    activation (N, J). The last block is padded with inactive all-zero children (their
+    routing is finite and dropped), so every call has the same shape and compiles once.
+    Autograd saves each block's few tensors; the votes are recomputed inside the kernels.
+    """
+    global _compiled_routing
+    if _compiled_routing is None:
+        _compiled_routing = torch.compile(em_routing_from_poses, dynamic=False)
+    n = children.shape[0]
+    pad = (-n) % block
+    with torch.autocast(children.device.type, enabled=False):  # routing in fp32
+        kids = torch.nn.functional.pad(children.float(), (0, 0, 0, 0, 0, pad))  # (N+pad, I, 16)
+        acts = torch.nn.functional.pad(activations.float(), (0, 0, 0, pad))  # (N+pad, I)
+        w, b_v, b_a = weight.float(), beta_v.float(), beta_a.float()
+        outs = [
+            _compiled_routing(c, w, a, b_v, b_a, iterations, final_lambda, min_var)
+            for c, a in zip(kids.split(block), acts.split(block))
+        ]  # [(block, J, 16), (block, J)] per block
+    pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
+    act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
+    return pose, act
+
+
 def _init_transforms(weight: torch.Tensor) -> None:
     # Entries ~ N(0, 1/c): a vote entry is a sum of c products, so it keeps the pose's scale.
     nn.init.normal_(weight, std=weight.shape[-1] ** -0.5)
@@ -138,6 +184,7 @@ class ConvMatrixCaps(nn.Module):
         self.weight = nn.Parameter(torch.empty(kernel * kernel * in_types, out_types, cols, cols))
         self.beta_v = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
+        self.compiled = False  # route with compiled_em_routing (EMCapsNet.compile_routing)
         _init_transforms(self.weight)
 
     def windows(
@@ -162,22 +209,58 @@ class ConvMatrixCaps(nn.Module):
         """poses (B, H, W, T_in, 16), activations (B, H, W, T_in) -> same with H', W', T_out."""
         batch = poses.shape[0]
         children, a_in, (h_out, w_out) = self.windows(poses, activations)
-        pose, act = em_routing_blocked(
-            expanded_transform,  # votes of a block of windows: (n, T_out, KKT, 16)
-            children,
-            a_in,
-            _expand_weight(self.weight, self.rows),  # (c, T_out, KKT, 16), once per call
-            self.beta_v,
-            self.beta_a,
-            self.iterations,
-            self.final_lambda,
-            self.min_var,
-        )  # (N, T_out, 16), (N, T_out)
+        if self.compiled:
+            pose, act = self._compiled_forward(children, a_in)  # (N, T_out, 16), (N, T_out)
+        else:
+            pose, act = em_routing_blocked(
+                expanded_transform,  # votes of a block of windows: (n, T_out, KKT, 16)
+                children,
+                a_in,
+                _expand_weight(self.weight, self.rows),  # (c, T_out, KKT, 16), once per call
+                self.beta_v,
+                self.beta_a,
+                self.iterations,
+                self.final_lambda,
+                self.min_var,
+            )  # (N, T_out, 16), (N, T_out)
         out_types = self.weight.shape[1]
         return (
             pose.reshape(batch, h_out, w_out, out_types, 16),  # (B, H', W', T_out, 16)
             act.reshape(batch, h_out, w_out, out_types),  # (B, H', W', T_out)
         )
+
+    def _compiled_forward(self, children, a_in):
+        settings = (self.iterations, self.final_lambda, self.min_var)
+        try:
+            return compiled_em_routing(
+                children, a_in, self.weight, self.beta_v, self.beta_a, *settings
+            )
+        except Exception as exc:  # no C++ compiler / triton: fall back to the eager path
+            if not _is_compile_failure(exc):
+                raise
+            warnings.warn(
+                f"compiled EM routing unavailable ({type(exc).__name__}); using eager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.compiled = False
+            return em_routing_blocked(
+                expanded_transform,
+                children,
+                a_in,
+                _expand_weight(self.weight, self.rows),
+                self.beta_v,
+                self.beta_a,
+                *settings,
+            )
+
+
+def _is_compile_failure(exc: Exception) -> bool:
+    """True for errors raised by torch.compile's machinery (not by the math)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor")) or isinstance(
+        exc, (OSError, ImportError)
+    )
 
 
 def coordinate_offsets(

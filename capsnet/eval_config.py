@@ -79,6 +79,11 @@ class EvaluateParams:
     """The evaluate stage: every checkpoint under ``models_dir`` on ``datasets``."""
 
     models_dir: str = "models"
+    # More checkpoint directories (e.g. models-smallnorb); a missing one, or one holding
+    # DISABLED.txt, is skipped with the reason logged.
+    extra_models_dirs: tuple[str, ...] = ()
+    # The novel-viewpoint experiment's output (capsnet viewpoints); "" leaves it out.
+    viewpoints_dir: str = "models-viewpoints"
     out_dir: str = "eval"
     datasets: tuple[str, ...] = ("mnist", "rotated-mnist", "affnist", "multimnist")
     angles: tuple[float, ...] = (0.0, 15.0, 30.0, 35.0, 45.0, 60.0, 90.0, 135.0, 180.0)

@@ -198,11 +198,15 @@ def model_fit(model, name: str, dataset=None) -> str | None:
 
 
 def evaluate_checkpoints(
-    paths: Sequence[str | Path], datasets: Sequence[str], options: EvalOptions | None = None
+    paths: Sequence[str | Path],
+    datasets: Sequence[str],
+    options: EvalOptions | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict[str, dict]:
     """Evaluate every checkpoint on every dataset; see the module docstring for the schema.
 
-    All checkpoints are loaded (and so validated) before any data is read.
+    All checkpoints are loaded (and so validated) before any data is read. ``names``: the
+    entry names (default ``checkpoint_names(paths)``).
     """
     from capsnet import checkpoint
 
@@ -211,7 +215,8 @@ def evaluate_checkpoints(
     loaded = [checkpoint.load(path, map_location="cpu") for path in paths]  # fail early
     data = _Datasets(options)
     results: dict[str, dict] = {}
-    for name, path, (model, meta) in zip(checkpoint_names(paths), paths, loaded):
+    names = list(names) if names is not None else checkpoint_names(paths)
+    for name, path, (model, meta) in zip(names, paths, loaded):
         model.to(device)
         options.say(f"evaluating {name} ({meta['model_name']})")
         entry: dict[str, Any] = {"model": meta["model_name"], "checkpoint": str(path)}
@@ -369,6 +374,100 @@ def aggregate_seeds(
             "std": stds,
         }
     return out
+
+
+# --- the novel-viewpoint experiment -----------------------------------------------------------
+
+VIEWPOINTS_KEY = "viewpoints"  # metrics.json's section (not a checkpoint entry)
+
+
+def evaluate_viewpoints(viewpoints_dir: str | Path, options: EvalOptions) -> dict:
+    """metrics.json's "viewpoints" section from ``capsnet viewpoints``'s output directory.
+
+    For each kind, both selected checkpoints are evaluated on the familiar and the novel
+    test subsets (``options.limit`` applies). Returns {"rule", "paper", "kinds": {kind:
+    {"models": {"capsules"|"cnn": {"model", "checkpoint", "epoch", "familiar_error",
+    "familiar_n", "novel_error", "novel_n", "paper_novel_error"}}, "target_familiar_error",
+    "gap", "tolerance", "matched", "selection", "paper_novel_error"}}}; {"skipped": reason}
+    when the experiment did not run (missing or switched-off directory), and a kind whose
+    test data is unavailable is {"skipped": reason}.
+    """
+    from capsnet import checkpoint, viewpoints
+
+    payload, reason = viewpoints.read_results(viewpoints_dir)
+    if payload is None:
+        options.say(f"viewpoints: skipped: {reason}")
+        return {"skipped": reason}
+    device = torch.device(options.device)
+    data = _Datasets(options)
+    kinds: dict[str, dict] = {}
+    for kind, entry in payload["kinds"].items():
+        options.say(f"viewpoints: evaluating {kind}")
+        selection = entry["selection"]
+        paper = entry.get("paper_novel_error") or viewpoints.PAPER_NOVEL_ERROR.get(kind, {})
+        models: dict[str, dict] = {}
+        try:
+            for role, info in entry["models"].items():
+                path = Path(viewpoints_dir) / info["checkpoint"]
+                model, meta = checkpoint.load(path, map_location="cpu")
+                model.to(device)
+                result: dict[str, Any] = {
+                    "model": meta["model_name"],
+                    "checkpoint": str(path),
+                    "epoch": meta.get("metrics", {}).get("epoch"),
+                }
+                for which in ("familiar", "novel"):
+                    name = f"smallnorb-{kind}-{which}"
+                    dataset, _ = data.get(name, int(model.config.in_channels))
+                    unfit = model_fit(model, name, dataset)
+                    if unfit is not None:
+                        raise DataError(f"{path}: {unfit}")
+                    scored = evaluate.accuracy(model, dataset, options.batch_size, device)
+                    result[f"{which}_error"] = 1.0 - scored["accuracy"]
+                    result[f"{which}_n"] = scored["n"]
+                result["paper_novel_error"] = paper.get(role)
+                models[role] = result
+                model.cpu()
+        except DataError as exc:
+            kinds[kind] = {"skipped": str(exc)}
+            continue
+        familiar = [m["familiar_error"] for m in models.values()]
+        gap = max(familiar) - min(familiar)
+        tolerance = float(selection.get("tolerance", 0.0))
+        kinds[kind] = {
+            "models": models,
+            "target_familiar_error": selection["target_familiar_error"],
+            "gap": gap,
+            "tolerance": tolerance,
+            "matched": bool(gap <= tolerance + 1e-12),
+            "selection": selection,  # at training time, on viewpoints.test_limit images
+            "paper_novel_error": paper,
+        }
+    return {"rule": viewpoints.RULE, "paper": viewpoints.PAPER_NOTE, "kinds": kinds}
+
+
+def viewpoint_lines(section: dict | None) -> list[str]:
+    """Summary lines for metrics.json's "viewpoints" section (none when absent)."""
+    if not isinstance(section, dict):
+        return []
+    if "skipped" in section:
+        return ["", f"novel viewpoints: skipped ({section['skipped']})"]
+    lines = ["", "novel viewpoints (smallNORB), at matched familiar error; paper in brackets:"]
+    rows = [["kind", "role", "model", "epoch", "familiar error", "novel error", "gap"]]
+    for kind, entry in section.get("kinds", {}).items():
+        if "skipped" in entry:
+            lines.append(f"  {kind}: skipped ({entry['skipped']})")
+            continue
+        for role, m in entry["models"].items():
+            paper = m.get("paper_novel_error")
+            novel = f"{m['novel_error']:.4f}" + (f" ({paper:.3f})" if paper is not None else "")
+            match = f"{entry['gap']:.4f} ({'matched' if entry['matched'] else 'NOT matched'})"
+            familiar = f"{m['familiar_error']:.4f}"
+            rows.append([kind, role, m["model"], str(m["epoch"]), familiar, novel, match])
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
 
 
 # --- outputs ------------------------------------------------------------------------------------
@@ -570,7 +669,14 @@ def _multimnist_figure(model, dataset, k: int, path: Path, name: str, device) ->
 
 
 def summary_lines(results: dict) -> list[str]:
-    """A human-readable table: one row per entry, accuracy per dataset (and 0°/35°)."""
+    """A human-readable table: one row per entry, accuracy per dataset (and 0°/35°), then
+    the novel-viewpoint comparison when ``results`` has a "viewpoints" section."""
+    viewpoints = results.get(VIEWPOINTS_KEY)
+    results = {n: e for n, e in results.items() if "model" in e}
+    return _table_lines(results) + viewpoint_lines(viewpoints)
+
+
+def _table_lines(results: dict) -> list[str]:
     header = ["checkpoint", "model"]
     columns: list[tuple[str, Callable[[dict], str]]] = []
 
@@ -625,18 +731,52 @@ def _cell(value, key: str, fmt) -> str:
 # --- the DVC stage -----------------------------------------------------------------------------
 
 
-def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
-    """The ``evaluate`` stage: every ``<evaluate.models_dir>/*.pt`` with params.yaml's
-    ``evaluate`` settings; writes ``<evaluate.out_dir>/``. ``params``: a config.Params."""
-    settings = params.evaluate
+def stage_checkpoints(settings, log=None) -> tuple[list[Path], list[str]]:
+    """(paths, entry names) of ``models_dir/*.pt`` and of every usable
+    ``extra_models_dirs`` entry; an extra directory that is missing or holds DISABLED.txt
+    is skipped with the reason logged. Extra names are the file stems, prefixed with their
+    directory's name where a stem is already taken."""
+    from capsnet.data.store import DISABLED_MARKER, is_disabled
+
+    say = log or (lambda line: None)
     paths = sorted(Path(settings.models_dir).glob("*.pt"))
     if not paths:
         raise CapsnetError(f"{settings.models_dir}: no checkpoints (*.pt); run the train stage")
+    names = checkpoint_names(paths)
+    for extra in settings.extra_models_dirs:
+        folder = Path(extra)
+        if not folder.is_dir():
+            say(f"skipping {folder}: not found (its stage has not run)")
+            continue
+        if is_disabled(folder):
+            reason = (folder / DISABLED_MARKER).read_text().strip()
+            say(f"skipping {folder}: {reason}")
+            continue
+        found = sorted(folder.glob("*.pt"))
+        if not found:
+            say(f"skipping {folder}: no checkpoints (*.pt)")
+        for path, name in zip(found, checkpoint_names(found)):
+            if name in names or name == VIEWPOINTS_KEY:
+                name = f"{folder.name}/{name}"
+            paths.append(path)
+            names.append(name)
+    return paths, names
+
+
+def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
+    """The ``evaluate`` stage: every ``<evaluate.models_dir>/*.pt`` (and the checkpoints of
+    ``extra_models_dirs``) with params.yaml's ``evaluate`` settings, plus the
+    novel-viewpoint section from ``viewpoints_dir``; writes ``<evaluate.out_dir>/``.
+    ``params``: a config.Params."""
+    settings = params.evaluate
+    paths, names = stage_checkpoints(settings, log)
     options = EvalOptions.from_params(
         settings,
         data_root=data_root or getattr(params.data, "root", None) or "data",
         mirror=params.data.resolved_mirror(mirror),
         log=log,
     )
-    results = evaluate_checkpoints(paths, settings.datasets, options)
+    results = evaluate_checkpoints(paths, settings.datasets, options, names=names)
+    if settings.viewpoints_dir:
+        results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, options)
     return write_outputs(results, settings.out_dir, options)

@@ -423,3 +423,57 @@ class _BlockedEM(torch.autograd.Function):
                         grads[2] += next(got)  # shared weight: summed over blocks
         grads = [g if g is None else g.to(t.dtype) for g, t in zip(grads, saved)]
         return (None, None, *grads)
+
+
+def em_routing_from_poses(
+    children: torch.Tensor,
+    weight: torch.Tensor,
+    activations: torch.Tensor,
+    beta_v: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    final_lambda: float = EM_FINAL_LAMBDA,
+    min_var: float = EM_MIN_VAR,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EM routing of N groups whose votes are child pose @ transformation matrix, as one
+    plain differentiable function: the same math as ``em_routing(votes, ...)``.
+
+    Written for ``torch.compile``: the compiler fuses the vote products into the routing
+    loops, so the votes are never stored (em_layers.ConvMatrixCaps with ``compiled``). It
+    also runs eagerly (slowly, holding every vote-sized temporary).
+
+    Args:
+        children: (N, I, 16) child poses (rows x cols matrices flattened row by row).
+        weight: (I, J, cols, cols) transformation matrices; rows = 16 / cols.
+        activations: (N, I); beta_v, beta_a: (J,); the rest as ``em_routing``.
+
+    Returns:
+        pose (N, J, 16), activation (N, J).
+    """
+    if iterations < 1:
+        raise ValueError(f"routing iterations must be >= 1, got {iterations}")
+    n, n_in, pose_dim = children.shape
+    n_out, cols = weight.shape[1], weight.shape[-1]
+    m = children.reshape(n, n_in, 1, pose_dim // cols, cols, 1)  # (N, I, 1, r, c, 1)
+    votes = (m * weight.reshape(1, n_in, n_out, 1, cols, cols)).sum(dim=4)  # (N, I, J, r, c)
+    votes = votes.reshape(n, n_in, n_out, pose_dim)  # (N, I, J, P)
+    a_in = activations.unsqueeze(2)  # (N, I, 1)
+    r = votes.new_full((n, n_in, n_out), 1.0 / n_out)  # (N, I, J): uniform assignments
+    for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
+        r_a = r * a_in  # (N, I, J)
+        mass = r_a.sum(dim=1, keepdim=True)  # (N, 1, J)
+        weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (N, I, J, 1): sum_i 1
+        mu = (weights * votes).sum(dim=1, keepdim=True)  # (N, 1, J, P)
+        sq_diff = (votes - mu) ** 2  # (N, I, J, P)
+        var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (N, 1, J, P)
+        log_sigma = 0.5 * torch.log(var)  # (N, 1, J, P)
+        cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)
+        logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (N, 1, J)
+        if it == iterations - 1:
+            break
+        half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (N, I, J): sum_h (V - mu)^2 / 2var
+        log_norm = log_sigma.sum(dim=3) + 0.5 * pose_dim * _LOG_2PI  # (N, 1, J)
+        logits = torch.nn.functional.logsigmoid(logit_a) - half_quad - log_norm  # (N, I, J)
+        r = torch.softmax(logits, dim=2)  # (N, I, J): sums to 1 over parents
+    return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (N, J, P), (N, J)

@@ -42,6 +42,7 @@ class TrainConfig:
     spread_schedule: str = "linear"  # linear | sigmoid (official EM code)
     eval_batch_size: int = 500
     num_workers: int = 0
+    compile: bool = False  # models with compile_routing() (EM): torch.compile the routing
     progress: bool | None = None  # None: a bar only when stderr is a terminal
 
     def __post_init__(self):
@@ -207,6 +208,8 @@ def fit(
     device = select_device(config.device)
     _seed_everything(config.seed)
     model.to(device)
+    if config.compile and hasattr(model, "compile_routing"):
+        model.compile_routing()
     use_amp = device.type == "cuda" and config.amp in ("auto", "bf16")
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

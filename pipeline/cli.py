@@ -1,6 +1,10 @@
 """``capsnet sweep`` and ``capsnet train-final``: thin click commands over pipeline.tune
 and pipeline.train_final. capsnet/cli.py attaches them lazily, so ``capsnet`` runs where
-Ray and W&B are not installed."""
+Ray and W&B are not installed.
+
+``--section`` picks the params section: ``sweep`` / ``train`` (MNIST, the defaults) or
+``smallnorb_sweep`` / ``smallnorb_train`` (the EM paper's smallNORB ablation). With
+smallNORB switched off both commands exit 0 and write outputs marked DISABLED."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ PARAMS_OPTION = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     default="params.yaml",
     show_default=True,
-    help="The params file (sections sweep, train).",
+    help="The params file (sections sweep, train, smallnorb_sweep, smallnorb_train).",
 )
 DATA_ROOT_OPTION = click.option(
     "--data-root",
@@ -25,6 +29,11 @@ DATA_ROOT_OPTION = click.option(
 MIRROR_OPTION = click.option(
     "--mirror", default=None, help="Dataset mirror (default: $CAPSNET_MIRROR, data.mirror)."
 )
+SWEEP_SECTIONS = ("sweep", "smallnorb_sweep")
+TRAIN_SECTIONS = ("train", "smallnorb_train")
+#: Each sweep section's output directory (also where train-final reads best.json), so the
+#: smallNORB sweep never writes over the MNIST one by default.
+SWEEP_OUT = {"sweep": Path("sweep"), "smallnorb_sweep": Path("sweep-smallnorb")}
 
 
 def _load(params_path: Path):
@@ -33,8 +42,24 @@ def _load(params_path: Path):
     return config.load(params_path)
 
 
+def _disabled(params, sweep, data_root) -> str | None:
+    """Why the sweep's dataset cannot be used, or None (MNIST is always on here)."""
+    from pipeline import trials
+
+    if sweep.dataset != "smallnorb":
+        return None
+    return trials.smallnorb_disabled(params.data.smallnorb.enabled, data_root)
+
+
 @click.command("sweep")
 @PARAMS_OPTION
+@click.option(
+    "--section",
+    type=click.Choice(SWEEP_SECTIONS),
+    default="sweep",
+    show_default=True,
+    help="The params section of the sweep: sweep (MNIST) or smallnorb_sweep.",
+)
 @click.option(
     "--address",
     envvar="RAY_ADDRESS",
@@ -47,9 +72,9 @@ def _load(params_path: Path):
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("sweep"),
-    show_default=True,
-    help="Directory for results.csv, best.json and plots/.",
+    default=None,
+    help="Directory for results.csv, best.json and plots/ [default: sweep, or "
+    "sweep-smallnorb for --section smallnorb_sweep].",
 )
 @click.option(
     "--num-cpus",
@@ -59,19 +84,28 @@ def _load(params_path: Path):
 )
 @DATA_ROOT_OPTION
 @MIRROR_OPTION
-def sweep_command(params_path, address, out_dir, num_cpus, data_root, mirror):
-    """Run the Ray Tune sweep of params.yaml ``sweep`` (resuming an interrupted one)."""
-    from pipeline.tune import run_sweep
+def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
+    """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
+    from pipeline.tune import run_sweep, write_disabled
 
     params = _load(params_path)
+    sweep = getattr(params, section)
+    out_dir = out_dir or SWEEP_OUT[section]
+    reason = _disabled(params, sweep, data_root)
+    if reason is not None:
+        outputs = write_disabled(out_dir, sweep, reason)
+        click.echo(f"{section}: not run, {reason}")
+        click.echo("wrote " + ", ".join(outputs.values()) + " (marked disabled)")
+        return
     outcome = run_sweep(
-        params.sweep,
+        sweep,
         out_dir=out_dir,
         data_root=data_root,
         mirror=params.data.resolved_mirror(mirror),
         address=address,
         num_cpus=num_cpus,
         augment_params=params.augment,
+        smallnorb=params.data.smallnorb,
     )
     verb = "resumed" if outcome.restored else "ran"
     click.echo(f"{verb} {len(outcome.rows)} trial(s); state in {outcome.experiment_path}")
@@ -88,12 +122,26 @@ def sweep_command(params_path, address, out_dir, num_cpus, data_root, mirror):
 @click.command("train-final")
 @PARAMS_OPTION
 @click.option(
+    "--section",
+    type=click.Choice(TRAIN_SECTIONS),
+    default="train",
+    show_default=True,
+    help="The params section of the final training: train (MNIST) or smallnorb_train.",
+)
+@click.option(
+    "--sweep-section",
+    type=click.Choice(SWEEP_SECTIONS),
+    default=None,
+    help="The sweep section (dataset, W&B settings) [default: smallnorb_sweep for "
+    "--section smallnorb_train, else sweep].",
+)
+@click.option(
     "--best",
     "best_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("sweep/best.json"),
-    show_default=True,
-    help="The sweep's best config.",
+    default=None,
+    help="The sweep's best config [default: best.json in the sweep section's output "
+    "directory: sweep/ or sweep-smallnorb/].",
 )
 @click.option(
     "--metrics",
@@ -104,23 +152,40 @@ def sweep_command(params_path, address, out_dir, num_cpus, data_root, mirror):
 )
 @DATA_ROOT_OPTION
 @MIRROR_OPTION
-def train_final_command(params_path, best_path, metrics_path, data_root, mirror):
-    """Train the best sweep config and the baselines; write <train.out_dir>/<model>.pt."""
-    from pipeline.train_final import train_final
+def train_final_command(
+    params_path, section, sweep_section, best_path, metrics_path, data_root, mirror
+):
+    """Train the best sweep config and the baselines; write <out_dir>/<model>.pt."""
+    from pipeline.train_final import train_final, write_disabled
 
     params = _load(params_path)
-    metrics_path = metrics_path or Path(params.train.out_dir) / "metrics.json"
+    final = getattr(params, section)
+    if sweep_section is None:
+        sweep_section = "smallnorb_sweep" if section == "smallnorb_train" else "sweep"
+    sweep = getattr(params, sweep_section)
+    best_path = best_path or SWEEP_OUT[sweep_section] / "best.json"
+    metrics_path = metrics_path or Path(final.out_dir) / "metrics.json"
+    reason = _disabled(params, sweep, data_root)
+    if reason is not None:
+        out = write_disabled(final.out_dir, reason, metrics_path)
+        click.echo(f"{section}: not run, {reason}")
+        click.echo(f"wrote {out / 'DISABLED.txt'}, {metrics_path} (marked disabled)")
+        return
     results = train_final(
-        params.train,
-        params.sweep,
+        final,
+        sweep,
         best_path=best_path,
         data_root=data_root,
         mirror=params.data.resolved_mirror(mirror),
         augment_params=params.augment,
         metrics_path=metrics_path,
         log=lambda line: click.echo(line, err=True),
+        smallnorb=params.data.smallnorb,
     )
     for name, metrics in results.items():
         val = metrics.get("val_accuracy")
-        click.echo(f"{name}: val accuracy " + (f"{val:.4f}" if val is not None else "n/a"))
+        line = f"{name}: val accuracy " + (f"{val:.4f}" if val is not None else "n/a")
+        if "smallnorb" in metrics:
+            line += f", smallnorb test accuracy {metrics['smallnorb']['accuracy']:.4f}"
+        click.echo(line)
     click.echo(f"wrote {metrics_path}")

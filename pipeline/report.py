@@ -82,6 +82,15 @@ def load_results(path: str | os.PathLike) -> dict[str, dict]:
     return data
 
 
+VIEWPOINTS_KEY = "viewpoints"  # metrics.json's novel-viewpoint section, not a checkpoint
+
+
+def model_entries(results: dict) -> dict[str, dict]:
+    """The checkpoint and seed-mean entries of ``results`` (without the "viewpoints"
+    section)."""
+    return {n: e for n, e in results.items() if n != VIEWPOINTS_KEY and "model" in e}
+
+
 def _angle_key(entry: dict, angle: float) -> str | None:
     accuracies = entry.get("rotated-mnist", {}).get("accuracy", {})
     return next((k for k in accuracies if float(k) == angle), None)
@@ -154,6 +163,7 @@ def _paper_metric(column: str, entry: dict) -> str:
 
 def readme_table(results: dict, angle: float = 35.0) -> str:
     """A Markdown table: one row per entry, ours beside the paper's number in brackets."""
+    results = model_entries(results)
     columns = table_columns(results, angle)
     lines = [
         "| model | checkpoint | " + " | ".join(column_title(c, results) for c in columns) + " |",
@@ -213,6 +223,7 @@ def _image_tag(path: Path, alt: str) -> str:
 
 
 def _results_table(results: dict, angle: float) -> str:
+    results = model_entries(results)
     columns = table_columns(results, angle)
     head = "".join(f"<th>{_e(column_title(c, results))}</th>" for c in columns)
     rows = []
@@ -286,6 +297,46 @@ def _robustness_table(results: dict) -> str:
         "MNIST test images (pixel range [0, 1]).</p>"
         f'<table id="robustness"><tr><th>entry</th>{head}</tr>{"".join(rows)}</table>'
     )
+
+
+def _viewpoints_table(section: Any) -> str:
+    """The novel-viewpoint comparison (metrics.json "viewpoints"), or a line saying why it
+    is absent; empty when metrics.json has no such section."""
+    if not isinstance(section, dict):
+        return ""
+    intro = (
+        "<h2>Novel viewpoints (smallNORB)</h2><p>Both models trained on the familiar "
+        "viewpoints only, compared on the novel ones at matched familiar-viewpoint test "
+        f"error ({_e(section.get('rule', ''))}). Percentages are test error; the grey "
+        "numbers are the paper's novel-viewpoint errors (Hinton et al. 2018, section 5.2).</p>"
+    )
+    if "skipped" in section:
+        return intro + f'<p class="skipped">Not run: {_e(section["skipped"])}</p>'
+    rows, notes = [], []
+    for kind, entry in (section.get("kinds") or {}).items():
+        if "skipped" in entry:
+            notes.append(f"<li>{_e(kind)}: {_e(entry['skipped'])}</li>")
+            continue
+        for role, m in entry.get("models", {}).items():
+            paper = m.get("paper_novel_error")
+            extra = f'<br><span class="paper">paper {_pct(paper)}</span>' if paper else ""
+            match = "matched" if entry.get("matched") else "not matched"
+            rows.append(
+                f"<tr><td>{_e(kind)}</td><td>{_e(role)}</td><td>{_e(m.get('model', ''))}</td>"
+                f"<td>{_e(m.get('epoch', ''))}</td><td>{_pct(m.get('familiar_error'))}</td>"
+                f"<td>{_pct(m.get('novel_error'))}{extra}</td>"
+                f"<td>{_pct(entry.get('target_familiar_error'))}</td>"
+                f"<td>{_pct(entry.get('gap'))} ({match})</td></tr>"
+            )
+    table = (
+        '<table id="viewpoints"><tr><th>viewpoints</th><th>role</th><th>model</th>'
+        "<th>epoch</th><th>familiar error</th><th>novel error</th><th>target</th>"
+        "<th>familiar gap</th></tr>" + "".join(rows) + "</table>"
+        if rows
+        else ""
+    )
+    skipped = f'<ul class="skipped">{"".join(notes)}</ul>' if notes else ""
+    return intro + table + skipped
 
 
 def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
@@ -382,6 +433,7 @@ def render_html(
         ],
         _rotation_table(results),
         _robustness_table(results),
+        _viewpoints_table(results.get(VIEWPOINTS_KEY)),
         "<h2>Sweep comparison</h2>",
         _sweep_table(sweep_rows or []),
         "<h2>Figures</h2>",

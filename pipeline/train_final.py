@@ -4,6 +4,11 @@
 Each run is the same ``capsnet.train.fit`` a trial calls, converted from the same flat
 config (pipeline/trials.py); each writes ``<out_dir>/<model>.pt`` with
 ``capsnet.checkpoint.save`` (atomic) and logs a W&B run (job_type "train").
+
+For a smallNORB sweep (``smallnorb_sweep`` / ``smallnorb_train``) the runs train on random
+crops of the prepared smallNORB training set and are scored on the centre-cropped test set
+(``metrics["smallnorb"]``); with smallNORB switched off, ``write_disabled`` marks the
+output directory instead.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from capsnet.errors import ConfigError
 from capsnet.sweep_config import FinalTrainConfig, SweepConfig
 from pipeline import tracking, trials
 
+DISABLED_FILE = "DISABLED.txt"
+
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
@@ -29,6 +36,10 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{path}: not found; run the sweep first (capsnet sweep)") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
+    if isinstance(best, dict) and "disabled" in best:
+        raise ConfigError(
+            f"{path}: the sweep did not run ({best['disabled']}); rerun it with its data on"
+        )
     if not isinstance(best, dict) or not isinstance(best.get("config"), dict):
         raise ConfigError(f"{path}: no 'config' of the best trial")
     return best
@@ -36,12 +47,34 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
 
 def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, Any]]:
     """The run configs to train: the best one, then each baseline with its augmentation,
-    learning rate and margins (parameters a baseline lacks are ignored)."""
+    learning rate, margins and weight decay (parameters a baseline lacks are ignored). A
+    baseline trains with its own model's default loss (cross-entropy for the CNNs): the
+    sweep's loss is a capsule ablation axis."""
     runs = [dict(best["config"])]
     for name in final.baselines:
         if name != best["config"].get("model"):
-            runs.append({**best["config"], "model": name})
+            run = {**best["config"], "model": name}
+            if "loss" in run:
+                run["loss"] = "auto"
+            runs.append(run)
     return runs
+
+
+def write_disabled(out_dir, reason: str, metrics_path=None) -> Path:
+    """A final-training output directory for a dataset switched off: DISABLED.txt saying
+    why and, with ``metrics_path``, metrics ``{"disabled": reason}``; no checkpoint (any
+    from an earlier run with the data on is removed, so none looks current)."""
+    from capsnet.data.sources import atomic_write_bytes
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.pt"):
+        stale.unlink()
+    atomic_write_bytes(out / DISABLED_FILE, (reason.rstrip() + "\n").encode())
+    if metrics_path is not None:
+        text = json.dumps({"disabled": reason}, indent=2) + "\n"
+        atomic_write_bytes(Path(metrics_path), text.encode())
+    return out
 
 
 def train_final(
@@ -54,19 +87,36 @@ def train_final(
     augment_params=None,
     metrics_path: str | os.PathLike | None = None,
     log=print,
+    smallnorb=None,
 ) -> dict[str, dict[str, Any]]:
     """Train every final run; returns {model name: metrics} and writes the checkpoints
-    (and, with ``metrics_path``, the metrics as JSON)."""
+    (and, with ``metrics_path``, the metrics as JSON). ``sweep.dataset`` picks the data
+    (it must be the dataset of the sweep that wrote ``best_path``); ``smallnorb`` is
+    params.yaml ``data.smallnorb`` (crop size, brightness, contrast)."""
     from capsnet import checkpoint, evaluate, models
     from capsnet.data.datasets import TensorImageDataset, rotate_images
     from capsnet.train import fit
 
     best = read_best(best_path)
+    swept = best.get("dataset", "mnist")
+    if swept != sweep.dataset:
+        raise ConfigError(
+            f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "
+            f"is {sweep.dataset}; pass the matching --best or --sweep-section"
+        )
     runs = final_runs(best, final)
     for run in runs:  # fail on a bad name before loading data or training anything
         models.spec(run["model"])
         trials.check_augment(run.get("augment", "none"))
     mode = tracking.prepare_environment(sweep.wandb.mode)
+    if sweep.dataset == "smallnorb":
+        results = _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log)
+        if metrics_path is not None:
+            from capsnet.data.sources import atomic_write_bytes
+
+            text = json.dumps(results, indent=2) + "\n"
+            atomic_write_bytes(Path(metrics_path), text.encode())
+        return results
     train_images, train_labels, val_images, val_labels = trials.split_mnist(
         data_root, trials.default_mirror(mirror), final.train_size, final.val_size
     )
@@ -209,6 +259,107 @@ def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mo
         )
         log(f"wrote {path}")
         results[key] = metrics
+    return results
+
+
+def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
+    """Every final run on smallNORB: random crops of the training set (the first
+    ``final.train_size`` before the last ``final.val_size``, which validate as centre
+    crops), scored on the centre-cropped test set; writes <out_dir>/<model>.pt."""
+    from capsnet import checkpoint, evaluate, models
+    from capsnet.data.datasets import TensorImageDataset, load
+    from capsnet.train import fit
+
+    norb = trials.smallnorb_settings(smallnorb)
+    channels = sweep.channels
+    shape = trials.data_shape("smallnorb", channels, norb["crop"])
+    images, labels, info, val_images, val_labels = trials.split_smallnorb(
+        data_root, channels, final.train_size, final.val_size, norb["crop"]
+    )
+    val_set = (
+        TensorImageDataset(val_images, val_labels, "smallnorb-val") if final.val_size else None
+    )
+    test = load(
+        "smallnorb",
+        "test",
+        data_root,
+        channels=trials.smallnorb_channels(channels),
+        crop=norb["crop"],
+    ).subset(final.test_size)
+    out_dir = Path(final.out_dir)
+    stale = out_dir / DISABLED_FILE  # left by an earlier run with smallNORB off
+    if stale.exists():
+        stale.unlink()
+    results: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        plan = trials.plan(
+            run,
+            epochs=final.epochs,
+            batch_size=final.batch_size,
+            seed=final.seed,
+            progress=None,
+            shape=shape,
+        )
+        torch.manual_seed(final.seed)
+        model = plan.build_model()
+        train_set = trials.smallnorb_training_set(images, labels, info, final.seed, **norb)
+        wandb_run = tracking.start_run(
+            sweep.wandb.project,
+            sweep.name,
+            f"train-{plan.model_name}",
+            mode,
+            sweep.wandb.dir,
+            {**run, "dataset": "smallnorb", "channels": channels, "epochs": final.epochs},
+        )
+        log(
+            f"training {plan.model_name} ({models.count_parameters(model):,} parameters) on "
+            f"{len(train_set)} smallnorb images ({channels} channel(s)) for "
+            f"{final.epochs} epoch(s)"
+        )
+        on_epoch = _epoch_reporter(log, wandb_run, plan.model_name)
+        started = time.perf_counter()
+        try:
+            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
+            train_seconds = round(time.perf_counter() - started, 3)
+            test_result = evaluate.accuracy(model, test, plan.train_config.eval_batch_size)
+            metrics = {
+                "model": plan.model_name,
+                "dataset": "smallnorb",
+                "channels": channels,
+                "parameters": models.count_parameters(model),
+                "loss": plan.train_config.loss,
+                "epochs": final.epochs,
+                "train_images": len(train_set),
+                "train_seconds": train_seconds,
+                "val_accuracy": history[-1].get("val_accuracy"),
+                "smallnorb": test_result,
+            }
+            if wandb_run is not None:
+                wandb_run.summary.update(
+                    {
+                        **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+                        "test_accuracy": test_result["accuracy"],
+                    }
+                )
+        finally:
+            if wandb_run is not None:
+                tracking.finish_all([wandb_run])
+        path = checkpoint.save(
+            out_dir / f"{plan.model_name}.pt",
+            model.cpu(),
+            train_config=plan.train_config.to_dict(),
+            metrics={**metrics, "history": history},
+            extra={
+                "run_config": run,
+                "dataset": "smallnorb",
+                "channels": channels,
+                "sweep": best.get("sweep"),
+                "sweep_trial": best.get("trial_id"),
+                "role": "best" if run is runs[0] else "baseline",
+            },
+        )
+        log(f"wrote {path} (smallnorb test accuracy {test_result['accuracy']:.4f})")
+        results[plan.model_name] = metrics
     return results
 
 

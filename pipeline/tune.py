@@ -2,10 +2,12 @@
 ``run_sweep`` (start or resume) and the results export.
 
 Each trial converts Tune's flat config into a ``RunPlan`` (pipeline/trials.py), calls the
-one ``fit`` of the core and, after every epoch, reports val_accuracy and the accuracy on
-the validation images rotated by ``sweep.rotation_angle`` with a checkpoint. The datasets
-reach trials through the object store (``tune.with_parameters``), so trials on other
-machines need no data directory.
+one ``fit`` of the core and, after every epoch, reports val_accuracy (and, for MNIST, the
+accuracy on the validation images rotated by ``sweep.rotation_angle``) with a checkpoint.
+The datasets reach trials through the object store (``tune.with_parameters``), so trials
+on other machines need no data directory. A smallNORB sweep (``dataset: smallnorb``)
+trains on random crops of the prepared training set and validates on centre crops; with
+smallNORB switched off, ``write_disabled`` writes marked outputs instead of running.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from capsnet.errors import CapsnetError, ConfigError
 from capsnet.sweep_config import SEARCHABLE, SearchSpace, SweepConfig
 from pipeline import tracking, trials
 
-#: Metrics each trial reports after every epoch (both maximised).
+#: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial
+#: reports val_accuracy only (``SweepConfig.metrics``).
 METRICS = ("val_accuracy", "val_rotated_accuracy")
 CHECKPOINT_FILE = "trial.pt"
+DISABLED_FILE = "DISABLED.txt"
 
 
 class SweepError(CapsnetError):
@@ -71,12 +75,14 @@ def _space_values(space: SearchSpace, name: str) -> list:
     return [value]
 
 
-def validate_space(space: SearchSpace) -> None:
-    """Every model and augmentation named in the space exists (checked before Ray starts)."""
+def validate_space(space: SearchSpace, shape: dict[str, int] | None = None) -> None:
+    """Every model and augmentation named in the space exists, and every model takes the
+    data's ``shape`` (checked before Ray starts)."""
     from capsnet import models
 
     for name in _space_values(space, "model"):
-        models.spec(name)
+        fields = set(models.make_config(name).__dict__)
+        models.make_config(name, **{k: v for k, v in (shape or {}).items() if k in fields})
     for name in _space_values(space, "augment"):
         trials.check_augment(name)
 
@@ -89,8 +95,9 @@ def trial_dirname(trial) -> str:
 def train_trial(config: dict[str, Any], *, data: dict[str, torch.Tensor], settings: dict):
     """The Tune trainable: one ``fit`` with Tune's config, reporting every epoch.
 
-    ``data`` holds train/val images and labels and the rotated validation images (from the
-    object store); ``settings`` the epochs, batch size, seed and threads of the sweep.
+    ``data`` holds train/val images and labels and, for MNIST, the rotated validation
+    images (from the object store); ``settings`` the dataset, model shape, epochs, batch
+    size, seed and threads of the sweep.
     """
     started = time.perf_counter()
     import ray
@@ -101,12 +108,14 @@ def train_trial(config: dict[str, Any], *, data: dict[str, torch.Tensor], settin
     from capsnet.train import TrainState, fit
 
     torch.set_num_threads(settings["threads"])
+    smallnorb = settings.get("dataset") == "smallnorb"
     run = trials.plan(
         config,
         epochs=settings["epochs"],
         batch_size=settings["batch_size"],
         seed=settings["seed"],
         progress=False,
+        shape=settings.get("shape"),
     )
     torch.manual_seed(settings["seed"])
     model = run.build_model()
@@ -117,27 +126,42 @@ def train_trial(config: dict[str, Any], *, data: dict[str, torch.Tensor], settin
             saved = torch.load(Path(directory) / CHECKPOINT_FILE, weights_only=True)
         model.load_state_dict(saved["model"])
         state = TrainState(**saved["state"])
-    train_set = trials.training_set(
-        data["train_images"],
-        data["train_labels"],
-        run.augment,
-        settings["seed"],
-        settings.get("augment_params"),
-    )
-    val_set = TensorImageDataset(data["val_images"], data["val_labels"], "mnist-val")
-    rotated = TensorImageDataset(data["rotated_images"], data["val_labels"], "mnist-val-rot")
+    if smallnorb:
+        train_set = trials.smallnorb_training_set(
+            data["train_images"],
+            data["train_labels"],
+            data["train_info"],
+            settings["seed"],
+            **settings["smallnorb"],
+        )
+        rotated = None
+    else:
+        train_set = trials.training_set(
+            data["train_images"],
+            data["train_labels"],
+            run.augment,
+            settings["seed"],
+            settings.get("augment_params"),
+        )
+        rotated = TensorImageDataset(data["rotated_images"], data["val_labels"], "mnist-val-rot")
+    name = "smallnorb-val" if smallnorb else "mnist-val"
+    val_set = TensorImageDataset(data["val_images"], data["val_labels"], name)
     node = ray.get_runtime_context().get_node_id()
     setup_seconds = time.perf_counter() - started
 
     def report(record: dict, state: TrainState) -> None:
         eval_started = time.perf_counter()
-        rotated_accuracy = evaluate.accuracy(model, rotated, run.train_config.eval_batch_size)
         metrics = {
             "epoch": record["epoch"],
             "train_loss": record["train_loss"],
             "train_accuracy": record["train_accuracy"],
             "val_accuracy": record["val_accuracy"],
-            "val_rotated_accuracy": rotated_accuracy["accuracy"],
+        }
+        if rotated is not None:
+            metrics["val_rotated_accuracy"] = evaluate.accuracy(
+                model, rotated, run.train_config.eval_batch_size
+            )["accuracy"]
+        metrics |= {
             "epoch_seconds": record["seconds"],
             "eval_seconds": time.perf_counter() - eval_started,
             "setup_seconds": setup_seconds,
@@ -197,9 +221,24 @@ def _storage_path(storage: str) -> str:
     return str(Path(storage).expanduser().resolve())
 
 
-def load_data(sweep: SweepConfig, data_root, mirror) -> dict[str, torch.Tensor]:
-    """The sweep's MNIST split and the rotated validation images, as plain tensors."""
+def load_data(sweep: SweepConfig, data_root, mirror, smallnorb=None) -> dict[str, torch.Tensor]:
+    """The sweep's MNIST split and the rotated validation images, or its smallNORB split
+    (training images at 48x48 with their info rows, centre-cropped validation images), as
+    plain tensors. ``smallnorb``: params.yaml ``data.smallnorb`` (crop size)."""
     from capsnet.data.datasets import rotate_images
+
+    if sweep.dataset == "smallnorb":
+        crop = trials.smallnorb_settings(smallnorb)["crop"]
+        images, labels, info, val_images, val_labels = trials.split_smallnorb(
+            data_root, sweep.channels, sweep.train_size, sweep.val_size, crop
+        )
+        return {
+            "train_images": images,
+            "train_labels": labels,
+            "train_info": info,
+            "val_images": val_images,
+            "val_labels": val_labels,
+        }
 
     train_images, train_labels, val_images, val_labels = trials.split_mnist(
         data_root, trials.default_mirror(mirror), sweep.train_size, sweep.val_size
@@ -233,22 +272,27 @@ def run_sweep(
     callbacks: list | None = None,
     num_cpus: int | None = None,
     augment_params=None,
+    smallnorb=None,
 ) -> SweepOutcome:
     """Run (or resume) the sweep and write results.csv, best.json and the plot data.
 
     Connects to ``address`` (else $RAY_ADDRESS, else a new local Ray instance) unless Ray
     is already initialised in this process. ``augment_params`` (params.yaml ``augment``)
-    sets each strategy's strength. Raises SweepError naming the trials that still
-    errored after their retries, SweepInterrupted when the driver was interrupted.
+    sets each strategy's strength; ``smallnorb`` (params.yaml ``data.smallnorb``) the crop
+    size, brightness and contrast of a smallNORB sweep. Raises SweepError naming the
+    trials that still errored after their retries, SweepInterrupted when the driver was
+    interrupted.
     """
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    validate_space(sweep.space)
+    norb = trials.smallnorb_settings(smallnorb)
+    shape = trials.data_shape(sweep.dataset, sweep.channels, norb["crop"])
+    validate_space(sweep.space, shape)
     mode = tracking.prepare_environment(sweep.wandb.mode)
     if data is None:
-        data = load_data(sweep, data_root, mirror)
+        data = load_data(sweep, data_root, mirror, smallnorb)
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     owns_ray = not ray.is_initialized()
     if owns_ray:
@@ -267,6 +311,9 @@ def run_sweep(
         resources = sweep.resources
         check_resources(resources.cpus_per_trial, resources.gpus_per_trial, address=address)
         settings = {
+            "dataset": sweep.dataset,
+            "shape": shape,
+            "smallnorb": norb,
             "epochs": sweep.epochs,
             "batch_size": sweep.batch_size,
             "seed": sweep.seed,
@@ -393,9 +440,9 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
             "status": "ERROR" if result.error else "TERMINATED",
             "node": metrics.get("node", ""),
         }
-        for name in SEARCHABLE:
+        for name in sweep.parameters():
             row[name] = result.config.get(name)
-        for metric in METRICS:
+        for metric in sweep.metrics():
             row[f"final_{metric}"] = metrics.get(metric)
             values = frame[metric].dropna() if frame is not None and metric in frame else []
             row[f"best_{metric}"] = float(max(values)) if len(values) else None
@@ -414,16 +461,21 @@ def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
     if not good:
         return None
     best = results.get_best_result(metric=sweep.metric, mode="max", scope="last")
+    data = {"dataset": sweep.dataset}
+    if sweep.dataset == "smallnorb":
+        data["channels"] = sweep.channels
+    else:
+        data["rotation_angle"] = sweep.rotation_angle
     return {
         "sweep": sweep.name,
         "metric": sweep.metric,
         "mode": "max",
-        "rotation_angle": sweep.rotation_angle,
+        **data,
         "trial_id": best.metrics.get("trial_id"),
-        "config": {name: best.config.get(name) for name in SEARCHABLE},
+        "config": {name: best.config.get(name) for name in sweep.parameters()},
         "metrics": {
             "epoch": best.metrics.get("epoch"),
-            **{metric: best.metrics.get(metric) for metric in METRICS},
+            **{metric: best.metrics.get(metric) for metric in sweep.metrics()},
         },
     }
 
@@ -443,50 +495,125 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buffer.getvalue()
 
 
-def plot_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
-    """The best final val accuracy (and its rotated accuracy) per value of ``key``."""
+def _applies(model: str | None, key: str) -> bool:
+    """Whether a model config field ``key`` (routing_iterations, pose, ...) exists in
+    ``model``; run-config keys that are not model fields always apply."""
+    if model is None or key not in trials.MODEL_KEYS:
+        return True
+    from capsnet import models
+
+    return key in models.make_config(model).__dict__
+
+
+def plot_rows(
+    rows: list[dict[str, Any]], key: str, metrics: tuple[str, ...] = METRICS
+) -> list[dict[str, Any]]:
+    """The best final val accuracy (and its other metrics) per value of ``key``."""
     groups: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row["status"] != "TERMINATED" or row["final_val_accuracy"] is None:
             continue
         value = str(row[key]) if row[key] is not None else "n/a"
-        if row["model"] is not None and key == "routing_iterations":
-            from capsnet import models
-
-            fields = models.make_config(row["model"]).__dict__
-            if "routing_iterations" not in fields:
-                value = "n/a"
+        if not _applies(row["model"], key):
+            value = "n/a"
         label = f"{row['model']}/{value}" if key == "routing_iterations" else value
         current = groups.get(label)
         if current is None or row["final_val_accuracy"] > current["val_accuracy"]:
-            groups[label] = {
-                key: label,
-                "val_accuracy": row["final_val_accuracy"],
-                "val_rotated_accuracy": row["final_val_rotated_accuracy"],
-            }
+            groups[label] = {key: label, **{m: row[f"final_{m}"] for m in metrics}}
     return [groups[k] for k in sorted(groups)]
 
 
-def write_outputs(out_dir, rows, best, sweep: SweepConfig) -> dict[str, str]:
-    """sweep/results.csv, sweep/best.json, sweep/plots/by_{routing,augment}.csv."""
+ABLATION_COLUMNS = ["setting", "parameter", "value", "val_accuracy", "mean_val_accuracy", "trials"]
+
+
+def ablation_rows(rows: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[str, Any]]:
+    """One row per value of each searched parameter ("pose=vector"): the best and the mean
+    final val accuracy of the finished trials with that value, and how many there were
+    (the ablation of the EM paper's table, the other axes at their best or averaged)."""
+    out = []
+    for key in sweep.space.searched():
+        groups: dict[str, list[float]] = {}
+        for row in rows:
+            if row["status"] != "TERMINATED" or row["final_val_accuracy"] is None:
+                continue
+            value = str(row[key]) if _applies(row["model"], key) else "n/a"
+            groups.setdefault(value, []).append(float(row["final_val_accuracy"]))
+        for value in sorted(groups):
+            scores = groups[value]
+            out.append(
+                {
+                    "setting": f"{key}={value}",
+                    "parameter": key,
+                    "value": value,
+                    "val_accuracy": max(scores),
+                    "mean_val_accuracy": round(sum(scores) / len(scores), 6),
+                    "trials": len(scores),
+                }
+            )
+    return out
+
+
+def result_columns(sweep: SweepConfig) -> list[str]:
+    """results.csv's columns: id, status, node, the recorded parameters, final and best
+    metrics, epochs, early stopping, seconds and the error."""
+    columns = ["trial_id", "status", "node", *sweep.parameters()]
+    columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in sweep.metrics()]
+    return [*columns, "epochs", "early_stopped", "seconds", "error"]
+
+
+def output_paths(out_dir, sweep: SweepConfig) -> dict[str, Path]:
+    """results.csv, best.json and the plot data: by_routing and by_augment for MNIST,
+    by_routing and ablation (every searched parameter) for smallNORB."""
     out = Path(out_dir)
-    columns = ["trial_id", "status", "node", *SEARCHABLE]
-    columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in METRICS]
-    columns += ["epochs", "early_stopped", "seconds", "error"]
-    paths = {
+    plots = ("by_routing", "ablation") if sweep.dataset == "smallnorb" else PLOTS
+    return {
         "results": out / "results.csv",
         "best": out / "best.json",
-        "by_routing": out / "plots" / "by_routing.csv",
-        "by_augment": out / "plots" / "by_augment.csv",
+        **{name: out / "plots" / f"{name}.csv" for name in plots},
     }
-    _atomic_write(paths["results"], _csv(rows, columns))
+
+
+PLOTS = ("by_routing", "by_augment")
+
+
+def write_outputs(out_dir, rows, best, sweep: SweepConfig) -> dict[str, str]:
+    """<out>/results.csv, best.json and plots/ (``output_paths``)."""
+    paths = output_paths(out_dir, sweep)
+    _atomic_write(paths["results"], _csv(rows, result_columns(sweep)))
     if best is not None:
         _atomic_write(paths["best"], json.dumps(best, indent=2) + "\n")
     else:
         paths.pop("best")
-    for key, path_key in (("routing_iterations", "by_routing"), ("augment", "by_augment")):
-        _atomic_write(
-            paths[path_key],
-            _csv(plot_rows(rows, key), [key, "val_accuracy", "val_rotated_accuracy"]),
-        )
+    metrics = sweep.metrics()
+    for name, key in (("by_routing", "routing_iterations"), ("by_augment", "augment")):
+        if name in paths:
+            _atomic_write(paths[name], _csv(plot_rows(rows, key, metrics), [key, *metrics]))
+    if "ablation" in paths:
+        _atomic_write(paths["ablation"], _csv(ablation_rows(rows, sweep), ABLATION_COLUMNS))
+    stale = Path(out_dir) / DISABLED_FILE  # left by an earlier run with the data off
+    if stale.exists():
+        stale.unlink()
     return {k: str(v) for k, v in paths.items()}
+
+
+def write_disabled(out_dir, sweep: SweepConfig, reason: str) -> dict[str, str]:
+    """The outputs of a sweep whose dataset is switched off, so DVC finds every declared
+    output and nothing looks like a result: <out>/DISABLED.txt saying why, best.json
+    ``{"disabled": reason}``, results.csv and the plot files with their header and no
+    rows, and the (local) Tune storage directory, left as it was."""
+    paths = output_paths(out_dir, sweep)
+    _atomic_write(Path(out_dir) / DISABLED_FILE, reason.rstrip() + "\n")
+    _atomic_write(paths["best"], json.dumps({"disabled": reason}, indent=2) + "\n")
+    _atomic_write(paths["results"], _csv([], result_columns(sweep)))
+    metrics = list(sweep.metrics())
+    headers = {
+        "by_routing": ["routing_iterations", *metrics],
+        "by_augment": ["augment", *metrics],
+        "ablation": ABLATION_COLUMNS,
+    }
+    for name, columns in headers.items():
+        if name in paths:
+            _atomic_write(paths[name], _csv([], columns))
+    if "://" not in sweep.storage_path:
+        Path(sweep.storage_path).mkdir(parents=True, exist_ok=True)
+    return {"disabled": str(Path(out_dir) / DISABLED_FILE), **{k: str(v) for k, v in paths.items()}}

@@ -11,7 +11,13 @@ import torch
 
 from capsnet import losses, models
 from capsnet.em_layers import ClassCaps, coordinate_offsets
-from capsnet.routing import EM_MIN_VAR, em_inverse_temperatures, em_routing, em_routing_blocked
+from capsnet.routing import (
+    EM_MIN_VAR,
+    em_inverse_temperatures,
+    em_routing,
+    em_routing_blocked,
+    em_routing_from_poses,
+)
 from capsnet.train import TrainConfig, spread_margin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -237,6 +243,65 @@ def test_conv_votes_transform_matches_einsum():
             torch.autograd.grad(got, (kids, weight), grad),
             torch.autograd.grad(expected, (kids, weight), grad),
         )
+
+
+@pytest.mark.parametrize("rows", [4, 1])
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_em_routing_from_poses_matches_em_routing(rows, iterations):
+    """The compile-friendly path (votes made inside) == em_routing on einsum votes: values
+    and gradients of every input, for 4x4 matrices and the 16-vector ablation."""
+    g = torch.Generator().manual_seed(rows + iterations)
+    cols = 16 // rows
+    n, n_in, n_out = 4, 9, 5
+    tensors = (
+        torch.randn(n, n_in, 16, generator=g, dtype=torch.float64),
+        torch.randn(n_in, n_out, cols, cols, generator=g, dtype=torch.float64) / cols,
+        torch.rand(n, n_in, generator=g, dtype=torch.float64),
+        0.1 * torch.randn(n_out, generator=g, dtype=torch.float64),
+        0.1 * torch.randn(n_out, generator=g, dtype=torch.float64),
+    )
+    inputs = [t.clone().requires_grad_(True) for t in tensors]
+    ref_inputs = [t.clone().requires_grad_(True) for t in tensors]
+    pose, act = em_routing_from_poses(*inputs, iterations=iterations)
+    kids, weight, a, bv, ba = ref_inputs
+    m = kids.reshape(n, n_in, rows, cols)
+    votes = torch.einsum("nirc,ijcd->nijrd", m, weight).reshape(n, n_in, n_out, 16)
+    ref_pose, ref_act = em_routing(votes, a, bv, ba, iterations)
+    torch.testing.assert_close(pose, ref_pose)
+    torch.testing.assert_close(act, ref_act)
+    grad_pose = torch.randn(pose.shape, generator=g, dtype=torch.float64)
+    ((pose * grad_pose).sum() + 3 * act.sum()).backward()
+    ((ref_pose * grad_pose).sum() + 3 * ref_act.sum()).backward()
+    for fast, ref in zip(inputs, ref_inputs):
+        torch.testing.assert_close(fast.grad, ref.grad)
+
+
+@pytest.mark.slow
+def test_compiled_routing_matches_eager_model():
+    """EMCapsNet.compile_routing: same outputs and parameter gradients as the eager blocked
+    layers (fp32 tolerance), including a padded last block (7 windows of 8 per call)."""
+    torch.manual_seed(0)
+    config = {**TINY, "input_size": 28}  # grids 12 -> 5 -> 3: 25 and 9 windows per image
+    eager = models.build("em-capsnet-small", **config)
+    compiled = models.build("em-capsnet-small", **config)
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_routing()
+    x = torch.rand(3, 1, 28, 28)
+    target = torch.tensor([0, 3, 4])
+    outs = []
+    for model in (eager, compiled):
+        out = model(x)
+        losses.spread_loss(out.scores, target, 0.5).backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1].scores, outs[0].scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outs[1].poses, outs[0].poses, rtol=1e-4, atol=1e-4)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        scale = p_eager.grad.abs().max().clamp_min(1e-6)
+        err = (p_compiled.grad - p_eager.grad).abs().max() / scale
+        assert err < 1e-3, f"{name}: relative gradient error {err:.2e}"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).scores, outs[0].scores, rtol=1e-4, atol=1e-5)
+    assert compiled.caps1.compiled and compiled.caps2.compiled  # no fallback to eager
 
 
 def test_em_gradcheck():

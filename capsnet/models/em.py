@@ -110,6 +110,15 @@ class EMCapsNet(nn.Module):
             config.D, config.num_classes, coordinate_addition=config.coordinate_addition, **routing
         )
 
+    def compile_routing(self, enabled: bool = True) -> EMCapsNet:
+        """Route the convolutional capsule layers with torch.compile'd EM routing
+        (``capsnet.em_layers.compiled_em_routing``): several times faster per step after a
+        one-off compilation per input shape; falls back to eager, with a warning, where
+        torch.compile cannot build kernels."""
+        for layer in (self.caps1, self.caps2):
+            layer.compiled = enabled
+        return self
+
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
         """x (B, C, H, W) in [0, 1] -> class activations (B, E) and poses (B, E, 16)."""
         h = F.relu(self.conv1(x))  # (B, A, 14, 14)

@@ -65,3 +65,120 @@ def test_fingerprint_follows_results_not_resources():
         ).fingerprint()
     )
     assert base.fingerprint() != SweepConfig.from_dict({"epochs": 3}).fingerprint()
+
+
+# --- the smallNORB ablation: smallnorb_sweep / smallnorb_train and the new axes ---------------
+
+
+def test_smallnorb_sections_default_to_the_papers_ablation():
+    from capsnet.sweep_config import SEARCHABLE, SmallnorbSweepConfig, SmallnorbTrainConfig
+
+    sweep = SmallnorbSweepConfig.from_dict({})
+    assert (sweep.dataset, sweep.channels, sweep.batch_size) == ("smallnorb", 2, 64)
+    assert sweep.space.searched() == ["routing_iterations", "pose", "coordinate_addition", "loss"]
+    assert sweep.space.model == "em-capsnet-small" and sweep.space.weight_decay == 2e-7
+    assert sweep.metrics() == ("val_accuracy",) and sweep.parameters() == list(SEARCHABLE)
+    final = SmallnorbTrainConfig.from_dict({})
+    assert final.baselines == ["smallnorb-cnn"] and final.out_dir == "models-smallnorb"
+
+
+def test_mnist_sweep_keeps_its_parameters_and_fingerprint():
+    """The new axes at their neutral values change neither the recorded columns nor the
+    hash naming the Tune experiment (so a saved MNIST sweep still restores)."""
+    sweep = SweepConfig.from_dict({})
+    assert sweep.parameters() == [
+        "model", "routing_iterations", "m_plus", "m_minus", "lam", "augment", "lr",
+        "recon_weight",
+    ]  # fmt: skip
+    assert sweep.metrics() == ("val_accuracy", "val_rotated_accuracy")
+    assert sweep.fingerprint() == "596138b057"  # the value before the smallNORB keys existed
+    assert SweepConfig.from_dict({"channels": 1}).fingerprint() == "596138b057"
+    searched = SweepConfig.from_dict({"space": {"weight_decay": {"grid": [0.0, 1e-4]}}})
+    assert "weight_decay" in searched.parameters()
+    assert searched.fingerprint() != sweep.fingerprint()
+    assert SweepConfig.from_dict({"space": {"loss": "margin"}}).parameters()[-1] == "loss"
+
+
+def test_loss_choices_match_the_trainer():
+    from capsnet.sweep_config import LOSSES
+    from capsnet.train import LOSSES as TRAIN_LOSSES
+
+    assert LOSSES == TRAIN_LOSSES
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"space": {"pose": "cube"}}, r"^sweep\.space\.pose: 'cube' unknown; choose one of matrix"),
+        ({"space": {"pose": {"grid": ["matrix", 4]}}}, r"^sweep\.space\.pose: 4 unknown"),
+        ({"space": {"pose": {"uniform": [0, 1]}}}, r"^sweep\.space\.pose: uniform needs numbers"),
+        (
+            {"space": {"coordinate_addition": "yes"}},
+            r"^sweep\.space\.coordinate_addition: 'yes' must be true or false",
+        ),
+        (
+            {"space": {"coordinate_addition": {"grid": [True, 0]}}},
+            r"^sweep\.space\.coordinate_addition: 0 must be true or false",
+        ),
+        ({"space": {"loss": "hinge"}}, r"^sweep\.space\.loss: 'hinge' unknown; choose one of auto"),
+        ({"space": {"weight_decay": -1e-7}}, r"^sweep\.space\.weight_decay: -1e-07 must be >= 0"),
+        (
+            {"space": {"weight_decay": "2e-7"}},
+            r"^sweep\.space\.weight_decay: '2e-7' is not a number",
+        ),
+        ({"dataset": "cifar"}, r"^sweep\.dataset 'cifar' unknown; choose mnist or smallnorb"),
+        ({"channels": 3}, r"^sweep\.channels must be 1 \(left image\) or 2"),
+        ({"channels": True}, r"^sweep\.channels: expected a number"),
+        (
+            {
+                "dataset": "smallnorb",
+                "space": {"augment": "none"},
+                "metric": "val_rotated_accuracy",
+            },
+            r"^sweep\.metric 'val_rotated_accuracy': a smallnorb sweep reports only val_accuracy",
+        ),
+        ({"dataset": "smallnorb"}, r"^sweep\.space\.augment must be none for smallnorb"),
+    ],
+)
+def test_invalid_smallnorb_axes_are_rejected(values, message):
+    with pytest.raises(ConfigError, match=message):
+        SweepConfig.from_dict(values)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "smallnorb_sweep:\n  space:\n    pose: {grid: [matrix, quaternion]}\n",
+            r"smallnorb_sweep\.space\.pose: 'quaternion' unknown",
+        ),
+        ("smallnorb_sweep:\n  metric: val_rotated_accuracy\n", r"smallnorb_sweep\.metric"),
+        ("smallnorb_sweep:\n  asha: {grace_period: 0}\n", r"smallnorb_sweep\.asha\.grace_period"),
+        ("smallnorb_sweep:\n  chanels: 1\n", r"smallnorb_sweep\.chanels: unknown key"),
+        ("smallnorb_train:\n  test_size: 0\n", r"smallnorb_train\.test_size must be >= 1"),
+        (
+            "smallnorb_train:\n  extra_datasets: [multimnist]\n",
+            r"smallnorb_train\.extra_datasets must be \[\]",
+        ),
+        ("smallnorb_train:\n  baselines: [1]\n", r"smallnorb_train\.baselines"),
+    ],
+)
+def test_smallnorb_sections_validate_through_capsnet_config(tmp_path, text, message):
+    from capsnet import config
+
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        config.load(path)
+
+
+def test_committed_params_hold_both_smallnorb_sections(repo_root):
+    from capsnet import config
+
+    params = config.load(repo_root / "params.yaml")
+    sweep, final = params.smallnorb_sweep, params.smallnorb_train
+    assert sweep.dataset == "smallnorb" and sweep.storage_path == "sweep-smallnorb/ray"
+    assert sweep.space.pose == {"grid": ["matrix", "vector"]}
+    assert sweep.space.coordinate_addition == {"grid": [True, False]}
+    assert sweep.space.loss == {"grid": ["spread", "margin", "cross-entropy"]}
+    assert final.out_dir == "models-smallnorb" and final.baselines == ["smallnorb-cnn"]

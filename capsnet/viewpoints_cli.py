@@ -1,0 +1,54 @@
+"""``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage).
+capsnet/cli.py attaches it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _stderr_log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.command("viewpoints")
+@click.option(
+    "--params",
+    "params_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default="params.yaml",
+    show_default=True,
+    help="The params file (sections viewpoints and data.smallnorb).",
+)
+@click.option(
+    "--data-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="data",
+    show_default=True,
+    help="Data directory holding prepared/smallnorb (the DVC stages' data/).",
+)
+def viewpoints_command(params_path, data_root):
+    """Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel
+    viewpoints at matched familiar error -> viewpoints.out_dir."""
+    from capsnet import config, viewpoints
+
+    params = config.load(params_path)
+    result = viewpoints.run(params, data_root, log=_stderr_log)
+    out = params.viewpoints.out_dir
+    if "disabled" in result:
+        click.echo(f"viewpoints: not run: {result['disabled']}")
+        click.echo(f"wrote {out} (DISABLED.txt, viewpoints.json, the header of viewpoints.csv)")
+        return
+    for kind, entry in result["kinds"].items():
+        selection = entry["selection"]
+        chosen = selection["models"]
+        click.echo(
+            f"{kind}: familiar error matched at {selection['target_familiar_error']:.4f} "
+            f"(gap {selection['gap']:.4f}, matched: {str(selection['matched']).lower()}); "
+            f"novel error capsules {chosen['capsules']['novel_error']:.4f}, "
+            f"CNN {chosen['cnn']['novel_error']:.4f} (paper: capsules "
+            f"{entry['paper_novel_error']['capsules']:.3f}, CNN "
+            f"{entry['paper_novel_error']['cnn']:.3f})"
+        )
+    click.echo(f"wrote {out}")

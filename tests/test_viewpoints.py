@@ -1,0 +1,428 @@
+"""The novel-viewpoint experiment: the matching rule, its params, an end-to-end run on
+smallNORB-format files written here, the evaluate stage's viewpoints section."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from clihelpers import assert_one_line_error, run_cli
+
+from capsnet import checkpoint, config, eval_stage, viewpoints
+from capsnet.cli import main
+from capsnet.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+from datahelpers import write_smallnorb_raw
+
+TINY = {
+    "capsules": {"A": 8, "B": 4, "C": 4, "D": 4},
+    "cnn": {"channels": [4, 8], "hidden": 16},
+}
+
+
+def hist(*familiar, novel=None):
+    novel = novel or [0.5] * len(familiar)
+    return [
+        {"epoch": i + 1, "familiar_error": f, "novel_error": n}
+        for i, (f, n) in enumerate(zip(familiar, novel))
+    ]
+
+
+# --- the matching rule --------------------------------------------------------------------------
+
+
+def test_target_is_the_larger_best_error_and_first_epoch_at_or_below_it():
+    caps = hist(0.5, 0.3, 0.1, 0.05, novel=[0.6, 0.4, 0.2, 0.15])
+    cnn = hist(0.4, 0.2, 0.12, 0.15, novel=[0.5, 0.35, 0.3, 0.32])
+    result = viewpoints.select_matched({"capsules": caps, "cnn": cnn}, tolerance=0.03)
+    assert result["target_familiar_error"] == 0.12  # the CNN's best: the level both reach
+    assert result["models"]["cnn"] == {
+        "epoch": 3,
+        "familiar_error": 0.12,
+        "novel_error": 0.3,
+        "best_familiar_error": 0.12,
+    }
+    assert result["models"]["capsules"]["epoch"] == 3  # first <= 0.12, not the best (0.05)
+    assert result["models"]["capsules"]["novel_error"] == 0.2
+    assert result["gap"] == pytest.approx(0.02)
+    assert result["matched"] is True
+    strict = viewpoints.select_matched({"capsules": caps, "cnn": cnn}, tolerance=0.01)
+    assert strict["matched"] is False and strict["tolerance"] == 0.01
+
+
+def test_ties_take_the_first_epoch():
+    caps = hist(0.3, 0.2, 0.2, 0.2)
+    cnn = hist(0.25, 0.2, 0.2)
+    result = viewpoints.select_matched({"capsules": caps, "cnn": cnn})
+    assert result["target_familiar_error"] == 0.2
+    assert result["models"]["capsules"]["epoch"] == 2
+    assert result["models"]["cnn"]["epoch"] == 2
+    assert result["gap"] == 0 and result["matched"] is True
+
+
+def test_a_model_that_never_improves():
+    flat = hist(0.8, 0.8, 0.8)
+    learner = hist(0.7, 0.3, 0.1)
+    result = viewpoints.select_matched({"capsules": learner, "cnn": flat}, tolerance=0.05)
+    assert result["target_familiar_error"] == 0.8  # only the flat model's level is shared
+    assert result["models"]["cnn"]["epoch"] == 1
+    assert result["models"]["capsules"]["epoch"] == 1  # 0.7 <= 0.8 already
+    assert result["gap"] == pytest.approx(0.1) and result["matched"] is False
+    worse = hist(0.9, 0.95, 0.99)  # gets worse: its best is its first epoch
+    result = viewpoints.select_matched({"capsules": learner, "cnn": worse})
+    assert result["models"]["cnn"]["epoch"] == 1
+    assert result["models"]["capsules"]["epoch"] == 1
+
+
+def test_selection_errors_and_candidate_epochs():
+    with pytest.raises(ValueError, match="at least one"):
+        viewpoints.select_matched({})
+    with pytest.raises(ValueError, match="cnn: empty history"):
+        viewpoints.select_matched({"capsules": hist(0.1), "cnn": []})
+    with pytest.raises(ValueError, match="NaN"):
+        viewpoints.select_matched({"capsules": hist(float("nan"))})
+    assert viewpoints.candidate_epochs([0.5, 0.6, 0.4, 0.4, 0.1]) == [1, 3, 5]
+    # every epoch the rule can choose is a candidate, whatever the other model did
+    history = [0.5, 0.6, 0.4, 0.4, 0.1, 0.3]
+    for other in (0.05, 0.1, 0.35, 0.4, 0.45, 0.55, 0.9):
+        chosen = viewpoints.select_matched({"a": hist(*history), "b": hist(other)})
+        assert chosen["models"]["a"]["epoch"] in viewpoints.candidate_epochs(history)
+
+
+# --- params ---------------------------------------------------------------------------------
+
+
+def write_params(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_params_defaults_and_errors(tmp_path):
+    defaults = config.Params().viewpoints
+    assert defaults.kinds == ("azimuth", "elevation")
+    assert (defaults.capsules, defaults.cnn) == ("em-capsnet-small", "smallnorb-cnn")
+    assert defaults.weight_decay.capsules == 2e-7 and defaults.weight_decay.cnn == 0
+    assert defaults.batch_size == 64 and defaults.out_dir == "models-viewpoints"
+    repo = config.load(Path(__file__).resolve().parents[1] / "params.yaml")
+    assert repo.viewpoints.out_dir == "models-viewpoints"
+    cases = {
+        "viewpoints:\n  kindz: [azimuth]\n": "viewpoints.kindz: unknown key",
+        "viewpoints:\n  kinds: [azimuth, roll]\n": "viewpoints.kinds[1]: 'roll' unknown",
+        "viewpoints:\n  kinds: []\n": "viewpoints.kinds",
+        "viewpoints:\n  kinds: [azimuth, azimuth]\n": "viewpoints.kinds: repeats",
+        "viewpoints:\n  channels: 3\n": "viewpoints.channels: must be 1 or 2",
+        "viewpoints:\n  channels: two\n": "viewpoints.channels: expected an integer",
+        "viewpoints:\n  epochs: 0\n": "viewpoints.epochs: must be >= 1",
+        "viewpoints:\n  lr: -1\n": "viewpoints.lr: must be > 0",
+        "viewpoints:\n  tolerance: 2\n": "viewpoints.tolerance",
+        "viewpoints:\n  test_limit: 0\n": "viewpoints.test_limit",
+        "viewpoints:\n  cnn: em-capsnet-small\n": "viewpoints.cnn: must differ",
+        "viewpoints:\n  weight_decay: {capsules: -1}\n": "viewpoints.weight_decay.capsules",
+        "viewpoints:\n  weight_decay: {rnn: 0}\n": "viewpoints.weight_decay.rnn: unknown key",
+        "viewpoints:\n  overrides: {cnn: {num_classes: 3}}\n": "viewpoints.overrides.cnn",
+    }
+    for text, fragment in cases.items():
+        with pytest.raises(ConfigError) as info:
+            config.load(write_params(tmp_path / "p.yaml", text))
+        message = str(info.value)
+        assert fragment in message and "\n" not in message, (text, message)
+
+
+def test_unknown_model_or_override_fails_before_any_data(tmp_path):
+    on = "data:\n  smallnorb: {enabled: true}\n"
+    params = write_params(tmp_path / "p.yaml", on + "viewpoints:\n  capsules: em-capsnet-huge\n")
+    assert_one_line_error(
+        run_cli("viewpoints", "--params", str(params), "--data-root", str(tmp_path)),
+        "viewpoints.capsules",
+        "em-capsnet-huge",
+    )
+    params.write_text(on + "viewpoints:\n  overrides: {cnn: {widht: 3}}\n")
+    assert_one_line_error(
+        run_cli("viewpoints", "--params", str(params), "--data-root", str(tmp_path)),
+        "viewpoints.overrides.cnn",
+        "widht",
+    )
+
+
+# --- switched off ------------------------------------------------------------------------------
+
+
+def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
+    out = tmp_path / "vp"
+    params = write_params(tmp_path / "p.yaml", f"viewpoints:\n  out_dir: {out}\n")
+    result = CliRunner().invoke(
+        main, ["viewpoints", "--params", str(params), "--data-root", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "switched off" in (out / "DISABLED.txt").read_text()
+    payload = json.loads((out / "viewpoints.json").read_text())
+    assert set(payload) == {"disabled"} and "data.smallnorb.enabled" in payload["disabled"]
+    assert (out / "viewpoints.csv").read_text() == "kind,model,epoch,familiar_error,novel_error\n"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "DISABLED.txt",
+        "viewpoints.csv",
+        "viewpoints.json",
+    ]
+    section = eval_stage.evaluate_viewpoints(out, eval_stage.EvalOptions())
+    assert "switched off" in section["skipped"]
+    missing = eval_stage.evaluate_viewpoints(tmp_path / "none", eval_stage.EvalOptions())
+    assert "not found" in missing["skipped"]
+    lines = eval_stage.summary_lines({"viewpoints": section})
+    assert any("novel viewpoints: skipped" in line for line in lines)
+
+
+# --- end to end on tiny smallNORB-format files ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def norb_root(tmp_path_factory):
+    """A data root with prepared smallNORB: 72 examples per split, info rows cycling
+    through every azimuth and elevation (24 familiar and 48 novel for each kind)."""
+    from capsnet.data import stages
+
+    root = tmp_path_factory.mktemp("norb") / "data"
+    write_smallnorb_raw(root / "raw" / "smallnorb", n=72, side=48)
+    on = config.Params(
+        data=config.DataParams(smallnorb=config.SmallnorbParams(enabled=True)),
+    )
+    stages.prepare("smallnorb", on, root)
+    return root
+
+
+def tiny_params(tmp_path: Path, out: Path, extra: str = "") -> Path:
+    return write_params(
+        tmp_path / "params.yaml",
+        "data:\n  smallnorb: {enabled: true}\n"
+        "viewpoints:\n"
+        f"  out_dir: {out}\n"
+        "  channels: 1\n"
+        "  epochs: 2\n"
+        "  batch_size: 12\n"
+        "  tolerance: 0.5\n"
+        "  device: cpu\n"
+        f"  overrides: {json.dumps(TINY)}\n" + extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def experiment(norb_root, tmp_path_factory):
+    """`capsnet viewpoints` run once on the tiny data: (params, out_dir, CLI result)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny routing ops: one thread is faster
+    work = tmp_path_factory.mktemp("vp")
+    out = work / "models-viewpoints"
+    params = tiny_params(work, out)
+    try:
+        result = CliRunner().invoke(
+            main, ["viewpoints", "--params", str(params), "--data-root", str(norb_root)]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return params, out, result
+
+
+def test_experiment_outputs(experiment):
+    _, out, result = experiment
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "[azimuth] em-capsnet-small epoch 2/2" in result.stderr
+    assert "azimuth: familiar error matched at" in result.stdout
+    payload = json.loads((out / "viewpoints.json").read_text())
+    assert set(payload["kinds"]) == {"azimuth", "elevation"}
+    assert payload["paper"]["novel_error"]["azimuth"] == {"cnn": 0.20, "capsules": 0.135}
+    for kind, entry in payload["kinds"].items():
+        assert entry["train_size"] == 24
+        assert (entry["familiar_test_size"], entry["novel_test_size"]) == (24, 48)
+        assert set(entry["models"]) == {"capsules", "cnn"}
+        histories = {}
+        for role, model in entry["models"].items():
+            assert model["epochs"] == 2 and len(model["history"]) == 2
+            assert model["config"]["in_channels"] == 1 and model["config"]["num_classes"] == 5
+            assert model["checkpoint"] == f"{kind}/{model['model']}.pt"
+            for record in model["history"]:
+                assert 0 <= record["familiar_error"] <= 1 and 0 <= record["novel_error"] <= 1
+            histories[role] = model["history"]
+        assert entry["selection"] == viewpoints.select_matched(histories, 0.5)
+        assert entry["models"]["capsules"]["train_config"]["weight_decay"] == 2e-7
+        assert entry["models"]["cnn"]["train_config"]["weight_decay"] == 0.0
+        for role, model in entry["models"].items():
+            loaded, meta = checkpoint.load(out / model["checkpoint"])
+            chosen = entry["selection"]["models"][role]
+            assert meta["model_name"] == model["model"]
+            assert meta["metrics"]["epoch"] == chosen["epoch"]
+            assert meta["metrics"]["history"] == model["history"]
+            assert loaded.config.in_channels == 1
+    with open(out / "viewpoints.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 * 2 * 2  # kinds x models x epochs
+    assert set(rows[0]) == {"kind", "model", "epoch", "familiar_error", "novel_error"}
+    assert {r["model"] for r in rows} == {"em-capsnet-small", "smallnorb-cnn"}
+    assert not list(out.rglob(".*"))  # no temporary files left behind
+
+
+def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
+    experiment, norb_root, tmp_path, mnist_root
+):
+    from capsnet import models
+
+    _, out, result = experiment
+    assert result.exit_code == 0, result.stderr
+    data_root = tmp_path / "data"  # MNIST from the mirror copy, the tiny smallNORB
+    for sub, source in (("raw/mnist", mnist_root), ("prepared/smallnorb", norb_root)):
+        (data_root / sub).parent.mkdir(parents=True, exist_ok=True)
+        (data_root / sub).symlink_to(source / sub, target_is_directory=True)
+    models_dir, extra = tmp_path / "models", tmp_path / "models-smallnorb"
+    off = tmp_path / "off"
+    off.mkdir()
+    (off / "DISABLED.txt").write_text("smallnorb is switched off\n")
+    checkpoint.save(models_dir / "lenet5.pt", models.build("lenet5"))
+    checkpoint.save(
+        extra / "smallnorb-cnn.pt",
+        models.build("smallnorb-cnn", in_channels=2, input_size=32, num_classes=5, hidden=16),
+    )
+    checkpoint.save(  # the same stem as a models/ checkpoint: named after its folder
+        extra / "lenet5.pt", models.build("lenet5", input_size=32, num_classes=5)
+    )
+    params = write_params(
+        tmp_path / "params.yaml",
+        "data:\n  smallnorb: {enabled: true}\n"
+        "evaluate:\n"
+        f"  models_dir: {models_dir}\n"
+        f"  extra_models_dirs: [{extra}, {tmp_path / 'absent'}, {off}]\n"
+        f"  viewpoints_dir: {out}\n"
+        f"  out_dir: {tmp_path / 'eval'}\n"
+        "  datasets: [mnist, smallnorb]\n"
+        "  limit: 30\n"
+        "  robustness: {enabled: false}\n"
+        "  equivariance: {enabled: false}\n",
+    )
+    cli = CliRunner().invoke(
+        main, ["evaluate-stage", "--params", str(params), "--data-root", str(data_root)]
+    )
+    assert cli.exit_code == 0, (cli.stdout, cli.stderr)
+    assert "absent: not found" in cli.stderr
+    assert "off: smallnorb is switched off" in cli.stderr
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert set(metrics) == {"lenet5", "smallnorb-cnn", "models-smallnorb/lenet5", "viewpoints"}
+    cnn = metrics["smallnorb-cnn"]
+    assert cnn["smallnorb"]["n"] == 30 and cnn["smallnorb"]["subset"] == "all"
+    assert "28x28" in cnn["mnist"]["skipped"] and "32x32" in cnn["mnist"]["skipped"]
+    assert "32x32" in metrics["lenet5"]["smallnorb"]["skipped"]  # an MNIST model: skipped
+    assert metrics["models-smallnorb/lenet5"]["smallnorb"]["n"] == 30  # one channel
+    section = metrics["viewpoints"]
+    payload = json.loads((out / "viewpoints.json").read_text())
+    for kind in ("azimuth", "elevation"):
+        entry = section["kinds"][kind]
+        assert (
+            entry["target_familiar_error"]
+            == payload["kinds"][kind]["selection"]["target_familiar_error"]
+        )
+        assert entry["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind]
+        for role in ("capsules", "cnn"):
+            m = entry["models"][role]
+            assert (m["familiar_n"], m["novel_n"]) == (24, 30)
+            assert m["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind][role]
+            chosen = payload["kinds"][kind]["selection"]["models"][role]
+            assert m["epoch"] == chosen["epoch"]
+            # the familiar subset is smaller than the limit: the same 24 images as training
+            assert m["familiar_error"] == pytest.approx(chosen["familiar_error"])
+        errors = [entry["models"][r]["familiar_error"] for r in ("capsules", "cnn")]
+        assert entry["gap"] == pytest.approx(abs(errors[0] - errors[1]))
+    assert "novel viewpoints (smallNORB)" in cli.stdout
+    assert "azimuth" in cli.stdout and "elevation" in cli.stdout
+
+
+def test_report_has_a_novel_viewpoint_table():
+    from pipeline import report
+
+    section = {
+        "rule": viewpoints.RULE,
+        "kinds": {
+            "azimuth": {
+                "models": {
+                    "capsules": {
+                        "model": "em-capsnet-small",
+                        "epoch": 7,
+                        "familiar_error": 0.04,
+                        "novel_error": 0.15,
+                        "paper_novel_error": 0.135,
+                    },
+                    "cnn": {
+                        "model": "smallnorb-cnn",
+                        "epoch": 3,
+                        "familiar_error": 0.042,
+                        "novel_error": 0.21,
+                        "paper_novel_error": 0.20,
+                    },
+                },
+                "target_familiar_error": 0.042,
+                "gap": 0.002,
+                "matched": True,
+            },
+            "elevation": {"skipped": "smallnorb is switched off"},
+        },
+    }
+    entry = {"model": "lenet5", "checkpoint": "models/lenet5.pt", "mnist": {"accuracy": 0.9}}
+    results = {"lenet5": entry, "viewpoints": section}
+    page = report.render_html(results)
+    table = page[page.index('<table id="viewpoints">') :]
+    assert "15.00%" in table and "paper 13.50%" in table and "paper 20.00%" in table
+    assert "(matched)" in table and "elevation: smallnorb is switched off" in page
+    results_table = page[page.index('<table id="results">') : page.index("</table>")]
+    assert "viewpoints" not in results_table  # the section is not a checkpoint row
+    assert "viewpoints" not in report.readme_table(results)
+    skipped = report.render_html({"lenet5": entry, "viewpoints": {"skipped": "not found"}})
+    assert "Not run: not found" in skipped and '<table id="viewpoints">' not in skipped
+    assert "Novel viewpoints" not in report.render_html({"lenet5": entry})
+    lines = eval_stage.summary_lines(results)
+    assert lines[0].split() == ["checkpoint", "model", "mnist"] and len(lines[1].split()) == 3
+    assert any("azimuth" in line and "(0.135)" in line for line in lines)
+    assert any("elevation: skipped" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_dvc_repro_viewpoints_with_smallnorb_off(tmp_path, repo_root):
+    """The `viewpoints` stage of dvc.yaml (with its smallNORB data stages) succeeds with
+    smallNORB switched off, writes the marked output, and is then up to date."""
+    import os
+    import shutil
+    import subprocess
+
+    import yaml
+
+    bin_dir = Path(sys.executable).parent
+    dvc = shutil.which("dvc", path=str(bin_dir))
+    if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
+        pytest.skip("dvc or the capsnet command is not installed")
+    work = tmp_path / "repo"
+    shutil.copytree(
+        repo_root / "capsnet", work / "capsnet", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    pipeline = yaml.safe_load((repo_root / "dvc.yaml").read_text())
+    wanted = ("download_smallnorb", "prepare_smallnorb", "viewpoints")
+    stages = {name: pipeline["stages"][name] for name in wanted}
+    (work / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    shutil.copy(repo_root / "params.yaml", work / "params.yaml")
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+    def run(*args):
+        result = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    run(dvc, "init", "--no-scm", "-q")
+    first = run(dvc, "repro", "viewpoints")
+    assert "Running stage 'viewpoints'" in first
+    out = work / "models-viewpoints"
+    assert "switched off" in json.loads((out / "viewpoints.json").read_text())["disabled"]
+    assert (out / "DISABLED.txt").is_file() and (out / "viewpoints.csv").is_file()
+    assert "up to date" in run(dvc, "repro", "viewpoints")
