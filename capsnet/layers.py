@@ -11,7 +11,7 @@ from torch import nn
 
 from capsnet.routing import dynamic_routing, squash
 
-ROUTING_CHUNK = 64  # examples per routing chunk (best of 16..128 on a 2-core CPU)
+ROUTING_CHUNK = 32  # examples per routing chunk (best of 16..128 on a 2-core CPU, batch 128)
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:

@@ -265,6 +265,7 @@ class SweepConfig:
     max_failures: int = 2  # retries of a failed trial (a lost node, an OOM kill)
     reuse_actors: bool = True  # a finished trial's process runs the next one
     seed: int = 0
+    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
@@ -290,6 +291,7 @@ class SweepConfig:
                 "max_failures": (int,),
                 "reuse_actors": (bool,),
                 "seed": (int,),
+                "compile": (bool,),
             },
         )
         if not self.name or "/" in self.name:
@@ -358,7 +360,9 @@ class SweepConfig:
         values hashes as it did before they existed, so its saved state still restores.
         """
         keep = self.to_dict()
-        for name in ("resources", "storage_path", "max_failures", "reuse_actors", "wandb"):
+        for name in (
+            "resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"
+        ):  # fmt: skip
             keep.pop(name)
         if self.dataset == "mnist":
             keep.pop("dataset")
@@ -391,6 +395,7 @@ class FinalTrainConfig:
     # Sabour affNIST protocol, scored on affNIST). Checkpoints: <model>@<dataset>.pt.
     extra_datasets: list[str] = field(default_factory=list)
     extra_train_size: int | None = 5000  # the first N training items of each extra set
+    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
 
     def __post_init__(self):
         s = self.SECTION
@@ -398,6 +403,7 @@ class FinalTrainConfig:
             self,
             s,
             {
+                "compile": (bool,),
                 "extra_datasets": (list,),
                 "extra_train_size": (int, type(None)),
                 "epochs": (int,),

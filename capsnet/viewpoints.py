@@ -211,6 +211,7 @@ def train_config(settings, role: str):
         weight_decay=getattr(settings.weight_decay, role),
         seed=settings.seed,
         device=settings.device,
+        compile=settings.compile,
     )
 
 

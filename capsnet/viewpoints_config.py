@@ -62,6 +62,7 @@ class ViewpointsParams:
     seed: int = 0
     out_dir: str = "models-viewpoints"
     device: str = "auto"
+    compile: bool = False  # torch.compile the capsules' EM routing (TrainConfig.compile)
 
     def __post_init__(self):
         if not self.kinds:

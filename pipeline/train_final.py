@@ -131,7 +131,12 @@ def train_final(
     results: dict[str, dict[str, Any]] = {}
     for run in runs:
         plan = trials.plan(
-            run, epochs=final.epochs, batch_size=final.batch_size, seed=final.seed, progress=None
+            run,
+            epochs=final.epochs,
+            batch_size=final.batch_size,
+            seed=final.seed,
+            progress=None,
+            compile=final.compile,
         )
         torch.manual_seed(final.seed)
         model = plan.build_model()
@@ -215,7 +220,12 @@ def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mo
     results = {}
     for run in runs:
         plan = trials.plan(
-            run, epochs=final.epochs, batch_size=final.batch_size, seed=final.seed, progress=None
+            run,
+            epochs=final.epochs,
+            batch_size=final.batch_size,
+            seed=final.seed,
+            progress=None,
+            compile=final.compile,
         )
         plan.train_config.shift_pixels = 0  # the set carries its own translations
         fields = set(models.make_config(plan.model_name).__dict__)
@@ -299,6 +309,7 @@ def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
             seed=final.seed,
             progress=None,
             shape=shape,
+            compile=final.compile,
         )
         torch.manual_seed(final.seed)
         model = plan.build_model()

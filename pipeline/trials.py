@@ -52,11 +52,13 @@ def plan(
     seed: int,
     progress: bool | None = False,
     shape: dict[str, int] | None = None,
+    compile: bool = False,
 ) -> RunPlan:
     """Convert a flat run config into a RunPlan (parameters a model lacks are ignored).
 
     ``shape`` holds the data's model shape fields (``data_shape``: in_channels,
-    input_size, num_classes), applied to models that have them.
+    input_size, num_classes), applied to models that have them; ``compile`` compiles the
+    routing of models that support it (EM).
     """
     name = run.get("model")
     if name not in models.names():
@@ -77,6 +79,7 @@ def plan(
         batch_size=batch_size,
         seed=seed,
         progress=progress,
+        compile=compile,
         **values,
     )
     return RunPlan(name, overrides, config, augment)

@@ -116,6 +116,7 @@ def train_trial(config: dict[str, Any], *, data: dict[str, torch.Tensor], settin
         seed=settings["seed"],
         progress=False,
         shape=settings.get("shape"),
+        compile=settings.get("compile", False),
     )
     torch.manual_seed(settings["seed"])
     model = run.build_model()
@@ -319,6 +320,7 @@ def run_sweep(
             "seed": sweep.seed,
             "threads": max(1, math.floor(resources.cpus_per_trial)),
             "augment_params": augment_params,
+            "compile": sweep.compile,
         }
         trainable = tune.with_resources(
             tune.with_parameters(train_trial, data=data, settings=settings),

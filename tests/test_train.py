@@ -219,3 +219,18 @@ def test_train_command_on_multimnist_writes_strict_accuracy(tmp_path, mnist_root
 
     model, _ = checkpoint.load(out / "model.pt")
     assert model.config.input_size == 36  # MultiMNIST canvas: 28 + 2 * pad
+
+
+def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch):
+    """TrainConfig.compile calls compile_routing() on EM models (the compiled path itself is
+    tested in test_em.py) and leaves models without routing to compile untouched."""
+    calls = []
+    em = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, input_size=24, num_classes=5)
+    monkeypatch.setattr(em, "compile_routing", lambda enabled=True: calls.append(enabled))
+    data = TensorImageDataset(torch.zeros(4, 1, 24, 24, dtype=torch.uint8), torch.arange(4) % 5)
+    fit(em, data, None, TrainConfig(epochs=1, batch_size=4, compile=True, progress=False))
+    assert calls == [True]
+    fit(em, data, None, TrainConfig(epochs=1, batch_size=4, progress=False))
+    assert calls == [True]  # off by default
+    lenet = models.build("lenet5", num_classes=5, input_size=24)
+    fit(lenet, data, None, TrainConfig(epochs=1, batch_size=4, compile=True, progress=False))

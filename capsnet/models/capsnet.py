@@ -102,7 +102,7 @@ class CapsNet(nn.Module):
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
         """x (B, C, H, W) in [0, 1]; target (B,) masks the decoder (else the prediction)."""
         x = x.contiguous(memory_format=torch.channels_last)  # (B, C, H, W)
-        h = F.relu(self.conv1(x))  # (B, 256, 20, 20), channels_last
+        h = F.relu(self.conv1(x), inplace=True)  # (B, 256, 20, 20), channels_last
         u = self.primary(h)  # (B, 1152, 8)
         v, _ = self.classes(u)  # (B, 10, 16)
         scores = safe_norm(v)  # (B, 10)

@@ -70,6 +70,13 @@ def test_plan_maps_ablation_axes_to_model_and_train_config():
     assert (model.config.in_channels, model.config.input_size) == (2, 32)
 
 
+def test_compile_setting_reaches_the_train_config():
+    run = {"model": "em-capsnet-small", "augment": "none", **AXES}
+    plan = trials.plan(run, epochs=1, batch_size=8, seed=0, shape=SHAPE, compile=True)
+    assert plan.train_config.compile is True
+    assert trials.plan(run, epochs=1, batch_size=8, seed=0).train_config.compile is False
+
+
 @pytest.mark.parametrize("name", ["smallnorb-cnn", "lenet5", "capsnet-small"])
 def test_models_without_the_fields_ignore_pose_and_coordinate_addition(name):
     plan = trials.plan({"model": name, **AXES}, epochs=1, batch_size=8, seed=0, shape=SHAPE)

@@ -65,6 +65,9 @@ def test_fingerprint_follows_results_not_resources():
         ).fingerprint()
     )
     assert base.fingerprint() != SweepConfig.from_dict({"epochs": 3}).fingerprint()
+    assert base.fingerprint() == SweepConfig.from_dict({"compile": True}).fingerprint()
+    with pytest.raises(ConfigError, match=r"sweep\.compile: expected bool"):
+        SweepConfig.from_dict({"compile": "yes"})
 
 
 # --- the smallNORB ablation: smallnorb_sweep / smallnorb_train and the new axes ---------------
