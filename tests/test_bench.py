@@ -86,3 +86,37 @@ def test_naive_reference_matches_our_model_with_the_same_weights(iterations):
         torch.testing.assert_close(scores, expected.scores, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(poses, expected.poses, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(reconstruction, expected.reconstruction, atol=1e-5, rtol=1e-4)
+
+
+def _em_bench(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "em_throughput.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_em_benchmark_reports_ratios_against_the_reference(tmp_path):
+    """The EM benchmark on a tiny model: every implementation timed in its own process, a
+    table, and each throughput as a multiple of the reference's (from the same run)."""
+    out = tmp_path / "em.json"
+    done = _em_bench(
+        "--model", "em-capsnet-small", "--input-size", "24", "--in-channels", "1",
+        "--batch-size", "2", "--impls", "eager,reference", "--steps", "1", "--warmup", "0",
+        "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| eager | 2 |" in done.stdout and "| reference | 2 |" in done.stdout
+    results = {r["impl"]: r for r in json.loads(out.read_text())}
+    expected = results["eager"]["images_per_second"] / results["reference"]["images_per_second"]
+    assert results["eager"]["ratio_vs_reference"] == pytest.approx(expected)
+    assert f"eager / reference throughput (images/s): {expected:.2f}x" in done.stdout
+
+
+def test_em_benchmark_rejects_unknown_implementations():
+    done = _em_bench("--impls", "eager,fastest")
+    assert done.returncode == 2
+    assert "--impls: fastest unknown" in done.stderr

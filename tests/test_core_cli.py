@@ -33,6 +33,7 @@ def test_train_then_eval_reproduces_test_accuracy(tmp_path, mnist_root):
         "500",
         "--test-limit",
         "1000",
+        "--compile",  # reaches TrainConfig; lenet5 has no EM routing, so trains as is
         "--data-root",
         str(mnist_root),
         "--out",
@@ -41,6 +42,7 @@ def test_train_then_eval_reproduces_test_accuracy(tmp_path, mnist_root):
     assert result.returncode == 0, result.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mnist"]["n"] == 1000
+    assert checkpoint.load(out / "model.pt")[1]["train_config"]["compile"] is True
     assert metrics["mnist"]["accuracy"] > 0.5
     results_file = tmp_path / "eval.json"
     result = run_cli(
