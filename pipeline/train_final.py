@@ -93,9 +93,8 @@ def train_final(
     (and, with ``metrics_path``, the metrics as JSON). ``sweep.dataset`` picks the data
     (it must be the dataset of the sweep that wrote ``best_path``); ``smallnorb`` is
     params.yaml ``data.smallnorb`` (crop size, brightness, contrast)."""
-    from capsnet import checkpoint, evaluate, models
+    from capsnet import evaluate, models
     from capsnet.data.datasets import TensorImageDataset, rotate_images
-    from capsnet.train import fit
 
     best = read_best(best_path)
     swept = best.get("dataset", "mnist")
@@ -129,63 +128,30 @@ def train_final(
     )
     out_dir = Path(final.out_dir)
     results: dict[str, dict[str, Any]] = {}
+
+    def score_rotated(model, plan):
+        if rotated is None:
+            return {}
+        scored = evaluate.accuracy(model, rotated, plan.train_config.eval_batch_size)
+        return {"rotation_angle": angle, "val_rotated_accuracy": scored["accuracy"]}
+
     for run in runs:
-        plan = trials.plan(
-            run,
-            epochs=final.epochs,
-            batch_size=final.batch_size,
-            seed=final.seed,
-            progress=None,
-            compile=final.compile,
-        )
-        torch.manual_seed(final.seed)
-        model = plan.build_model()
+        plan = _plan(run, final)
         train_set = trials.training_set(
             train_images, train_labels, plan.augment, final.seed, augment_params
         )
-        wandb_run = tracking.start_run(
-            sweep.wandb.project,
-            sweep.name,
-            f"train-{plan.model_name}",
-            mode,
-            sweep.wandb.dir,
-            {**run, "epochs": final.epochs, "train_images": len(train_set)},
-        )
-        log(
-            f"training {plan.model_name} ({models.count_parameters(model):,} parameters, "
-            f"augment {plan.augment}) on {len(train_set)} images for {final.epochs} epoch(s)"
-        )
-
-        on_epoch = _epoch_reporter(log, wandb_run, plan.model_name)
-        started = time.perf_counter()
-        try:
-            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
-            metrics = {
-                "model": plan.model_name,
-                "parameters": models.count_parameters(model),
-                "augment": plan.augment,
-                "epochs": final.epochs,
-                "train_images": len(train_set),
-                "train_seconds": round(time.perf_counter() - started, 3),
-                "val_accuracy": history[-1].get("val_accuracy"),
-            }
-            if rotated is not None:
-                metrics["rotation_angle"] = angle
-                metrics["val_rotated_accuracy"] = evaluate.accuracy(
-                    model, rotated, plan.train_config.eval_batch_size
-                )["accuracy"]
-            if wandb_run is not None:
-                wandb_run.summary.update(
-                    {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-                )
-        finally:
-            if wandb_run is not None:
-                tracking.finish_all([wandb_run])
-        path = checkpoint.save(
-            out_dir / f"{plan.model_name}.pt",
-            model.cpu(),
-            train_config=plan.train_config.to_dict(),
-            metrics={**metrics, "history": history},
+        results[plan.model_name] = _fit_and_save(
+            plan,
+            train_set,
+            val_set,
+            key=plan.model_name,
+            path=out_dir / f"{plan.model_name}.pt",
+            tracking_settings=(sweep, mode),
+            log=log,
+            wandb_config={**run, "epochs": final.epochs, "train_images": len(train_set)},
+            fields={"augment": plan.augment},
+            describe=f", augment {plan.augment}",
+            score=score_rotated,
             extra={
                 "run_config": run,
                 "sweep": best.get("sweep"),
@@ -193,8 +159,6 @@ def train_final(
                 "role": "best" if run is runs[0] else "baseline",
             },
         )
-        log(f"wrote {path}")
-        results[plan.model_name] = metrics
     for dataset in final.extra_datasets:
         results.update(
             _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log)
@@ -209,9 +173,8 @@ def train_final(
 def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log):
     """Train every final run on ``dataset`` (its own input size) without augmentation;
     write <out_dir>/<model>@<dataset>.pt. Returns {"<model>@<dataset>": metrics}."""
-    from capsnet import checkpoint, models
+    from capsnet import models
     from capsnet.data.datasets import load, split_tail
-    from capsnet.train import fit
 
     full = load(dataset, "train", data_root, mirror=trials.default_mirror(mirror))
     val_size = min(final.val_size, 1000)
@@ -219,56 +182,29 @@ def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mo
     sample, _ = full[0]  # (C, H, W)
     results = {}
     for run in runs:
-        plan = trials.plan(
-            run,
-            epochs=final.epochs,
-            batch_size=final.batch_size,
-            seed=final.seed,
-            progress=None,
-            compile=final.compile,
-        )
+        plan = _plan(run, final)
         plan.train_config.shift_pixels = 0  # the set carries its own translations
         fields = set(models.make_config(plan.model_name).__dict__)
         shape = {"in_channels": sample.shape[0], "input_size": sample.shape[-1]}
         plan.overrides.update({k: v for k, v in shape.items() if k in fields})
-        torch.manual_seed(final.seed)
-        model = plan.build_model()
         key = f"{plan.model_name}@{dataset}"
-        log(f"training {key} on {len(train_set)} images for {final.epochs} epoch(s)")
-        wandb_run = tracking.start_run(
-            sweep.wandb.project,
-            sweep.name,
-            f"train-{key}",
-            mode,
-            sweep.wandb.dir,
-            {**run, "dataset": dataset, "epochs": final.epochs, "train_images": len(train_set)},
-        )
-
-        on_epoch = _epoch_reporter(log, wandb_run, key)
-        started = time.perf_counter()
-        try:
-            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
-        finally:
-            if wandb_run is not None:
-                tracking.finish_all([wandb_run])
-        metrics = {
-            "model": plan.model_name,
-            "dataset": dataset,
-            "parameters": models.count_parameters(model),
-            "epochs": final.epochs,
-            "train_images": len(train_set),
-            "train_seconds": round(time.perf_counter() - started, 3),
-            "val_accuracy": history[-1].get("val_accuracy"),
-        }
-        path = checkpoint.save(
-            Path(final.out_dir) / f"{key}.pt",
-            model.cpu(),
-            train_config=plan.train_config.to_dict(),
-            metrics={**metrics, "history": history},
+        results[key] = _fit_and_save(
+            plan,
+            train_set,
+            val_set,
+            key=key,
+            path=Path(final.out_dir) / f"{key}.pt",
+            tracking_settings=(sweep, mode),
+            log=log,
+            wandb_config={
+                **run,
+                "dataset": dataset,
+                "epochs": final.epochs,
+                "train_images": len(train_set),
+            },
+            fields={"dataset": dataset},
             extra={"run_config": run, "dataset": dataset, "sweep_trial": best.get("trial_id")},
         )
-        log(f"wrote {path}")
-        results[key] = metrics
     return results
 
 
@@ -276,9 +212,8 @@ def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
     """Every final run on smallNORB: random crops of the training set (the first
     ``final.train_size`` before the last ``final.val_size``, which validate as centre
     crops), scored on the centre-cropped test set; writes <out_dir>/<model>.pt."""
-    from capsnet import checkpoint, evaluate, models
+    from capsnet import evaluate
     from capsnet.data.datasets import TensorImageDataset, load
-    from capsnet.train import fit
 
     norb = trials.smallnorb_settings(smallnorb)
     channels = sweep.channels
@@ -301,65 +236,32 @@ def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
     if stale.exists():
         stale.unlink()
     results: dict[str, dict[str, Any]] = {}
+
+    def score_test(model, plan):
+        scored = evaluate.accuracy(model, test, plan.train_config.eval_batch_size)
+        log(f"{plan.model_name}: smallnorb test accuracy {scored['accuracy']:.4f}")
+        return {"smallnorb": scored, "test_accuracy": scored["accuracy"]}
+
     for run in runs:
-        plan = trials.plan(
-            run,
-            epochs=final.epochs,
-            batch_size=final.batch_size,
-            seed=final.seed,
-            progress=None,
-            shape=shape,
-            compile=final.compile,
-        )
-        torch.manual_seed(final.seed)
-        model = plan.build_model()
+        plan = _plan(run, final, shape=shape)
         train_set = trials.smallnorb_training_set(images, labels, info, final.seed, **norb)
-        wandb_run = tracking.start_run(
-            sweep.wandb.project,
-            sweep.name,
-            f"train-{plan.model_name}",
-            mode,
-            sweep.wandb.dir,
-            {**run, "dataset": "smallnorb", "channels": channels, "epochs": final.epochs},
-        )
-        log(
-            f"training {plan.model_name} ({models.count_parameters(model):,} parameters) on "
-            f"{len(train_set)} smallnorb images ({channels} channel(s)) for "
-            f"{final.epochs} epoch(s)"
-        )
-        on_epoch = _epoch_reporter(log, wandb_run, plan.model_name)
-        started = time.perf_counter()
-        try:
-            history = fit(model, train_set, val_set, plan.train_config, on_epoch=on_epoch)
-            train_seconds = round(time.perf_counter() - started, 3)
-            test_result = evaluate.accuracy(model, test, plan.train_config.eval_batch_size)
-            metrics = {
-                "model": plan.model_name,
+        results[plan.model_name] = _fit_and_save(
+            plan,
+            train_set,
+            val_set,
+            key=plan.model_name,
+            path=out_dir / f"{plan.model_name}.pt",
+            tracking_settings=(sweep, mode),
+            log=log,
+            wandb_config={
+                **run,
                 "dataset": "smallnorb",
                 "channels": channels,
-                "parameters": models.count_parameters(model),
-                "loss": plan.train_config.loss,
                 "epochs": final.epochs,
-                "train_images": len(train_set),
-                "train_seconds": train_seconds,
-                "val_accuracy": history[-1].get("val_accuracy"),
-                "smallnorb": test_result,
-            }
-            if wandb_run is not None:
-                wandb_run.summary.update(
-                    {
-                        **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-                        "test_accuracy": test_result["accuracy"],
-                    }
-                )
-        finally:
-            if wandb_run is not None:
-                tracking.finish_all([wandb_run])
-        path = checkpoint.save(
-            out_dir / f"{plan.model_name}.pt",
-            model.cpu(),
-            train_config=plan.train_config.to_dict(),
-            metrics={**metrics, "history": history},
+            },
+            fields={"dataset": "smallnorb", "channels": channels, "loss": plan.train_config.loss},
+            describe=f", {channels} smallNORB channel(s)",
+            score=score_test,
             extra={
                 "run_config": run,
                 "dataset": "smallnorb",
@@ -369,9 +271,73 @@ def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
                 "role": "best" if run is runs[0] else "baseline",
             },
         )
-        log(f"wrote {path} (smallnorb test accuracy {test_result['accuracy']:.4f})")
-        results[plan.model_name] = metrics
     return results
+
+
+def _plan(run, final: FinalTrainConfig, shape=None):
+    return trials.plan(
+        run,
+        epochs=final.epochs,
+        batch_size=final.batch_size,
+        seed=final.seed,
+        progress=None,
+        shape=shape,
+        compile=final.compile,
+    )
+
+
+def _fit_and_save(
+    plan, train_set, val_set, *, key, path, tracking_settings, log, wandb_config, fields,
+    extra, describe="", score=None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train one final run with ``fit`` (a log line and a W&B step per epoch), add
+    ``score(model, plan)``'s results to its metrics, write its checkpoint; returns the metrics."""
+    from capsnet import checkpoint, models
+    from capsnet.train import fit
+
+    sweep, mode = tracking_settings
+    torch.manual_seed(plan.train_config.seed)
+    model = plan.build_model()
+    parameters = models.count_parameters(model)
+    wandb_run = tracking.start_run(
+        sweep.wandb.project, sweep.name, f"train-{key}", mode, sweep.wandb.dir, wandb_config
+    )
+    log(
+        f"training {key} ({parameters:,} parameters{describe}) on {len(train_set)} images "
+        f"for {plan.train_config.epochs} epoch(s)"
+    )
+    started = time.perf_counter()
+    try:
+        history = fit(
+            model, train_set, val_set, plan.train_config, _epoch_reporter(log, wandb_run, key)
+        )
+        metrics = {
+            "model": plan.model_name,
+            **fields,
+            "parameters": parameters,
+            "epochs": plan.train_config.epochs,
+            "train_images": len(train_set),
+            "train_seconds": round(time.perf_counter() - started, 3),
+            "val_accuracy": history[-1].get("val_accuracy"),
+        }
+        if score is not None:
+            metrics.update(score(model, plan))
+        if wandb_run is not None:
+            wandb_run.summary.update(
+                {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            )
+    finally:
+        if wandb_run is not None:
+            tracking.finish_all([wandb_run])
+    saved = checkpoint.save(
+        path,
+        model.cpu(),
+        train_config=plan.train_config.to_dict(),
+        metrics={**metrics, "history": history},
+        extra=extra,
+    )
+    log(f"wrote {saved}")
+    return metrics
 
 
 def _epoch_reporter(log, wandb_run, name: str):
