@@ -18,6 +18,9 @@ waits for a descheduled thread).
 
     python benchmarks/em_throughput.py --batch-size 32 --in-channels 2 --threads 1 \
         --steps 2 --warmup 1 --rounds 3 --impls compiled,eager,reference
+
+``--device cuda`` runs the steps on a GPU and adds each implementation's peak GPU memory;
+the table also gives seconds per epoch of 24,300 images (a smallNORB training set).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLS = ("compiled", "eager", "reference")
+EPOCH_IMAGES = 24_300  # smallNORB training images
 
 
 def _worker(args: argparse.Namespace) -> dict:
@@ -53,14 +57,20 @@ def _worker(args: argparse.Namespace) -> dict:
         num_classes=args.num_classes,
         routing_iterations=args.iterations,
     )
+    device = torch.device(args.device)
+    model.to(device)
     if args.worker == "compiled":
         model.compile_routing()
     net = ReferenceEMCapsNet(model) if args.worker == "reference" else model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=2e-7)
     g = torch.Generator().manual_seed(1)
     shape = (args.batch_size, args.in_channels, args.input_size, args.input_size)
-    x = torch.rand(shape, generator=g)
-    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    x = torch.rand(shape, generator=g).to(device)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def step() -> float:
         out = net(x)
@@ -72,13 +82,20 @@ def _worker(args: argparse.Namespace) -> dict:
 
     for _ in range(args.warmup):
         step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync()
     started = time.perf_counter()
     for _ in range(args.steps):
         step()
+    sync()
     seconds = (time.perf_counter() - started) / args.steps
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    gpu_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {
         "impl": args.worker,
+        "device": str(device),
+        "peak_gpu_gib": gpu_gib,
         "batch_size": args.batch_size,
         "seconds_per_step": seconds,
         "images_per_second": args.batch_size / seconds,
@@ -107,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         "--reference-batch-size", type=int, default=None, help="default: --batch-size"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (peak GPU memory too)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
@@ -144,18 +162,26 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     first = results[0]
+    on_gpu = first["peak_gpu_gib"] is not None
     print(
         f"{args.model}, {args.in_channels}x{args.input_size}x{args.input_size}, "
-        f"{args.iterations} EM iterations, CPU, {first['threads']} threads, torch "
-        f"{first['torch']}, median of {args.rounds} round(s) x {args.steps} step(s)"
+        f"{args.iterations} EM iterations, {first['device']}, {first['threads']} threads, "
+        f"torch {first['torch']}, median of {args.rounds} round(s) x {args.steps} step(s)"
     )
-    print("| implementation | batch | s / step | images / s | peak RSS (GiB) |")
-    print("|---|---:|---:|---:|---:|")
+    gpu_head = " peak GPU memory (GiB) |" if on_gpu else ""
+    print(
+        f"| implementation | batch | s / step | images / s | s / epoch | peak RSS (GiB) |{gpu_head}"
+    )
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|" if on_gpu else ""))
     for r in results:
+        r["seconds_per_epoch"] = EPOCH_IMAGES / r["images_per_second"]
+        gpu = f" {max(x['peak_gpu_gib'] for x in runs[r['impl']]):.2f} |" if on_gpu else ""
         print(
             f"| {r['impl']} | {r['batch_size']} | {r['seconds_per_step']:.2f} "
-            f"| {r['images_per_second']:.2f} | {r['peak_rss_gib']:.2f} |"
+            f"| {r['images_per_second']:.2f} | {r['seconds_per_epoch']:.0f} "
+            f"| {r['peak_rss_gib']:.2f} |{gpu}"
         )
+    print(f"s / epoch: {EPOCH_IMAGES:,} images (a smallNORB training set) / images per second")
     reference = next((r for r in results if r["impl"] == "reference"), None)
     for r in results:
         if reference is not None and r is not reference:

@@ -110,9 +110,12 @@ def test_em_benchmark_reports_ratios_against_the_reference(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "| eager | 2 |" in done.stdout and "| reference | 2 |" in done.stdout
+    assert "s / epoch: 24,300 images" in done.stdout
     results = {r["impl"]: r for r in json.loads(out.read_text())}
     expected = results["eager"]["images_per_second"] / results["reference"]["images_per_second"]
     assert results["eager"]["ratio_vs_reference"] == pytest.approx(expected)
+    epoch = 24_300 / results["eager"]["images_per_second"]
+    assert results["eager"]["seconds_per_epoch"] == pytest.approx(epoch)
     assert f"eager / reference throughput (images/s): {expected:.2f}x" in done.stdout
 
 
