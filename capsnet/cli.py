@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli_options import data_root_option, mirror_option
 from capsnet.errors import CapsnetError
 
 
@@ -133,13 +134,8 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     help="EM models: torch.compile the EM routing (a one-off compilation, then several "
     "times faster steps).",
 )
-@click.option(
-    "--data-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Data directory (default: $CAPSNET_DATA or ./data).",
-)
-@click.option("--mirror", default=None, help="Dataset mirror (default: $CAPSNET_MIRROR).")
+@data_root_option()
+@mirror_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli_options import data_root_option, mirror_option, params_option
 from capsnet.eval_config import EVAL_DATASETS
 
 DEFAULT_ANGLES = "0,15,30,35,45,60,90,180"
@@ -61,8 +62,8 @@ def _stderr_log(line: str) -> None:
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--data-root", type=click.Path(file_okay=False, path_type=Path), default=None)
-@click.option("--mirror", default=None, help="Dataset mirror (default: $CAPSNET_MIRROR).")
+@data_root_option()
+@mirror_option
 @click.option(
     "--robustness/--no-robustness",
     default=False,
@@ -158,16 +159,9 @@ def eval_command(
 
 
 @click.command("evaluate-stage")
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default="params.yaml",
-    show_default=True,
-    help="The params file (section evaluate).",
-)
-@click.option("--data-root", type=click.Path(file_okay=False, path_type=Path), default=None)
-@click.option("--mirror", default=None, help="Dataset mirror (default: $CAPSNET_MIRROR).")
+@params_option("section evaluate")
+@data_root_option()
+@mirror_option
 def evaluate_stage_command(params_path, data_root, mirror):
     """The DVC evaluate stage: every checkpoint in evaluate.models_dir -> evaluate.out_dir."""
     from capsnet import config, eval_stage

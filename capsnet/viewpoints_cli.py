@@ -3,9 +3,9 @@ capsnet/cli.py attaches it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
+
+from capsnet.cli_options import data_root_option, params_option
 
 
 def _stderr_log(line: str) -> None:
@@ -13,20 +13,9 @@ def _stderr_log(line: str) -> None:
 
 
 @click.command("viewpoints")
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default="params.yaml",
-    show_default=True,
-    help="The params file (sections viewpoints and data.smallnorb).",
-)
-@click.option(
-    "--data-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default="data",
-    show_default=True,
-    help="Data directory holding prepared/smallnorb (the DVC stages' data/).",
+@params_option("sections viewpoints and data.smallnorb")
+@data_root_option(
+    default="data", help="Data directory holding prepared/smallnorb (the DVC stages' data/)."
 )
 def viewpoints_command(params_path, data_root):
     """Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel

@@ -12,23 +12,10 @@ from pathlib import Path
 
 import click
 
-PARAMS_OPTION = click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default="params.yaml",
-    show_default=True,
-    help="The params file (sections sweep, train, smallnorb_sweep, smallnorb_train).",
-)
-DATA_ROOT_OPTION = click.option(
-    "--data-root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Data directory (default: $CAPSNET_DATA or ./data).",
-)
-MIRROR_OPTION = click.option(
-    "--mirror", default=None, help="Dataset mirror (default: $CAPSNET_MIRROR, data.mirror)."
-)
+from capsnet.cli_options import data_root_option, mirror_option, params_option
+
+PARAMS_OPTION = params_option("sections sweep, train, smallnorb_sweep, smallnorb_train")
+DATA_ROOT_OPTION = data_root_option()
 SWEEP_SECTIONS = ("sweep", "smallnorb_sweep")
 TRAIN_SECTIONS = ("train", "smallnorb_train")
 #: Each sweep section's output directory (also where train-final reads best.json), so the
@@ -83,7 +70,7 @@ def _disabled(params, sweep, data_root) -> str | None:
     help="CPUs of a local Ray instance (default: all).",
 )
 @DATA_ROOT_OPTION
-@MIRROR_OPTION
+@mirror_option
 def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
     """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
     from pipeline.tune import run_sweep, write_disabled
@@ -151,7 +138,7 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
     help="Write the final metrics as JSON here (default: <train.out_dir>/metrics.json).",
 )
 @DATA_ROOT_OPTION
-@MIRROR_OPTION
+@mirror_option
 def train_final_command(
     params_path, section, sweep_section, best_path, metrics_path, data_root, mirror
 ):

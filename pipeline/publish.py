@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from capsnet.cli_options import params_option
 from pipeline import report, tracking
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
@@ -208,14 +209,7 @@ def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
 
 
 @click.command("publish")
-@click.option(
-    "--params",
-    "params_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default="params.yaml",
-    show_default=True,
-    help="The params file (section publish).",
-)
+@params_option("section publish")
 @click.option(
     "--metrics",
     "metrics_path",
