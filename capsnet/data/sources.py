@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.errors import DataError
+from capsnet.io import atomic_write_bytes as atomic_write_bytes
+from capsnet.io import fsync_dir as _fsync_dir
 
 MIRROR_ENV = "CAPSNET_MIRROR"
 CHUNK = 1 << 20
@@ -206,33 +208,6 @@ def fetch(
 
 def fetch_all(remotes: Iterable[RemoteFile], directory: str | os.PathLike, **kwargs) -> list[Path]:
     return [fetch(remote, directory, **kwargs) for remote in remotes]
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
