@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from capsnet import losses
+from capsnet.config import LOSSES
+from capsnet.data.augment import random_shift
 from capsnet.errors import ConfigError
 from capsnet.evaluate import accuracy
-
-LOSSES = ("auto", "margin", "cross-entropy", "spread")
 
 
 @dataclass
@@ -88,25 +88,6 @@ def select_device(name: str = "auto") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"--device {name}: MPS is not available on this machine")
     return device
-
-
-def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
-    """Shift each image by an integer offset in [-max_shift, max_shift] per axis, zero fill.
-
-    images (B, C, H, W) -> (B, C, H, W); offsets drawn from ``generator`` (on images' device).
-    """
-    if max_shift == 0:
-        return images
-    batch, _, height, width = images.shape
-    padded = torch.nn.functional.pad(images, (max_shift,) * 4)  # (B, C, H+2s, W+2s)
-    offsets = torch.randint(
-        0, 2 * max_shift + 1, (2, batch), generator=generator, device=generator.device
-    ).to(images.device)  # (2, B)
-    rows = offsets[0, :, None] + torch.arange(height, device=images.device)  # (B, H)
-    cols = offsets[1, :, None] + torch.arange(width, device=images.device)  # (B, W)
-    batch_index = torch.arange(batch, device=images.device)[:, None, None]  # (B, 1, 1)
-    out = padded.permute(0, 2, 3, 1)[batch_index, rows[:, :, None], cols[:, None, :]]  # (B,H,W,C)
-    return out.permute(0, 3, 1, 2).contiguous()
 
 
 def spread_margin(config: TrainConfig, step: int, total_steps: int) -> float:

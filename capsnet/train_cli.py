@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -23,12 +21,8 @@ def models_command() -> None:
         click.echo(f"{name:<18} {models.count_parameters(model):>12,}  {spec.description}")
 
 
-def _write_json_atomic(path: Path, payload) -> None:
-    from capsnet.data.sources import atomic_write_bytes
-
-    atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
-
-
+#: capsnet.run.TRAIN_DATASETS and capsnet.data.augment.STRATEGIES, named here so that
+#: `capsnet train --help` imports no torch (tests/test_core_cli.py checks they agree).
 TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
 AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 
@@ -80,19 +74,18 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 )
 @click.option("--routing-iterations", type=click.IntRange(min=1), default=None)
 @click.option(
+    "--augment",
+    type=click.Choice(AUGMENT_STRATEGIES),
+    default="shift",
+    show_default=True,
+    help="Augmentation strategy, with the settings of params.yaml `augment` when present.",
+)
+@click.option(
     "--shift",
     "shift_pixels",
     type=click.IntRange(min=0, max=8),
-    default=2,
-    show_default=True,
-    help="Random shift augmentation in pixels, batched on the device (0: off).",
-)
-@click.option(
-    "--augment",
-    type=click.Choice(AUGMENT_STRATEGIES),
     default=None,
-    help="An albumentations strategy with the settings of params.yaml `augment` "
-    "(replaces --shift).",
+    help="Pixels of the shift strategy (default: params.yaml augment.shift.pixels, 2).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
@@ -135,76 +128,30 @@ def train_command(
     out,
 ):
     """Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included)."""
-    import torch
-
-    from capsnet import checkpoint, evaluate, models
-    from capsnet.data.datasets import load, split_tail
-    from capsnet.train import TrainConfig, fit, select_device
+    from capsnet.run import RunSpec, train_run
+    from capsnet.train import TrainConfig, select_device
 
     select_device(device)  # an unavailable device fails before any work
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
-    field_names = set(models.make_config(model_name).__dict__)
-    if routing_iterations is not None and "routing_iterations" not in field_names:
-        raise click.BadParameter(
-            f"model {model_name!r} has no routing", param_hint="--routing-iterations"
-        )
-    if subset != "all" and dataset != "smallnorb":
-        raise click.BadParameter("only smallnorb has viewpoint subsets", param_hint="--subset")
-    progress = sys.stderr.isatty()
-    options = {"subset": subset} if dataset == "smallnorb" else {}
-    full = load(dataset, "train", data_root, mirror=mirror, progress=progress, **options)
-    test = load(dataset, "test", data_root, mirror=mirror, progress=progress, **options)
-    if test_limit is not None and test_limit < len(test):
-        test = split_tail(test, len(test) - test_limit)[0]
-    if val_size >= len(full):
-        raise click.BadParameter(
-            f"{val_size} >= {len(full)} training images", param_hint="--val-size"
-        )
-    train_set, val_set = split_tail(full, val_size, train_limit)
-    if dataset == "smallnorb" and val_size:  # validate on centre crops, not augmented ones
-        plain = load(dataset, "train", data_root, augment=False, **options)
-        val_set = split_tail(plain, val_size)[1]
-    if augment not in (None, "none", "shift") or (augment == "shift" and dataset != "mnist"):
-        from capsnet.config import load_or_default
-        from capsnet.data.augment import AugmentedDataset
+    spec = RunSpec(
+        model=model_name,
+        train=TrainConfig(
+            epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, loss=loss,
+            seed=seed, device=device, compile=compile_routing,
+        ),
+        overrides=_model_overrides(model_name, routing_iterations),
+        dataset=dataset,
+        subset=subset,
+        train_size=train_limit,
+        val_size=val_size,
+        augment=augment,
+        augment_params=_augment_params(shift_pixels),
+        data_root=data_root,
+        mirror=mirror,
+    )  # fmt: skip
 
-        if not hasattr(train_set, "tensors"):
-            raise click.BadParameter(
-                f"--augment applies to image tensors; {dataset} augments itself",
-                param_hint="--augment",
-            )
-        params = load_or_default("params.yaml" if Path("params.yaml").is_file() else None)
-        train_set = AugmentedDataset(train_set, augment, params.augment, seed)
-        shift_pixels = 0
-    elif augment == "none":
-        shift_pixels = 0
-    sample, _ = test[0]  # (C, H, W)
-    overrides = {"in_channels": sample.shape[0], "input_size": sample.shape[-1]}
-    overrides["num_classes"] = 5 if dataset == "smallnorb" else 10
-    overrides = {k: v for k, v in overrides.items() if k in field_names}
-    if routing_iterations is not None:
-        overrides["routing_iterations"] = routing_iterations
-    config = TrainConfig(
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        weight_decay=weight_decay,
-        loss=loss,
-        seed=seed,
-        device=device,
-        shift_pixels=shift_pixels,
-        compile=compile_routing,
-    )
-    torch.manual_seed(seed)
-    model = models.build(model_name, **overrides)
-    click.echo(
-        f"training {model_name} ({models.count_parameters(model):,} parameters) on "
-        f"{len(train_set)} {dataset} images for {epochs} epoch(s)",
-        err=True,
-    )
-
-    def report(record, state):
+    def report(record, state, model):
         val = record.get("val_accuracy")
         click.echo(
             f"epoch {record['epoch']}: loss {record['train_loss']:.4f} "
@@ -214,30 +161,75 @@ def train_command(
             err=True,
         )
 
-    started = time.perf_counter()
-    history = fit(model, train_set, val_set, config, on_epoch=report)
-    train_seconds = time.perf_counter() - started
-    if dataset == "multimnist":
-        test_result = evaluate.evaluate_multimnist(model.cpu(), test, config.eval_batch_size)
-        test_result["accuracy"] = test_result["strict_accuracy"]
-    else:
-        test_result = evaluate.accuracy(model.cpu(), test, config.eval_batch_size, "cpu")
-    metrics = {
-        "model": model_name,
-        "dataset": dataset,
-        "parameters": models.count_parameters(model),
-        "epochs": epochs,
-        "train_images": len(train_set),
-        "train_seconds": round(train_seconds, 3),
-        "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 3),
-        "val_accuracy": history[-1].get("val_accuracy"),
-        dataset: test_result,
-        "history": history,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint.save(out / "model.pt", model, train_config=config.to_dict(), metrics=metrics)
-    _write_json_atomic(out / "metrics.json", metrics)
+    result = train_run(spec, on_epoch=report, progress=sys.stderr.isatty())
+    metrics = _run_metrics(spec, result, test_limit)
+    _save(out, result, metrics)
+    test = metrics[dataset]
     click.echo(
-        f"test accuracy {test_result['accuracy']:.4f} on {test_result['n']} images; "
+        f"{model_name} ({metrics['parameters']:,} parameters) trained on "
+        f"{result.train_images} {dataset} images; test accuracy {test['accuracy']:.4f} on {test['n']} images; "
         f"wrote {out / 'model.pt'} and {out / 'metrics.json'}"
     )
+
+
+def _model_overrides(model_name: str, routing_iterations: int | None) -> dict:
+    from capsnet import models
+
+    if routing_iterations is None:
+        return {}
+    if "routing_iterations" not in models.config_fields(model_name):
+        raise click.BadParameter(
+            f"model {model_name!r} has no routing", param_hint="--routing-iterations"
+        )
+    return {"routing_iterations": routing_iterations}
+
+
+def _augment_params(shift_pixels: int | None):
+    """params.yaml ``augment`` when the file is here (else the defaults), with ``--shift``."""
+    import dataclasses
+
+    from capsnet.config import load_or_default
+
+    params = load_or_default(None).augment
+    if shift_pixels is None:
+        return params
+    return dataclasses.replace(params, shift=dataclasses.replace(params.shift, pixels=shift_pixels))
+
+
+def _run_metrics(spec, result, test_limit: int | None) -> dict:
+    """metrics.json of a ``capsnet train`` run: the test score under the dataset's name."""
+    from capsnet import evaluate, models
+    from capsnet.run import load_test
+
+    test = load_test(spec, test_limit)
+    batch = result.train_config.eval_batch_size
+    if spec.dataset == "multimnist":
+        scored = evaluate.evaluate_multimnist(result.model, test, batch)
+        scored["accuracy"] = scored["strict_accuracy"]
+    else:
+        scored = evaluate.accuracy(result.model, test, batch, "cpu")
+    history = result.history
+    return {
+        "model": spec.model,
+        "dataset": spec.dataset,
+        "parameters": models.count_parameters(result.model),
+        "epochs": spec.train.epochs,
+        "augment": spec.augment,
+        "train_images": result.train_images,
+        "train_seconds": round(result.train_seconds, 3),
+        "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 3),
+        "val_accuracy": history[-1].get("val_accuracy"),
+        spec.dataset: scored,
+        "history": history,
+    }
+
+
+def _save(out: Path, result, metrics: dict) -> None:
+    from capsnet import checkpoint
+    from capsnet.io import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.save(
+        out / "model.pt", result.model, train_config=result.train_config.to_dict(), metrics=metrics
+    )
+    atomic_write_json(out / "metrics.json", metrics)

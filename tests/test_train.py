@@ -3,7 +3,8 @@ import torch
 
 from capsnet import checkpoint, evaluate, models
 from capsnet.data.datasets import TensorImageDataset, load
-from capsnet.train import TrainConfig, compute_loss, fit, random_shift, select_device
+from capsnet.data.augment import random_shift
+from capsnet.train import TrainConfig, compute_loss, fit, select_device
 
 
 @pytest.fixture(scope="module")

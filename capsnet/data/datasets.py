@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from capsnet.errors import DataError
+from capsnet.models import Shape
 
 DEFAULT_ROOT = Path(os.environ.get("CAPSNET_DATA", "data"))
 
@@ -20,7 +21,9 @@ class TensorImageDataset(Dataset):
     ``tensors`` exposes the raw tensors so training can batch them without per-item work.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, name: str = ""):
+    def __init__(
+        self, images: torch.Tensor, targets: torch.Tensor, name: str = "", num_classes: int = 10
+    ):
         if images.dim() == 3:
             images = images.unsqueeze(1)  # (N, 1, H, W)
         if images.dim() != 4:
@@ -34,6 +37,7 @@ class TensorImageDataset(Dataset):
         self.images = images  # (N, C, H, W) uint8
         self.targets = targets  # (N,) int64 or (N, K)
         self.name = name
+        self.num_classes = num_classes
 
     @property
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +55,9 @@ class TensorImageDataset(Dataset):
         """The first ``limit`` items (all when None)."""
         if limit is None or limit >= len(self):
             return self
-        return TensorImageDataset(self.images[:limit], self.targets[:limit], self.name)
+        return TensorImageDataset(
+            self.images[:limit], self.targets[:limit], self.name, self.num_classes
+        )
 
 
 class Slice(Dataset):
@@ -61,6 +67,7 @@ class Slice(Dataset):
     def __init__(self, base: Dataset, start: int, stop: int):
         self.base, self.start, self.stop = base, start, min(stop, len(base))
         self.name = getattr(base, "name", "")
+        self.num_classes = getattr(base, "num_classes", 10)
         if hasattr(base, "worker_init_fn"):
             self.worker_init_fn = base.worker_init_fn
 
@@ -86,23 +93,35 @@ def split_tail(dataset: Dataset, tail: int, head_limit: int | None = None):
     cut = n - tail
     if hasattr(dataset, "tensors"):
         images, targets = dataset.tensors
-        name = getattr(dataset, "name", "")
-        head = TensorImageDataset(images[:cut], targets[:cut], name).subset(head_limit)
-        rest = TensorImageDataset(images[cut:], targets[cut:], f"{name}-val") if tail else None
+        name, classes = getattr(dataset, "name", ""), dataset.num_classes
+        head = TensorImageDataset(images[:cut], targets[:cut], name, classes).subset(head_limit)
+        rest = (
+            TensorImageDataset(images[cut:], targets[cut:], f"{name}-val", classes)
+            if tail
+            else None
+        )
         return head, rest
     head = Slice(dataset, 0, cut if head_limit is None else min(cut, head_limit))
     return head, (Slice(dataset, cut, n) if tail else None)
 
 
+def shape_of(dataset: Dataset) -> Shape:
+    """The (channels, image size, classes) a model needs for ``dataset``: from its first
+    image and the ``num_classes`` every dataset here declares (10 unless it says)."""
+    image = dataset[0][0]  # (C, H, W)
+    if image.dim() != 3 or image.shape[-1] != image.shape[-2]:
+        name = getattr(dataset, "name", "dataset")
+        raise DataError(f"{name}: items must be square (C, H, W) images, got {tuple(image.shape)}")
+    return Shape(image.shape[0], image.shape[-1], getattr(dataset, "num_classes", 10))
+
+
 def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
     """Rotate each image about its centre by ``angle`` degrees (counter-clockwise),
-    bilinear, zero fill, same canvas. uint8 (N, [C,] H, W) in, same shape and dtype out."""
-    from torchvision.transforms.v2 import InterpolationMode
-    from torchvision.transforms.v2 import functional as TF
+    bilinear, zero fill, same canvas, the same bytes on every CPU.
+    uint8 (N, [C,] H, W) in, same shape and dtype out."""
+    from capsnet.data.resample import rotate
 
-    return TF.rotate(
-        images, float(angle), interpolation=InterpolationMode.BILINEAR, expand=False, fill=0
-    )
+    return rotate(images, angle)
 
 
 DATASETS = (

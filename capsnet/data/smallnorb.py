@@ -32,6 +32,7 @@ RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
     ("test", "cat"): "fd5120d3f770ad57ebe620eb61a0b633",
     ("test", "info"): "7c5b871cc69dcadec1bf6a18141f5edc",
 }
+CLASSES = 5  # animal, human, airplane, truck, car
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
 INSTANCES = {"train": (4, 6, 7, 8, 9), "test": (0, 1, 2, 3, 5)}
 FAMILIAR_AZIMUTHS = (30, 32, 34, 0, 2, 4)  # 300..40 degrees (azimuth index x 10 degrees)
@@ -90,15 +91,12 @@ def read_split(raw_dir: str | os.PathLike, split: str):
     )
 
 
-def downsample(images: torch.Tensor, size: int = 48, chunk: int = 2048) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> uint8 (N, C, size, size), antialiased bilinear."""
-    from torchvision.transforms.v2 import functional as TF
+def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> uint8 (N, C, size, size), antialiased bilinear, the same bytes
+    on every CPU (``capsnet.data.resample.resize``)."""
+    from capsnet.data.resample import resize
 
-    parts = [
-        TF.resize(images[i : i + chunk], [size, size], antialias=True)
-        for i in range(0, images.shape[0], chunk)
-    ]
-    return torch.cat(parts) if parts else images.new_zeros(0, images.shape[1], size, size)
+    return resize(images, size)
 
 
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
@@ -141,6 +139,8 @@ def centre_crop(images: torch.Tensor, crop: int) -> torch.Tensor:
 
 class SmallNORBTrain(Dataset):
     """Training items: random crop, random brightness and contrast, float (C, crop, crop)."""
+
+    num_classes = CLASSES
 
     def __init__(
         self,
@@ -230,12 +230,14 @@ def load(
     cropped = centre_crop(images, crop)  # (M, C, crop, crop)
     if standardize:
         return _StandardizedTensors(cropped, labels, name)
-    dataset = TensorImageDataset(cropped, labels, name)
+    dataset = TensorImageDataset(cropped, labels, name, num_classes=CLASSES)
     dataset.info = info
     return dataset
 
 
 class _StandardizedTensors(Dataset):
+    num_classes = CLASSES
+
     def __init__(self, images, labels, name):
         self.images, self.labels, self.name = images, labels, name
 

@@ -1,6 +1,7 @@
 """Model registry: every model is registered by name beside its Config dataclass.
 
-``build(name, **overrides)`` makes a model; ``names()`` lists them. A model's config
+``build(name, shape, **overrides)`` makes a model, shaped for data of ``shape`` (channels,
+image size, classes); ``names()`` lists them. A model's config
 (``model.config``, a dataclass) is saved in every checkpoint so the checkpoint alone
 rebuilds the model.
 """
@@ -28,6 +29,18 @@ class ModelOutput(NamedTuple):
     scores: torch.Tensor
     poses: torch.Tensor | None = None
     reconstruction: torch.Tensor | None = None
+
+
+class Shape(NamedTuple):
+    """What a model needs to know of its data: (channels, image size, classes)."""
+
+    in_channels: int
+    input_size: int
+    num_classes: int
+
+
+#: The config fields that ``Shape`` sets, where a model's config has them.
+SHAPE_FIELDS = Shape._fields
 
 
 class ModelSpec(NamedTuple):
@@ -68,26 +81,43 @@ def spec(name: str) -> ModelSpec:
     return _REGISTRY[name]
 
 
-def make_config(name: str, **overrides: Any):
-    """The config dataclass of ``name`` with its registered defaults and ``overrides``."""
+def config_fields(name: str) -> set[str]:
+    """The config field names of model ``name``."""
+    return {f.name for f in dataclasses.fields(spec(name).config_cls)}
+
+
+def make_config(name: str, shape: Shape | tuple[int, ...] | None = None, **overrides: Any):
+    """The config dataclass of ``name`` with its registered defaults, the ``shape`` fields
+    the config has (a model without ``in_channels`` keeps its single channel), and
+    ``overrides`` (which may not name shape fields when ``shape`` is given)."""
     model_spec = spec(name)
-    fields = {f.name for f in dataclasses.fields(model_spec.config_cls)}
+    fields = config_fields(name)
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ConfigError(
             f"model {name!r} has no config field(s) {', '.join(unknown)}; "
             f"known: {', '.join(sorted(fields))}"
         )
-    values = {**model_spec.defaults, **overrides}
+    shaped = {}
+    if shape is not None:
+        clash = sorted(set(overrides) & set(SHAPE_FIELDS))
+        if clash:
+            raise ConfigError(
+                f"model {name!r}: {', '.join(clash)} follow(s) the data; do not override"
+            )
+        shaped = {k: v for k, v in zip(SHAPE_FIELDS, shape) if k in fields}
+    values = {**model_spec.defaults, **shaped, **overrides}
     try:
         return model_spec.config_cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"model {name!r}: {exc}") from None
 
 
-def build(name: str, **overrides: Any) -> nn.Module:
-    """Build model ``name``; keyword overrides replace config fields."""
-    config = make_config(name, **overrides)
+def build(
+    name: str, shape: Shape | tuple[int, int, int] | None = None, **overrides: Any
+) -> nn.Module:
+    """Build model ``name`` for data of ``shape``; keyword overrides replace config fields."""
+    config = make_config(name, shape, **overrides)
     model = spec(name).model_cls(config)
     model.model_name = name
     return model
@@ -129,9 +159,12 @@ def _load_families() -> None:
 
 
 __all__ = [
+    "SHAPE_FIELDS",
     "ModelOutput",
+    "Shape",
     "build",
     "build_from_config",
+    "config_fields",
     "count_parameters",
     "make_config",
     "names",

@@ -83,5 +83,5 @@ def test_unknown_strategy_refused():
 
 
 def test_compose_is_strict():
-    compose = build_transform("shift", AugmentParams())
+    compose = build_transform("affine", AugmentParams())
     assert compose.strict is True

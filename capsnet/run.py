@@ -1,0 +1,209 @@
+"""The one training recipe: a ``RunSpec`` in, a trained model and its history out.
+
+``capsnet train``, a Ray Tune trial, the final training of the pipeline and the smallNORB
+viewpoints experiment differ only in where their RunSpec comes from and where the results
+go; all of them train through ``train_run`` (the only caller of ``fit``). The data shape
+(channels, image size, classes) comes from the data, never from the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from capsnet.config import AugmentParams, SmallnorbParams
+from capsnet.errors import ConfigError, DataError
+from capsnet.train import TrainConfig, TrainState, fit
+
+#: Datasets a run can train on (their test sets score ``capsnet train``).
+TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
+
+
+@dataclass
+class RunSpec:
+    """Everything one training run reads: model, data, augmentation and training settings.
+
+    ``train.seed`` seeds the weights, the batch order and the augmentation draws;
+    ``train.device`` picks the device. ``overrides`` are model config fields other than the
+    shape fields, which follow the data.
+    """
+
+    model: str
+    train: TrainConfig = field(default_factory=TrainConfig)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "mnist"
+    subset: str = "all"  # smallnorb viewpoint subset (capsnet.data.smallnorb.SUBSETS)
+    channels: int = 2  # smallnorb: 1 (left image) or 2 (stereo pair)
+    train_size: int | None = None  # the first N training items left after validation
+    val_size: int = 5000  # held out from the end of the training set (0: none)
+    augment: str = "none"  # capsnet.data.augment.STRATEGIES
+    augment_params: AugmentParams = field(default_factory=AugmentParams)
+    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
+    data_root: str | Path = "data"
+    mirror: str | None = None
+
+    def __post_init__(self):
+        if self.dataset not in TRAIN_DATASETS:
+            raise ConfigError(
+                f"dataset {self.dataset!r} cannot be trained on; choose one of "
+                f"{', '.join(TRAIN_DATASETS)}"
+            )
+        if self.subset != "all" and self.dataset != "smallnorb":
+            raise ConfigError(f"subset {self.subset!r}: only smallnorb has viewpoint subsets")
+        if self.channels not in (1, 2):
+            raise ConfigError(f"channels must be 1 or 2, got {self.channels}")
+        if self.val_size < 0:
+            raise ConfigError(f"val_size must be >= 0, got {self.val_size}")
+        if self.train_size is not None and self.train_size < 1:
+            raise ConfigError(f"train_size must be >= 1 or null, got {self.train_size}")
+
+    def smallnorb_options(self) -> dict[str, Any]:
+        """The smallNORB loader options of this run: stereo channels and crop size."""
+        return {"channels": tuple(range(self.channels)), "crop": self.smallnorb.crop}
+
+
+@dataclass
+class Split:
+    """A run's data before augmentation: training items and the held-out validation items."""
+
+    train: Dataset
+    val: Dataset | None
+
+
+@dataclass
+class RunResult:
+    """A trained model (on the CPU) with its per-epoch history and wall-clock training time."""
+
+    model: nn.Module
+    history: list[dict]
+    train_seconds: float
+    train_config: TrainConfig
+    train_images: int
+
+
+def load_split(spec: RunSpec, progress: bool = False) -> Split:
+    """The training and validation items of ``spec``: validation is the last
+    ``val_size`` training items (centre crops for smallNORB), training the first
+    ``train_size`` of the rest (random crops with brightness and contrast for smallNORB)."""
+    from capsnet.data.datasets import load, split_tail
+
+    if spec.dataset == "smallnorb":
+        return _smallnorb_split(spec)
+    full = load(spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress)
+    if spec.val_size >= len(full):
+        raise ConfigError(f"val_size {spec.val_size} >= {len(full)} {spec.dataset} images")
+    train, val = split_tail(full, spec.val_size, spec.train_size)
+    return Split(train, val)
+
+
+def _smallnorb_split(spec: RunSpec) -> Split:
+    from capsnet.data import smallnorb
+    from capsnet.data.datasets import TensorImageDataset, load
+
+    norb = spec.smallnorb
+    full = load(
+        "smallnorb", "train", spec.data_root, subset=spec.subset, augment=True,
+        **spec.smallnorb_options(),
+    )  # fmt: skip
+    images, labels, info = full.images, full.labels, full.info  # (N, C, 48, 48), (N,), (N, 4)
+    if spec.val_size >= images.shape[0]:
+        raise ConfigError(
+            f"val_size {spec.val_size} >= {images.shape[0]} smallnorb training images"
+        )
+    cut = images.shape[0] - spec.val_size
+    stop = cut if spec.train_size is None else min(cut, spec.train_size)
+    train = smallnorb.SmallNORBTrain(
+        images[:stop].clone(), labels[:stop].clone(), info[:stop].clone(), norb.crop,
+        norb.brightness, norb.contrast, spec.train.seed, name="smallnorb-train",
+    )  # fmt: skip
+    val = None
+    if spec.val_size:
+        crops = smallnorb.centre_crop(images[cut:], norb.crop).contiguous()  # (M, C, crop, crop)
+        val = TensorImageDataset(crops, labels[cut:].clone(), "smallnorb-val", smallnorb.CLASSES)
+    return Split(train, val)
+
+
+def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None) -> Dataset:
+    """The first ``limit`` test items of ``spec``'s dataset (centre crops for smallNORB;
+    ``subset`` picks another viewpoint subset than the run's)."""
+    from capsnet.data.datasets import Slice, load
+
+    if spec.dataset == "smallnorb":
+        test = load(
+            "smallnorb", "test", spec.data_root, subset=subset or spec.subset,
+            **spec.smallnorb_options(),
+        )  # fmt: skip
+    else:
+        test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror)
+    if limit is None or limit >= len(test):
+        return test
+    return test.subset(limit) if hasattr(test, "subset") else Slice(test, 0, limit)
+
+
+def build_model(spec: RunSpec, shape) -> nn.Module:
+    """``spec.model`` for data of ``shape``, seeded by ``spec.train.seed``."""
+    from capsnet import models
+
+    torch.manual_seed(spec.train.seed)
+    return models.build(spec.model, shape, **spec.overrides)
+
+
+def check(spec: RunSpec) -> None:
+    """Fail before any data is read on an unknown model, override or augmentation."""
+    from capsnet import models
+    from capsnet.data.augment import check_strategy
+
+    models.make_config(spec.model, **spec.overrides)
+    check_strategy(spec.augment)
+    if spec.dataset == "smallnorb" and spec.augment != "none":
+        raise ConfigError(
+            f"augment {spec.augment!r}: smallnorb augments itself (random crops, brightness "
+            f"and contrast: data.smallnorb); use none"
+        )
+
+
+OnEpoch = Callable[[dict, TrainState, nn.Module], None]
+
+
+def train_run(
+    spec: RunSpec,
+    split: Split | None = None,
+    *,
+    on_epoch: OnEpoch | None = None,
+    resume: tuple[dict[str, torch.Tensor], TrainState] | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """Load the data (unless ``split`` is given), build the model, fit it; return the
+    model (moved to the CPU) and its history. ``on_epoch(record, state, model)`` runs
+    after every epoch; ``resume`` is (model weights, TrainState) of an interrupted run."""
+    from capsnet.data.augment import for_training
+    from capsnet.data.datasets import shape_of
+
+    check(spec)
+    split = split if split is not None else load_split(spec, progress)
+    if len(split.train) == 0:
+        raise DataError(f"{spec.dataset}: no training items left")
+    train_set, shift = for_training(split.train, spec.augment, spec.augment_params, spec.train.seed)
+    config = dataclasses.replace(spec.train, shift_pixels=shift)
+    model = build_model(spec, shape_of(split.train))
+    state = None
+    if resume is not None:
+        weights, state = resume
+        model.load_state_dict(weights)
+
+    def report(record: dict, train_state: TrainState) -> None:
+        if on_epoch is not None:
+            on_epoch(record, train_state, model)
+
+    started = time.perf_counter()
+    history = fit(model, train_set, split.val, config, on_epoch=report, resume=state)
+    seconds = time.perf_counter() - started
+    return RunResult(model.cpu(), history, seconds, config, len(train_set))
