@@ -39,7 +39,7 @@ def main() -> None:
 
     from ray.tune import Callback
 
-    from capsnet.sweep_config import SweepConfig
+    from capsnet.config import SweepConfig
     from pipeline.tune import run_sweep
 
     class Timings(Callback):

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from capsnet.cli_options import data_root_option, mirror_option, params_option
-from capsnet.eval_config import EVAL_DATASETS
+from capsnet.config import EVAL_DATASETS
 
 DEFAULT_ANGLES = "0,15,30,35,45,60,90,180"
 

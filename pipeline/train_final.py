@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.sweep_config import FinalTrainConfig, SweepConfig
 from pipeline import tracking, trials
 
 DISABLED_FILE = "DISABLED.txt"

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from capsnet.config import SEARCHABLE, SearchSpace, SweepConfig
 from capsnet.errors import CapsnetError, ConfigError
-from capsnet.sweep_config import SEARCHABLE, SearchSpace, SweepConfig
 from pipeline import tracking, trials
 
 #: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial

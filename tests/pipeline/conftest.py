@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("ray.tune", reason="the pipeline extra (ray[tune]) is not installed")
 pytest.importorskip("wandb", reason="the pipeline extra (wandb) is not installed")
 
-from capsnet.sweep_config import SweepConfig
+from capsnet.config import SweepConfig
 
 TRAIN_SIZE, VAL_SIZE = 300, 200
 

@@ -17,13 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
 
 from capsnet import checkpoint, models
-from capsnet.config import DataParams, Params, SmallnorbParams
-from capsnet.errors import ConfigError
-from capsnet.sweep_config import (
+from capsnet.config import (
+    DataParams,
+    Params,
+    SmallnorbParams,
     SmallnorbSweepConfig,
     SmallnorbTrainConfig,
     SweepConfig,
 )
+from capsnet.errors import ConfigError
 from pipeline import trials
 from pipeline.train_final import final_runs, read_best, train_final
 from pipeline.tune import load_data, run_sweep

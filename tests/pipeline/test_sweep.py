@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from capsnet.config import SEARCHABLE
 from capsnet.errors import ConfigError
-from capsnet.sweep_config import SEARCHABLE
 from pipeline import tracking
 from pipeline.tune import param_space, run_sweep
 

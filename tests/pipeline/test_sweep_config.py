@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.sweep_config import FinalTrainConfig, SweepConfig
 
 
 def test_defaults_and_searched_parameters():
@@ -24,14 +24,17 @@ def test_defaults_and_searched_parameters():
         ({"space": {"lr": {"loguniform": [0, 1]}}}, "bounds must be > 0"),
         ({"space": {"lr": {"uniform": [1, 0.1]}}}, "must be < high"),
         ({"space": {"augment": {"uniform": [0, 1]}}}, "needs numbers"),
-        ({"space": {"routing_iterations": {"grid": [1, 2.5]}}}, "integer >= 1"),
+        (
+            {"space": {"routing_iterations": {"grid": [1, 2.5]}}},
+            r"routing_iterations\.grid\[1\]: expected an integer, got 2\.5",
+        ),
         ({"space": {"model": {"grid": []}}}, "non-empty list"),
         ({"resources": {"gpus_per_trial": 1.5}}, "whole number"),
         ({"resources": {"cpus_per_trial": 0}}, "must be > 0"),
         ({"epochs": True}, "expected"),
-        ({"metric": "loss"}, "val_accuracy or val_rotated_accuracy"),
+        ({"metric": "loss"}, "sweep.metric: 'loss' unknown; choose one of val_accuracy, val_rot"),
         ({"epochs": 2, "asha": {"grace_period": 3}}, "exceeds sweep.epochs"),
-        ({"wandb": {"mode": "cloud"}}, "auto, offline, online or disabled"),
+        ({"wandb": {"mode": "cloud"}}, "'cloud' unknown; choose one of auto, offline, online, dis"),
         ({"name": "a/b"}, "without '/'"),
     ],
 )
@@ -66,7 +69,7 @@ def test_fingerprint_follows_results_not_resources():
     )
     assert base.fingerprint() != SweepConfig.from_dict({"epochs": 3}).fingerprint()
     assert base.fingerprint() == SweepConfig.from_dict({"compile": True}).fingerprint()
-    with pytest.raises(ConfigError, match=r"sweep\.compile: expected bool"):
+    with pytest.raises(ConfigError, match=r"sweep\.compile: expected true or false"):
         SweepConfig.from_dict({"compile": "yes"})
 
 
@@ -74,7 +77,7 @@ def test_fingerprint_follows_results_not_resources():
 
 
 def test_smallnorb_sections_default_to_the_papers_ablation():
-    from capsnet.sweep_config import SEARCHABLE, SmallnorbSweepConfig, SmallnorbTrainConfig
+    from capsnet.config import SEARCHABLE, SmallnorbSweepConfig, SmallnorbTrainConfig
 
     sweep = SmallnorbSweepConfig.from_dict({})
     assert (sweep.dataset, sweep.channels, sweep.batch_size) == ("smallnorb", 2, 64)
@@ -102,45 +105,63 @@ def test_mnist_sweep_keeps_its_parameters_and_fingerprint():
     assert SweepConfig.from_dict({"space": {"loss": "margin"}}).parameters()[-1] == "loss"
 
 
-def test_loss_choices_match_the_trainer():
-    from capsnet.sweep_config import LOSSES
+def test_trainer_reads_the_loss_choices_from_the_config():
+    from capsnet.config import LOSSES
     from capsnet.train import LOSSES as TRAIN_LOSSES
 
-    assert LOSSES == TRAIN_LOSSES
+    assert TRAIN_LOSSES is LOSSES
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"space": {"pose": "cube"}}, r"^sweep\.space\.pose: 'cube' unknown; choose one of matrix"),
-        ({"space": {"pose": {"grid": ["matrix", 4]}}}, r"^sweep\.space\.pose: 4 unknown"),
-        ({"space": {"pose": {"uniform": [0, 1]}}}, r"^sweep\.space\.pose: uniform needs numbers"),
+        (
+            {"space": {"pose": "cube"}},
+            r"^params: sweep\.space\.pose: 'cube' unknown; choose one of matrix",
+        ),
+        (
+            {"space": {"pose": {"grid": ["matrix", 4]}}},
+            r"^params: sweep\.space\.pose\.grid\[1\]: 4 unknown",
+        ),
+        (
+            {"space": {"pose": {"uniform": [0, 1]}}},
+            r"^params: sweep\.space\.pose: uniform needs numbers",
+        ),
         (
             {"space": {"coordinate_addition": "yes"}},
-            r"^sweep\.space\.coordinate_addition: 'yes' must be true or false",
+            r"^params: sweep\.space\.coordinate_addition: expected true or false, got 'yes'",
         ),
         (
             {"space": {"coordinate_addition": {"grid": [True, 0]}}},
-            r"^sweep\.space\.coordinate_addition: 0 must be true or false",
+            r"^params: sweep\.space\.coordinate_addition\.grid\[1\]: expected true or false, got 0",
         ),
-        ({"space": {"loss": "hinge"}}, r"^sweep\.space\.loss: 'hinge' unknown; choose one of auto"),
-        ({"space": {"weight_decay": -1e-7}}, r"^sweep\.space\.weight_decay: -1e-07 must be >= 0"),
+        (
+            {"space": {"loss": "hinge"}},
+            r"^params: sweep\.space\.loss: 'hinge' unknown; choose one of auto",
+        ),
+        (
+            {"space": {"weight_decay": -1e-7}},
+            r"^params: sweep\.space\.weight_decay: -1e-07 must be >= 0",
+        ),
         (
             {"space": {"weight_decay": "2e-7"}},
-            r"^sweep\.space\.weight_decay: '2e-7' is not a number",
+            r"^params: sweep\.space\.weight_decay: expected a number, got '2e-7'",
         ),
-        ({"dataset": "cifar"}, r"^sweep\.dataset 'cifar' unknown; choose mnist or smallnorb"),
-        ({"channels": 3}, r"^sweep\.channels must be 1 \(left image\) or 2"),
-        ({"channels": True}, r"^sweep\.channels: expected a number"),
+        (
+            {"dataset": "cifar"},
+            r"^params: sweep\.dataset: 'cifar' unknown; choose one of mnist, smallnorb",
+        ),
+        ({"channels": 3}, r"^params: sweep\.channels: must be 1 \(left image\) or 2"),
+        ({"channels": True}, r"^params: sweep\.channels: expected an integer, got True"),
         (
             {
                 "dataset": "smallnorb",
                 "space": {"augment": "none"},
                 "metric": "val_rotated_accuracy",
             },
-            r"^sweep\.metric 'val_rotated_accuracy': a smallnorb sweep reports only val_accuracy",
+            r"^params: sweep\.metric: 'val_rotated_accuracy': a smallnorb sweep reports only",
         ),
-        ({"dataset": "smallnorb"}, r"^sweep\.space\.augment must be none for smallnorb"),
+        ({"dataset": "smallnorb"}, r"^params: sweep\.space\.augment: must be none for smallnorb"),
     ],
 )
 def test_invalid_smallnorb_axes_are_rejected(values, message):
@@ -153,17 +174,20 @@ def test_invalid_smallnorb_axes_are_rejected(values, message):
     [
         (
             "smallnorb_sweep:\n  space:\n    pose: {grid: [matrix, quaternion]}\n",
-            r"smallnorb_sweep\.space\.pose: 'quaternion' unknown",
+            r"^params\.yaml: smallnorb_sweep\.space\.pose\.grid\[1\]: 'quaternion' unknown",
         ),
         ("smallnorb_sweep:\n  metric: val_rotated_accuracy\n", r"smallnorb_sweep\.metric"),
         ("smallnorb_sweep:\n  asha: {grace_period: 0}\n", r"smallnorb_sweep\.asha\.grace_period"),
         ("smallnorb_sweep:\n  chanels: 1\n", r"smallnorb_sweep\.chanels: unknown key"),
-        ("smallnorb_train:\n  test_size: 0\n", r"smallnorb_train\.test_size must be >= 1"),
+        ("smallnorb_train:\n  test_size: 0\n", r"smallnorb_train\.test_size: must be >= 1"),
         (
             "smallnorb_train:\n  extra_datasets: [multimnist]\n",
-            r"smallnorb_train\.extra_datasets must be \[\]",
+            r"smallnorb_train\.extra_datasets: must be \[\]",
         ),
-        ("smallnorb_train:\n  baselines: [1]\n", r"smallnorb_train\.baselines"),
+        (
+            "smallnorb_train:\n  baselines: [1]\n",
+            r"smallnorb_train\.baselines\[0\]: expected a string, got 1",
+        ),
     ],
 )
 def test_smallnorb_sections_validate_through_capsnet_config(tmp_path, text, message):

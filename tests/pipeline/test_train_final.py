@@ -7,8 +7,8 @@ import json
 import pytest
 
 from capsnet import checkpoint
+from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.sweep_config import FinalTrainConfig, SweepConfig
 from pipeline import tracking
 from pipeline.train_final import train_final
 
@@ -125,5 +125,5 @@ def test_extra_datasets_train_models_of_their_input_size(tmp_path, mnist_root):
 
 
 def test_unknown_extra_dataset_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"train\.extra_datasets: 'affnist' unknown"):
+    with pytest.raises(ConfigError, match=r"train\.extra_datasets\[0\]: 'affnist' unknown"):
         FinalTrainConfig.from_dict({"extra_datasets": ["affnist"]})

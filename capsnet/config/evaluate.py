@@ -1,16 +1,15 @@
-"""params.yaml ``evaluate`` and ``publish`` sections (issue 5), validated by capsnet.config.
-
-No torch import here: the params file is validated before any model code loads.
-"""
+"""The ``evaluate`` and ``publish`` sections of params.yaml."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from capsnet.errors import ConfigError
+from capsnet.config.schema import Invalid, at_least
+from capsnet.config.sweep import WandbMode
 
-EVAL_DATASETS = (
+EvalDataset = Literal[
     "mnist",
     "rotated-mnist",
     "affnist",
@@ -22,19 +21,8 @@ EVAL_DATASETS = (
     "smallnorb-azimuth-novel",
     "smallnorb-elevation-familiar",
     "smallnorb-elevation-novel",
-)
-
-WandbMode = Literal["auto", "offline", "online", "disabled"]
-
-
-def _invalid(key: str, message: str) -> ConfigError:
-    """A ConfigError naming the dotted params key, e.g. ``evaluate.robustness.epsilons``."""
-    return ConfigError(f"params: {key}: {message}")
-
-
-def _positive_or_none(value, key: str) -> None:
-    if value is not None and value < 1:
-        raise _invalid(key, f"must be >= 1 or null, got {value}")
+]
+EVAL_DATASETS: tuple[str, ...] = typing.get_args(EvalDataset)
 
 
 @dataclass(frozen=True)
@@ -42,22 +30,16 @@ class RobustnessParams:
     """FGSM and BIM (L-inf) on the first ``limit`` MNIST test images."""
 
     enabled: bool = True
-    epsilons: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3)
-    bim_steps: int = 10
+    epsilons: tuple[float, ...] = (0.05, 0.1, 0.2)
+    bim_steps: int = 5
     limit: int | None = 500
 
     def __post_init__(self):
         if not self.epsilons or any(not 0 < e <= 1 for e in self.epsilons):
-            raise _invalid(
-                "evaluate.robustness.epsilons",
-                f"need one or more values in (0, 1], got {self.epsilons}",
-            )
+            raise Invalid("epsilons", f"need one or more values in (0, 1], got {self.epsilons}")
         if self.bim_steps < 2:
-            raise _invalid(
-                "evaluate.robustness.bim_steps",
-                f"must be >= 2 (1 step is FGSM), got {self.bim_steps}",
-            )
-        _positive_or_none(self.limit, "evaluate.robustness.limit")
+            raise Invalid("bim_steps", f"must be >= 2 (1 step is FGSM), got {self.bim_steps}")
+        at_least(self, "limit", 1)
 
 
 @dataclass(frozen=True)
@@ -70,8 +52,8 @@ class EquivarianceParams:
 
     def __post_init__(self):
         if len(self.angles) < 3:
-            raise _invalid("evaluate.equivariance.angles", "needs at least three angles")
-        _positive_or_none(self.limit, "evaluate.equivariance.limit")
+            raise Invalid("angles", f"needs at least three angles, got {len(self.angles)}")
+        at_least(self, "limit", 1)
 
 
 @dataclass(frozen=True)
@@ -85,8 +67,11 @@ class EvaluateParams:
     # The novel-viewpoint experiment's output (capsnet viewpoints); "" leaves it out.
     viewpoints_dir: str = "models-viewpoints"
     out_dir: str = "eval"
-    datasets: tuple[str, ...] = ("mnist", "rotated-mnist", "affnist", "multimnist")
-    angles: tuple[float, ...] = (0.0, 15.0, 30.0, 35.0, 45.0, 60.0, 90.0, 135.0, 180.0)
+    datasets: tuple[EvalDataset, ...] = ("mnist", "rotated-mnist", "affnist", "multimnist")
+    angles: tuple[float, ...] = (
+        -90.0, -60.0, -45.0, -35.0, -30.0, -15.0, 0.0, 15.0, 30.0, 35.0, 45.0, 60.0, 90.0,
+        135.0, 180.0,
+    )  # fmt: skip
     limit: int | None = None  # first N test images of every dataset (null: all)
     batch_size: int = 500
     device: str = "cpu"
@@ -96,19 +81,12 @@ class EvaluateParams:
     equivariance: EquivarianceParams = field(default_factory=EquivarianceParams)
 
     def __post_init__(self):
-        unknown = [d for d in self.datasets if d not in EVAL_DATASETS]
-        if unknown:
-            raise _invalid(
-                "evaluate.datasets",
-                f"{', '.join(unknown)} unknown; choose from {', '.join(EVAL_DATASETS)}",
-            )
         if not self.angles:
-            raise _invalid("evaluate.angles", "must list at least one angle")
-        _positive_or_none(self.limit, "evaluate.limit")
-        if self.batch_size < 1:
-            raise _invalid("evaluate.batch_size", f"must be >= 1, got {self.batch_size}")
+            raise Invalid("angles", "must list at least one angle")
+        at_least(self, "limit", 1)
+        at_least(self, "batch_size", 1)
         if not 1 <= self.figure_examples <= 32:
-            raise _invalid("evaluate.figure_examples", f"must be 1..32, got {self.figure_examples}")
+            raise Invalid("figure_examples", f"must be 1..32, got {self.figure_examples}")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""params.yaml ``viewpoints`` section: the novel-viewpoint experiment (issue 6, SPEC 2.3),
-validated by capsnet.config.
+"""The ``viewpoints`` section: the smallNORB novel-viewpoint experiment (SPEC 2.3).
 
-No torch import here: the params file is validated before any model code loads. Model
-names and config overrides are checked against the registry when the experiment starts.
+Model names and config overrides are checked against the registry when the experiment
+starts (the registry needs torch; this module must not).
 """
 
 from __future__ import annotations
@@ -10,16 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from capsnet.errors import ConfigError
+from capsnet.config.schema import Invalid, above, at_least
 
 Kind = Literal["azimuth", "elevation"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
 ROLES: tuple[str, ...] = ("capsules", "cnn")
 DATA_FIELDS = ("in_channels", "input_size", "num_classes")  # set by the data, never by params
-
-
-def _invalid(key: str, message: str) -> ConfigError:
-    return ConfigError(f"params: viewpoints.{key}: {message}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +24,10 @@ class PerModelFloat:
     capsules: float = 0.0
     cnn: float = 0.0
 
+    def __post_init__(self):
+        for role in ROLES:
+            at_least(self, role, 0)
+
 
 @dataclass(frozen=True)
 class PerModelOverrides:
@@ -36,6 +35,12 @@ class PerModelOverrides:
 
     capsules: dict[str, Any] = field(default_factory=dict)
     cnn: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for role in ROLES:
+            fixed = sorted(set(getattr(self, role)) & set(DATA_FIELDS))
+            if fixed:
+                raise Invalid(role, f"{', '.join(fixed)} follow the data; remove them")
 
 
 def _capsules_weight_decay() -> PerModelFloat:
@@ -66,37 +71,23 @@ class ViewpointsParams:
 
     def __post_init__(self):
         if not self.kinds:
-            raise _invalid("kinds", f"list one or both of {', '.join(KINDS)}")
+            raise Invalid("kinds", f"list one or both of {', '.join(KINDS)}")
         if len(set(self.kinds)) != len(self.kinds):
-            raise _invalid("kinds", f"repeats a kind: {list(self.kinds)}")
-        if not self.capsules or not self.cnn:
-            raise _invalid("capsules" if not self.capsules else "cnn", "needs a model name")
+            raise Invalid("kinds", f"repeats a kind: {list(self.kinds)}")
+        for role in ROLES:
+            if not getattr(self, role):
+                raise Invalid(role, "needs a model name")
         if self.capsules == self.cnn:
-            raise _invalid("cnn", f"must differ from viewpoints.capsules ({self.capsules!r})")
-        for role in ROLES:
-            fixed = sorted(set(getattr(self.overrides, role)) & set(DATA_FIELDS))
-            if fixed:
-                raise _invalid(
-                    f"overrides.{role}", f"{', '.join(fixed)} follow the data; remove them"
-                )
+            raise Invalid("cnn", f"must differ from viewpoints.capsules ({self.capsules!r})")
         if self.channels not in (1, 2):
-            raise _invalid("channels", f"must be 1 or 2, got {self.channels}")
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise _invalid(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise _invalid("lr", f"must be > 0, got {self.lr}")
-        for role in ROLES:
-            if getattr(self.weight_decay, role) < 0:
-                raise _invalid(f"weight_decay.{role}", "must be >= 0")
-        for name in ("train_limit", "test_limit"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise _invalid(name, f"must be >= 1 or null, got {value}")
+            raise Invalid("channels", f"must be 1 or 2, got {self.channels}")
+        for name in ("epochs", "batch_size", "train_limit", "test_limit"):
+            at_least(self, name, 1)
+        above(self, "lr", 0)
         if not 0 <= self.tolerance <= 1:
-            raise _invalid("tolerance", f"must be in [0, 1], got {self.tolerance}")
+            raise Invalid("tolerance", f"must be in [0, 1], got {self.tolerance}")
         if not self.out_dir:
-            raise _invalid("out_dir", "must name a directory")
+            raise Invalid("out_dir", "must name a directory")
 
     def model_name(self, role: str) -> str:
         return self.capsules if role == "capsules" else self.cnn

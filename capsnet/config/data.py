@@ -1,0 +1,165 @@
+"""The ``data`` and ``augment`` sections of params.yaml."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from capsnet.config.schema import Invalid, above, at_least, range_pair
+
+Merge = Literal["sum-clip", "max"]
+Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
+AffnistSource = Literal["synth", "real", "auto"]
+
+
+@dataclass(frozen=True)
+class MnistParams:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class AffnistSynthParams:
+    """affnist-synth: random affine maps of MNIST test digits on a 40x40 canvas (SPEC 2.2)."""
+
+    seed: int = 0
+    rotation_degrees: float = 20.0
+    shear: float = 0.2
+    scale: tuple[float, float] = (0.8, 1.2)
+    limit: int | None = None  # first N MNIST test digits (None: all 10,000)
+
+    def __post_init__(self):
+        at_least(self, "rotation_degrees", 0)
+        at_least(self, "shear", 0)
+        range_pair(self, "scale", 0.01)
+        at_least(self, "limit", 1)
+
+
+@dataclass(frozen=True)
+class AffnistParams:
+    """source: synth (offline default), real (the official files), auto (real when it can be
+    downloaded, otherwise synth)."""
+
+    enabled: bool = True
+    source: AffnistSource = "synth"
+    include_training: bool = False  # also fetch training_and_validation_batches.zip (1.6 GB)
+    expanded_seed: int = 0
+    synth: AffnistSynthParams = field(default_factory=AffnistSynthParams)
+
+
+@dataclass(frozen=True)
+class SmallnorbParams:
+    enabled: bool = False
+    size: int = 48
+    crop: int = 32
+    brightness: float = 0.2
+    contrast: float = 0.2
+
+    def __post_init__(self):
+        at_least(self, "size", 8)
+        at_least(self, "crop", 1)
+        if self.crop > self.size:
+            raise Invalid("crop", f"{self.crop} is larger than size {self.size}")
+        at_least(self, "brightness", 0)
+        at_least(self, "contrast", 0)
+
+
+@dataclass(frozen=True)
+class MultiMnistParams:
+    enabled: bool = True
+    seed: int = 0
+    shift: int = 4
+    pad: int = 4
+    merge: Merge = "sum-clip"
+    train_pairs_per_digit: int = 1
+    test_pairs_per_digit: int = 1
+    redraw_each_epoch: bool = True
+
+    def __post_init__(self):
+        at_least(self, "shift", 0)
+        at_least(self, "pad", 0)
+        at_least(self, "train_pairs_per_digit", 1)
+        at_least(self, "test_pairs_per_digit", 1)
+
+
+def _default_angles() -> tuple[float, ...]:
+    return tuple(sorted({float(a) for a in range(-180, 181, 15)} | {35.0}))
+
+
+@dataclass(frozen=True)
+class RotatedParams:
+    enabled: bool = True
+    angles: tuple[float, ...] = field(default_factory=_default_angles)
+
+    def __post_init__(self):
+        if not self.angles:
+            raise Invalid("angles", "must list at least one angle")
+
+
+@dataclass(frozen=True)
+class DataParams:
+    mirror: str = ""
+    mnist: MnistParams = field(default_factory=MnistParams)
+    affnist: AffnistParams = field(default_factory=AffnistParams)
+    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
+    multimnist: MultiMnistParams = field(default_factory=MultiMnistParams)
+    rotated: RotatedParams = field(default_factory=RotatedParams)
+
+    def resolved_mirror(self, option: str | None = None) -> str | None:
+        """--mirror option, else $CAPSNET_MIRROR, else data.mirror, else None."""
+        return option or os.environ.get("CAPSNET_MIRROR") or self.mirror or None
+
+
+# --- augment ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShiftAugment:
+    pixels: int = 2
+
+    def __post_init__(self):
+        at_least(self, "pixels", 0)
+
+
+@dataclass(frozen=True)
+class RotateAugment:
+    degrees: float = 15.0
+
+    def __post_init__(self):
+        at_least(self, "degrees", 0)
+
+
+@dataclass(frozen=True)
+class AffineAugment:
+    degrees: float = 15.0
+    shear_degrees: float = 10.0
+    scale: tuple[float, float] = (0.9, 1.1)
+    translate_pixels: int = 2
+
+    def __post_init__(self):
+        at_least(self, "degrees", 0)
+        at_least(self, "shear_degrees", 0)
+        range_pair(self, "scale", 0.01)
+        at_least(self, "translate_pixels", 0)
+
+
+@dataclass(frozen=True)
+class ElasticAugment:
+    alpha: float = 34.0
+    sigma: float = 4.0
+
+    def __post_init__(self):
+        at_least(self, "alpha", 0)
+        above(self, "sigma", 0)
+
+
+@dataclass(frozen=True)
+class AugmentParams:
+    """Training augmentation: ``strategy`` picks one of the parameter blocks below."""
+
+    strategy: Strategy = "shift"
+    seed: int = 0
+    shift: ShiftAugment = field(default_factory=ShiftAugment)
+    rotate: RotateAugment = field(default_factory=RotateAugment)
+    affine: AffineAugment = field(default_factory=AffineAugment)
+    elastic: ElasticAugment = field(default_factory=ElasticAugment)

@@ -1,0 +1,347 @@
+"""The ``sweep``, ``train``, ``smallnorb_sweep`` and ``smallnorb_train`` sections.
+
+A searched parameter (``Searched[T]``, validated by capsnet.config.schema) is a fixed value
+or a one-key mapping naming how Tune draws it::
+
+    routing_iterations: {grid: [1, 2, 3, 5]}   # every value, crossed with other grids
+    lr: {loguniform: [0.0003, 0.003]}          # sampled num_samples times
+    augment: {choice: [none, shift]}           # sampled
+    m_plus: 0.9                                # fixed
+
+``pipeline/tune.py`` turns these into Tune's search space. The smallNORB classes are the
+same schema with the EM paper's defaults; ``SECTION`` names the section that
+``Cls.from_dict`` errors point to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from capsnet.config.schema import (
+    Invalid,
+    Searched,
+    Section,
+    above,
+    at_least,
+    dimension_choices,
+    dimension_values,
+)
+
+Dataset = Literal["mnist", "smallnorb"]
+Metric = Literal["val_accuracy", "val_rotated_accuracy"]
+Pose = Literal["matrix", "vector"]
+Loss = Literal["auto", "margin", "cross-entropy", "spread"]
+WandbMode = Literal["auto", "offline", "online", "disabled"]
+ExtraDataset = Literal["multimnist", "expanded-mnist"]
+
+DATASETS: tuple[str, ...] = typing.get_args(Dataset)
+POSES: tuple[str, ...] = typing.get_args(Pose)
+#: The training losses (capsnet.train reads them from here): auto is the model's own.
+LOSSES: tuple[str, ...] = typing.get_args(Loss)
+EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
+
+#: The parameters a sweep may search: the model, its routing, the loss and the data.
+SEARCHABLE = (
+    "model",
+    "routing_iterations",
+    "m_plus",
+    "m_minus",
+    "lam",
+    "augment",
+    "lr",
+    "recon_weight",
+    "pose",
+    "coordinate_addition",
+    "loss",
+    "weight_decay",
+)
+#: The matrix-capsule ablation axes (EM paper, SPEC 1.3) and their neutral values: the
+#: model and TrainConfig defaults, so a sweep that leaves them there trains as before they
+#: existed (models without ``pose`` or ``coordinate_addition`` ignore those).
+ABLATION = {"pose": "matrix", "coordinate_addition": True, "loss": "auto", "weight_decay": 0.0}
+#: Lower bounds (inclusive) of the numeric dimensions; ``lr`` must be > 0.
+_AT_LEAST = {
+    "routing_iterations": 1,
+    "m_plus": 0,
+    "m_minus": 0,
+    "lam": 0,
+    "recon_weight": 0,
+    "weight_decay": 0,
+}
+
+
+@dataclass
+class SearchSpace:
+    """What a sweep searches; each field is a fixed value or {grid|choice|...: [...]}.
+
+    A parameter a model does not have (routing_iterations for lenet5, pose for
+    capsnet-small) is ignored by that model's trials.
+    """
+
+    model: Searched[str] = "capsnet-small"
+    routing_iterations: Searched[int] = field(default_factory=lambda: {"grid": [1, 3]})
+    m_plus: Searched[float] = 0.9
+    m_minus: Searched[float] = 0.1
+    lam: Searched[float] = 0.5
+    augment: Searched[str] = field(default_factory=lambda: {"grid": ["none", "shift"]})
+    lr: Searched[float] = 0.001
+    recon_weight: Searched[float] = 0.0005
+    pose: Searched[Pose] = ABLATION["pose"]  # em-capsnet models
+    coordinate_addition: Searched[bool] = ABLATION["coordinate_addition"]  # em-capsnet models
+    loss: Searched[Loss] = ABLATION["loss"]  # auto: the model's default
+    weight_decay: Searched[float] = ABLATION["weight_decay"]  # Adam weight decay
+
+    def __post_init__(self):
+        for name, low in _AT_LEAST.items():
+            for value in dimension_values(getattr(self, name)):
+                if value < low:
+                    raise Invalid(name, f"{value!r} must be >= {low}")
+        for value in dimension_values(self.lr):
+            if value <= 0:
+                raise Invalid("lr", f"{value!r} must be > 0")
+        for name in ("model", "augment"):  # names checked when the sweep starts
+            if not all(dimension_values(getattr(self, name))):
+                raise Invalid(name, "needs a name")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def searched(self) -> list[str]:
+        """Names of the parameters drawn from a grid or distribution."""
+        return [n for n in SEARCHABLE if isinstance(getattr(self, n), dict)]
+
+
+@dataclass
+class AshaConfig:
+    """ASHA early stopping over epochs (max epochs is ``sweep.epochs``)."""
+
+    enabled: bool = True
+    grace_period: int = 1
+    reduction_factor: int = 2
+
+    def __post_init__(self):
+        at_least(self, "grace_period", 1)
+        at_least(self, "reduction_factor", 2)
+
+
+@dataclass
+class ResourcesConfig:
+    """Per-trial resources; fractional GPUs share one device between trials."""
+
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_concurrent_trials: int | None = None
+
+    def __post_init__(self):
+        above(self, "cpus_per_trial", 0)
+        at_least(self, "gpus_per_trial", 0)
+        if self.gpus_per_trial > 1 and self.gpus_per_trial != int(self.gpus_per_trial):
+            raise Invalid(
+                "gpus_per_trial", f"above 1 must be a whole number, got {self.gpus_per_trial}"
+            )
+        at_least(self, "max_concurrent_trials", 1)
+
+
+@dataclass
+class WandbConfig:
+    """W&B tracking: offline unless an API key is configured (mode auto)."""
+
+    project: str = "capsnet"
+    mode: WandbMode = "auto"
+    dir: str = "runs"  # W&B writes <dir>/wandb/
+
+
+@dataclass
+class SweepConfig(Section):
+    """params.yaml ``sweep``: the search, the trial budget, resources and storage."""
+
+    SECTION: ClassVar[str] = "sweep"
+
+    name: str = "capsnet-sweep"
+    dataset: Dataset = "mnist"  # smallnorb: the prepared training set, EM-paper crops
+    channels: int = 2  # smallnorb: 1 (left image) or 2 (stereo pair); ignored for mnist
+    space: SearchSpace = field(default_factory=SearchSpace)
+    num_samples: int = 1
+    epochs: int = 2  # max epochs per trial (ASHA's max_t)
+    batch_size: int = 128
+    train_size: int | None = 2000  # the first N training images (null: all)
+    val_size: int = 1000  # held out from the end of the training set
+    metric: Metric = "val_accuracy"  # val_rotated_accuracy: mnist only (mode max)
+    rotation_angle: float = 45.0  # degrees, for val_rotated_accuracy
+    asha: AshaConfig = field(default_factory=AshaConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    storage_path: str = "sweep/ray"  # local dir, shared filesystem or s3://bucket/prefix
+    max_failures: int = 2  # retries of a failed trial (a lost node, an OOM kill)
+    reuse_actors: bool = True  # a finished trial's process runs the next one
+    seed: int = 0
+    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def __post_init__(self):
+        if not self.name or "/" in self.name:
+            raise Invalid("name", f"{self.name!r} must be a non-empty name without '/'")
+        if self.channels not in (1, 2):
+            raise Invalid(
+                "channels", f"must be 1 (left image) or 2 (stereo pair), got {self.channels}"
+            )
+        for name in ("num_samples", "epochs", "batch_size", "val_size", "train_size"):
+            at_least(self, name, 1)
+        if self.max_failures < -1:
+            raise Invalid(
+                "max_failures", f"must be >= 0 (or -1: retry forever), got {self.max_failures}"
+            )
+        if self.dataset == "smallnorb" and self.metric != "val_accuracy":
+            raise Invalid(
+                "metric",
+                f"{self.metric!r}: a smallnorb sweep reports only val_accuracy "
+                f"(there is no rotated validation set)",
+            )
+        if self.dataset == "smallnorb" and dimension_choices(self.space.augment) != ["none"]:
+            raise Invalid(
+                "space.augment",
+                "must be none for smallnorb: its training items are random crops with "
+                "brightness and contrast (data.smallnorb)",
+            )
+        if self.asha.grace_period > self.epochs:
+            raise Invalid(
+                "asha.grace_period",
+                f"{self.asha.grace_period} exceeds {self.SECTION}.epochs {self.epochs}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def metrics(self) -> tuple[str, ...]:
+        """What every trial reports after each epoch (all maximised)."""
+        if self.dataset == "smallnorb":
+            return ("val_accuracy",)
+        return ("val_accuracy", "val_rotated_accuracy")
+
+    def parameters(self) -> list[str]:
+        """The searchable parameters recorded per trial (results.csv, best.json): all of
+        them for smallnorb; for mnist the ablation axes only when set away from their
+        neutral values, so an MNIST sweep's outputs keep the columns they always had."""
+        if self.dataset != "mnist":
+            return list(SEARCHABLE)
+        return [
+            name
+            for name in SEARCHABLE
+            if name not in ABLATION or getattr(self.space, name) != ABLATION[name]
+        ]
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes trial results (not resources, storage, W&B).
+
+        The Tune experiment directory is named after it, so a changed search space starts
+        a new experiment while an interrupted run of the same one is restored. An MNIST
+        sweep that leaves the smallNORB settings and the ablation axes at their neutral
+        values hashes as it did before they existed, so its saved state still restores.
+        """
+        keep = self.to_dict()
+        for name in (
+            "resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"
+        ):  # fmt: skip
+            keep.pop(name)
+        if self.dataset == "mnist":
+            keep.pop("dataset")
+            keep.pop("channels")
+            for name, neutral in ABLATION.items():
+                if keep["space"][name] == neutral:
+                    keep["space"].pop(name)
+        blob = json.dumps(keep, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+
+@dataclass
+class FinalTrainConfig(Section):
+    """params.yaml ``train``: the final model (best sweep config) and the baselines."""
+
+    SECTION: ClassVar[str] = "train"
+
+    epochs: int = 3
+    batch_size: int = 128
+    train_size: int | None = None  # the first N training images (null: all)
+    val_size: int = 5000
+    baselines: list[str] = field(default_factory=lambda: ["lenet5"])
+    seed: int = 0
+    out_dir: str = "models"
+    # Also train the same runs on these sets, for the evaluations that need other input
+    # sizes: multimnist (36x36, scored on MultiMNIST) and expanded-mnist (40x40, the
+    # Sabour affNIST protocol, scored on affNIST). Checkpoints: <model>@<dataset>.pt.
+    extra_datasets: list[ExtraDataset] = field(default_factory=list)
+    extra_train_size: int | None = 5000  # the first N training items of each extra set
+    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "train_size", "extra_train_size"):
+            at_least(self, name, 1)
+        at_least(self, "val_size", 0)
+        if not all(self.baselines):
+            raise Invalid("baselines", f"must be a list of model names, got {self.baselines!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- the smallNORB ablation: the EM paper's defaults (SPEC 1.3): em-capsnet-small, batch 64,
+# weight decay 2e-7, every ablation axis of the paper's table.
+
+
+@dataclass
+class SmallnorbSearchSpace(SearchSpace):
+    """The EM paper's ablation axes, each crossed with the others (36 trials)."""
+
+    model: Searched[str] = "em-capsnet-small"
+    routing_iterations: Searched[int] = field(default_factory=lambda: {"grid": [1, 2, 3]})
+    augment: Searched[str] = "none"  # smallNORB augments itself (crops, brightness)
+    lr: Searched[float] = 0.003
+    pose: Searched[Pose] = field(default_factory=lambda: {"grid": ["matrix", "vector"]})
+    coordinate_addition: Searched[bool] = field(default_factory=lambda: {"grid": [True, False]})
+    loss: Searched[Loss] = field(
+        default_factory=lambda: {"grid": ["spread", "margin", "cross-entropy"]}
+    )
+    weight_decay: Searched[float] = 2.0e-7
+
+
+@dataclass
+class SmallnorbSweepConfig(SweepConfig):
+    """params.yaml ``smallnorb_sweep``: the smallNORB ablation sweep."""
+
+    SECTION: ClassVar[str] = "smallnorb_sweep"
+
+    name: str = "smallnorb-sweep"
+    dataset: Dataset = "smallnorb"
+    space: SmallnorbSearchSpace = field(default_factory=SmallnorbSearchSpace)
+    epochs: int = 10
+    batch_size: int = 64  # the EM paper's batch
+    train_size: int | None = None
+    val_size: int = 2000
+    storage_path: str = "sweep-smallnorb/ray"
+
+
+@dataclass
+class SmallnorbTrainConfig(FinalTrainConfig):
+    """params.yaml ``smallnorb_train``: the best smallNORB config and the CNN baseline,
+    scored on the smallNORB test set (centre crops)."""
+
+    SECTION: ClassVar[str] = "smallnorb_train"
+
+    epochs: int = 10
+    batch_size: int = 64
+    val_size: int = 2000  # the sweep's validation images, so the two are comparable
+    baselines: list[str] = field(default_factory=lambda: ["smallnorb-cnn"])
+    out_dir: str = "models-smallnorb"
+    test_size: int | None = None  # the first N smallNORB test images (null: all 24,300)
+
+    def __post_init__(self):
+        super().__post_init__()
+        at_least(self, "test_size", 1)
+        if self.extra_datasets:
+            raise Invalid(
+                "extra_datasets", "must be []: multimnist and expanded-mnist are MNIST sets"
+            )
