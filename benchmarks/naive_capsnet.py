@@ -1,6 +1,6 @@
 """A deliberately naive CapsNet, written the way many tutorials write it.
 
-For benchmarks only (capsnet/bench.py compares against it): the architecture, the
+For benchmarks only (benchmarks/throughput.py compares against it): the architecture, the
 parameter count and the outputs equal ``capsnet.models.build("capsnet")`` when given the
 same weights (``NaiveCapsNet.from_model``), but the votes come from tiling the inputs and
 the weights with ``.repeat`` and routing tiles its tensors in every iteration. Depends on

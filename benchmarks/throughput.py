@@ -1,16 +1,361 @@
-"""CapsNet throughput benchmark (issue 2): a thin wrapper around capsnet.bench.
+"""Throughput benchmark: training-step and inference images/s of a capsule model.
 
-python benchmarks/throughput.py [--batch-sizes 32,128] [--rounds 5] [--quick]
+Implementations, measured interleaved in one process (round-robin, medians of rounds):
+  capsnet  the registered model (``--model``, default ``capsnet``);
+  naive    benchmarks/naive_capsnet.py with the same configuration (.repeat tiling);
+  conv     the two convolutions alone (conv1 + primary conv, ReLU): the practical ceiling,
+           channels_last like ``capsnet``.
+A training step is forward, margin + reconstruction loss (the conv ceiling: the sum of its
+output), backward and an Adam step. Peak RSS of a training step is measured per
+implementation in a fresh subprocess (/proc VmHWM, else resource.getrusage).
+
+Run from a source checkout: ``capsnet bench``, ``python -m benchmarks.throughput`` or
+``python benchmarks/throughput.py`` (same options); the library call is ``run(...) -> dict``.
 """
 
 from __future__ import annotations
 
+import json
+import platform
+import statistics
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import click
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-from capsnet.bench import main
+from capsnet.errors import CapsnetError
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPLEMENTATIONS = ("capsnet", "naive", "conv")
+TARGETS = {"train_vs_naive": 2.2, "train_vs_conv": 0.85, "infer_vs_conv": 0.85, "rss_vs_naive": 0.5}
+
+
+class ConvCeiling(nn.Module):
+    """conv1 + primary conv with ReLU: about 98% of CapsNet's FLOPs."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.conv1 = nn.Conv2d(config.in_channels, config.conv_channels, config.conv_kernel)
+        self.conv2 = nn.Conv2d(
+            config.conv_channels,
+            config.primary_types * config.primary_dim,
+            config.primary_kernel,
+            stride=config.primary_stride,
+        )
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)  # (B, C, H, W)
+        return F.relu(self.conv2(F.relu(self.conv1(x))))  # (B, 256, 6, 6)
+
+
+def build_impl(name: str, model: str = "capsnet", seed: int = 0) -> nn.Module:
+    """One implementation by name; all share the configuration of registered ``model``."""
+    from capsnet.models import build
+
+    torch.manual_seed(seed)
+    ours = build(model)
+    if name == "capsnet":
+        return ours
+    if name == "naive":
+        from benchmarks.naive_capsnet import NaiveCapsNet
+
+        return NaiveCapsNet.from_model(ours)
+    if name == "conv":
+        return ConvCeiling(ours.config)
+    raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLEMENTATIONS)}")
+
+
+def _loss(output, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Margin + 0.0005 reconstruction loss (SPEC 1.1); the conv ceiling sums its output."""
+    from capsnet import losses
+
+    if isinstance(output, torch.Tensor):
+        return output.sum()
+    scores, _, reconstruction = output
+    loss = losses.margin_loss(scores, targets)
+    if reconstruction is not None:
+        loss = loss + losses.reconstruction_loss(reconstruction, images)
+    return loss
+
+
+def make_steps(
+    module: nn.Module, batch: int, config, device: torch.device
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(train_step, infer_step) closures on fixed random data of ``batch`` images."""
+    module.to(device)
+    size = config.input_size
+    images = torch.rand(batch, config.in_channels, size, size, device=device)  # (B, C, H, W)
+    targets = torch.randint(0, config.num_classes, (batch,), device=device)  # (B,)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+
+    def train_step() -> None:
+        module.train()
+        loss = _loss(module(images, targets), images, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def infer_step() -> None:
+        module.eval()
+        with torch.inference_mode():
+            module(images)
+
+    return train_step, infer_step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _maybe_compile(module: nn.Module, enabled: bool) -> nn.Module:
+    """torch.compile(module) when asked; the eager module if compiling is unavailable."""
+    if not enabled:
+        return module
+    try:
+        return torch.compile(module)
+    except Exception as exc:  # compile support varies by platform: fall back to eager
+        print(f"torch.compile unavailable ({exc}); using eager", file=sys.stderr)
+        return module
+
+
+def measure(
+    implementations: Sequence[str],
+    batch_sizes: Sequence[int],
+    rounds: int,
+    steps: int,
+    model: str = "capsnet",
+    device: str = "cpu",
+    compile: bool = False,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Median images/s per mode ("train", "infer"), implementation and batch size.
+
+    Every round times ``steps`` steps of each (mode, implementation) in turn, so a load
+    change on a shared machine hits all implementations alike.
+    """
+    dev = torch.device(device)
+    modules = {name: build_impl(name, model) for name in implementations}
+    config = modules["capsnet"].config if "capsnet" in modules else build_impl("capsnet").config
+    results: dict[str, dict[str, dict[str, float]]] = {"train": {}, "infer": {}}
+    for batch in batch_sizes:
+        fns: dict[tuple[str, str], Callable[[], None]] = {}
+        for name, module in modules.items():
+            module = _maybe_compile(module, compile and name != "naive")
+            train_step, infer_step = make_steps(module, batch, config, dev)
+            fns["train", name] = train_step
+            fns["infer", name] = infer_step
+        for fn in fns.values():  # warm-up (allocator, oneDNN primitives, compilation)
+            fn()
+        samples: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
+        keys = list(fns)
+        for r in range(rounds):
+            for key in keys[r % len(keys) :] + keys[: r % len(keys)]:  # rotate the order
+                _sync(dev)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    fns[key]()
+                _sync(dev)
+                samples[key].append(batch * steps / (time.perf_counter() - start))
+        print(f"measured batch {batch}", file=sys.stderr, flush=True)
+        for (mode, name), values in samples.items():
+            results[mode].setdefault(name, {})[str(batch)] = statistics.median(values)
+    return results
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB.
+
+    Linux: VmHWM of /proc/self/status, because ru_maxrss survives fork + exec and would
+    report the (larger) parent's peak; elsewhere resource.getrusage's ru_maxrss.
+    """
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB -> MiB
+    import resource
+
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)  # bytes or KiB
+
+
+def _rss_worker(name: str, model: str, batch: int, device: str) -> None:
+    """Run in a subprocess: two training steps, print peak RSS (MiB) as JSON."""
+    module = build_impl(name, model)
+    config = build_impl("capsnet", model).config
+    train_step, _ = make_steps(module, batch, config, torch.device(device))
+    before = peak_rss_mb()
+    train_step()
+    train_step()
+    print(json.dumps({"peak_mb": peak_rss_mb(), "before_mb": before}))
+
+
+def measure_rss(
+    implementations: Sequence[str], batch: int, model: str = "capsnet", device: str = "cpu"
+) -> dict[str, dict[str, float]]:
+    """Peak RSS (MiB) of a training step per implementation, each in a fresh process."""
+    out: dict[str, dict[str, float]] = {}
+    for name in implementations:
+        code = (
+            "import sys; from benchmarks.throughput import _rss_worker; "
+            "_rss_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, name, model, str(batch), device],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=ROOT,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"RSS run of {name} failed:\n{proc.stderr.strip()[-2000:]}")
+        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def ratios(result: dict) -> dict[str, dict[str, float]]:
+    """The target ratios of issue 2 per batch size (only those whose inputs were measured)."""
+    train, infer, rss = result["train"], result["infer"], result.get("peak_rss_mb", {})
+    out: dict[str, dict[str, float]] = {}
+    for batch in result["batch_sizes"]:
+        key = str(batch)
+        r: dict[str, float] = {}
+        ours_t = train.get("capsnet", {}).get(key)
+        ours_i = infer.get("capsnet", {}).get(key)
+        if ours_t and "naive" in train:
+            r["train_vs_naive"] = ours_t / train["naive"][key]
+        if ours_t and "conv" in train:
+            r["train_vs_conv"] = ours_t / train["conv"][key]
+        if ours_i and "conv" in infer:
+            r["infer_vs_conv"] = ours_i / infer["conv"][key]
+        out[key] = r
+    if "capsnet" in rss and "naive" in rss:
+        out.setdefault(str(result["rss_batch"]), {})["rss_vs_naive"] = (
+            rss["capsnet"]["peak_mb"] / rss["naive"]["peak_mb"]
+        )
+    return out
+
+
+def run(
+    batch_sizes: Sequence[int] = (32, 128),
+    rounds: int = 5,
+    steps: int = 2,
+    implementations: Sequence[str] = IMPLEMENTATIONS,
+    model: str = "capsnet",
+    device: str = "cpu",
+    rss: bool = True,
+    compile: bool = False,
+) -> dict:
+    """Measure everything; returns the dict that ``main`` prints as its JSON line."""
+    unknown = sorted(set(implementations) - set(IMPLEMENTATIONS))
+    if unknown:
+        raise ValueError(f"unknown implementation(s) {', '.join(unknown)}")
+    result: dict = {
+        "model": model,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "batch_sizes": list(batch_sizes),
+        "rounds": rounds,
+        "steps": steps,
+        "compile": compile,
+    }
+    result.update(measure(implementations, batch_sizes, rounds, steps, model, device, compile))
+    if rss:
+        result["rss_batch"] = max(batch_sizes)
+        result["peak_rss_mb"] = measure_rss(implementations, max(batch_sizes), model, device)
+    result["ratios"] = ratios(result)
+    result["targets"] = TARGETS
+    return result
+
+
+def format_table(result: dict) -> str:
+    """A plain-text table of images/s, peak RSS and ratios."""
+    lines = [f"{'impl':<8} {'batch':>5} {'train img/s':>12} {'infer img/s':>12}"]
+    names = list(result["train"])
+    for batch in result["batch_sizes"]:
+        for name in names:
+            t = result["train"][name][str(batch)]
+            i = result["infer"][name][str(batch)]
+            lines.append(f"{name:<8} {batch:>5} {t:>12.1f} {i:>12.1f}")
+    for name, rss in result.get("peak_rss_mb", {}).items():
+        lines.append(
+            f"peak RSS train step, {name} (batch {result['rss_batch']}): {rss['peak_mb']:.0f} MiB"
+        )
+    for batch, values in result["ratios"].items():
+        for key, value in values.items():
+            lines.append(f"batch {batch} {key}: {value:.2f} (target {TARGETS[key]})")
+    return "\n".join(lines)
+
+
+def _int_list(ctx, param, value: str) -> list[int]:
+    try:
+        numbers = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected integers like 32,128") from None
+    if not numbers or min(numbers) < 1:
+        raise click.BadParameter(f"{value!r}: expected positive integers like 32,128")
+    return numbers
+
+
+def _implementations(ctx, param, value: str) -> list[str]:
+    names = [name for name in value.split(",") if name]
+    unknown = sorted(set(names) - set(IMPLEMENTATIONS))
+    if unknown or not names:
+        shown = ", ".join(unknown) or repr(value)
+        raise click.BadParameter(f"{shown} unknown; choose from {', '.join(IMPLEMENTATIONS)}")
+    return names
+
+
+@click.command("bench")
+@click.option("--batch-sizes", default="32,128", show_default=True, callback=_int_list)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Medians over rounds.",
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=2, show_default=True, help="Steps per round."
+)
+@click.option(
+    "--impl",
+    "implementations",
+    default=",".join(IMPLEMENTATIONS),
+    show_default=True,
+    callback=_implementations,
+)
+@click.option("--model", default="capsnet", show_default=True, help="Registered capsule model.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--rss/--no-rss", default=True, show_default=True, help="Peak RSS subprocesses.")
+@click.option("--compile", is_flag=True, help="torch.compile capsnet and conv.")
+@click.option("--quick", is_flag=True, help="Smoke run: capsnet-small, batch 4, one round.")
+def throughput_command(
+    batch_sizes, rounds, steps, implementations, model, device, rss, compile, quick
+) -> None:
+    """Throughput of a capsule model against its naive reference and the conv ceiling.
+
+    Prints a table, then the results as one JSON line."""
+    if quick:
+        batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
+    try:
+        result = run(batch_sizes, rounds, steps, implementations, model, device, rss, compile)
+    except CapsnetError as exc:  # e.g. an unknown --model: one line, also when run as a file
+        raise click.ClickException(str(exc)) from None
+    click.echo(format_table(result))
+    click.echo(json.dumps(result, sort_keys=True))
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if not __package__:  # run as a file: make benchmarks.* importable from the checkout
+        sys.path.insert(0, str(ROOT))
+    throughput_command()

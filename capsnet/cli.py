@@ -1,16 +1,134 @@
-"""The ``capsnet`` command line (click)."""
+"""The ``capsnet`` command line: one click group that imports each command when it is used.
+
+Commands are named by ``"module:attribute"`` strings, so ``capsnet --help`` and shell
+completion import neither torch nor the pipeline's libraries, and nothing in capsnet/
+imports pipeline/: the strings below are its only mention.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from pathlib import Path
 
 import click
 
 from capsnet.errors import CapsnetError
 
+COMMANDS: dict[str, str] = {
+    "bench": "benchmarks.throughput:throughput_command",
+    "data": "capsnet.data.cli:data_group",
+    "eval": "capsnet.eval_cli:eval_command",
+    "evaluate-stage": "capsnet.eval_cli:evaluate_stage_command",
+    "models": "capsnet.train_cli:models_command",
+    "publish": "pipeline.publish:publish_command",
+    "sweep": "pipeline.cli:sweep_command",
+    "train": "capsnet.train_cli:train_command",
+    "train-final": "pipeline.cli:train_final_command",
+    "viewpoints": "capsnet.viewpoints_cli:viewpoints_command",
+}
 
-class CapsnetGroup(click.Group):
-    """A click group whose user errors end as one line on stderr, never a traceback."""
+#: What ``capsnet --help`` lists; tests/test_walls.py holds each to its command's short help.
+SHORT_HELP: dict[str, str] = {
+    "bench": "Throughput of a capsule model against its naive reference and the conv ceiling.",
+    "data": "Download, prepare and look at datasets (the DVC data stages).",
+    "eval": "Evaluate CHECKPOINT(s) side by side on the chosen test sets.",
+    "evaluate-stage": "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
+    "evaluate.out_dir.",
+    "models": "List the registered models with their parameter counts.",
+    "publish": "W&B eval runs (offline unless configured), report.html and, online, a W&B Report.",
+    "sweep": "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
+    "train": "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",
+    "train-final": "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",
+    "viewpoints": "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on "
+    "novel viewpoints at matched familiar error -> viewpoints.out_dir.",
+}
+
+#: Optional modules -> the extra that installs them.
+EXTRAS = {
+    "albumentations": "data",
+    "scipy": "data",
+    "matplotlib": "data",
+    "ray": "pipeline",
+    "dvc": "pipeline",
+    "wandb": "pipeline",
+    "wandb_workspaces": "pipeline",
+}
+
+
+class MissingPart(CapsnetError):
+    """A command whose package or optional libraries are not installed."""
+
+
+def _missing(command: str, exc: ModuleNotFoundError) -> MissingPart | None:
+    """The one-line reason ``command`` cannot run without ``exc.name``, or None (a bug)."""
+    top = (exc.name or "").split(".")[0]
+    if top == "benchmarks":
+        return MissingPart(
+            f"capsnet {command} needs benchmarks/, which only a source checkout of "
+            "capsnet-pipeline has: run it from one"
+        )
+    if top == "pipeline":
+        return MissingPart(
+            f"capsnet {command} needs pipeline/: install capsnet-pipeline[pipeline] "
+            "from a source checkout (pip install -e '.[pipeline]')"
+        )
+    if top in EXTRAS:
+        return MissingPart(
+            f"capsnet {command} needs {top}: pip install 'capsnet-pipeline[{EXTRAS[top]}]'"
+        )
+    return None
+
+
+def source_checkout() -> Path | None:
+    """The checkout capsnet/ was imported from when it holds benchmarks/, else None."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "benchmarks" / "__init__.py").is_file() else None
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        checkout = source_checkout()
+        if exc.name != "benchmarks" or checkout is None or str(checkout) in sys.path:
+            raise
+        sys.path.append(str(checkout))  # editable installs map capsnet/ and pipeline/ only
+        return importlib.import_module(name)
+
+
+def load_command(name: str) -> click.Command:
+    """Import the command ``COMMANDS[name]`` names (a one-line error when not installed)."""
+    module_name, attribute = COMMANDS[name].split(":")
+    try:
+        module = _import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = _missing(name, exc)
+        if missing is None:
+            raise
+        raise missing from None
+    return getattr(module, attribute)
+
+
+class LazyGroup(click.Group):
+    """A click group over ``COMMANDS``; user errors end as one line on stderr."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SHORT_HELP[name]) for name in self.list_commands(ctx)])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str):
+        from click.shell_completion import CompletionItem
+
+        names = [n for n in self.list_commands(ctx) if n.startswith(incomplete)]
+        items = [CompletionItem(name, help=SHORT_HELP[name]) for name in names]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def main(self, args=None, prog_name=None, **extra):
         try:
@@ -20,70 +138,28 @@ class CapsnetGroup(click.Group):
         except click.ClickException as exc:
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            click.echo("Aborted.", err=True)
-            sys.exit(1)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
         except CapsnetError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            sys.exit(130)
+        except ModuleNotFoundError as exc:
+            missing = _missing(_invoked(args), exc)
+            if missing is None:
+                raise
+            click.echo(f"Error: {missing}", err=True)
+            sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-@click.group(cls=CapsnetGroup)
+def _invoked(args) -> str:
+    """The command name in ``args`` (default: the process's arguments)."""
+    words = sys.argv[1:] if args is None else list(args)
+    return next((w for w in words if w in COMMANDS), "")
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="capsnet-pipeline")
 def main() -> None:
     """Capsule networks: train, evaluate and benchmark models, prepare data."""
-
-
-@main.command(
-    "bench",
-    context_settings={"ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench_command(args) -> None:
-    """Throughput benchmark (benchmarks/throughput.py; `capsnet bench --help` for options)."""
-    from capsnet import bench
-
-    code = bench.main(list(args))
-    if code:
-        sys.exit(code)
-
-
-def _register_lazy_groups() -> None:
-    """Attach commands that live beside the code they drive. Commands of pipeline/ (Ray,
-    W&B) import those libraries only when run, so `capsnet` works with torch alone."""
-    from capsnet.train_cli import models_command, train_command
-
-    main.add_command(models_command)
-    main.add_command(train_command)
-    from capsnet.eval_cli import eval_command, evaluate_stage_command
-
-    main.add_command(eval_command)
-    main.add_command(evaluate_stage_command)
-    from capsnet.viewpoints_cli import viewpoints_command
-
-    main.add_command(viewpoints_command)
-    try:
-        from capsnet.data.cli import data_group
-    except ModuleNotFoundError as exc:  # the data extras are optional
-        if exc.name not in ("albumentations", "scipy", "matplotlib", "yaml"):
-            raise
-    else:
-        main.add_command(data_group)
-    try:
-        from pipeline.cli import sweep_command, train_final_command
-        from pipeline.publish import publish_command
-    except ModuleNotFoundError as exc:  # pipeline/ is not installed beside capsnet/
-        if exc.name not in ("pipeline", "pipeline.cli", "pipeline.publish"):
-            raise
-    else:
-        main.add_command(sweep_command)
-        main.add_command(train_final_command)
-        main.add_command(publish_command)
-
-
-_register_lazy_groups()

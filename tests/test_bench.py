@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
-from capsnet import bench, models
+from benchmarks import throughput as bench
+from benchmarks.naive_capsnet import NaiveCapsNet
+from capsnet import cli, models
+
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED_KEYS = {
     "batch_sizes",
@@ -25,9 +33,10 @@ EXPECTED_KEYS = {
 }
 
 
-def test_quick_run_prints_a_table_and_one_json_line(capsys):
-    assert bench.main(["--quick"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_quick_run_prints_a_table_and_one_json_line():
+    done = CliRunner().invoke(bench.throughput_command, ["--quick"])
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     assert EXPECTED_KEYS <= set(result)
     assert result["model"] == "capsnet-small"
@@ -52,15 +61,53 @@ def test_run_with_a_subset_of_implementations_and_no_rss():
     assert set(result["ratios"]["2"]) == {"train_vs_conv", "infer_vs_conv"}
 
 
-def test_bad_options_exit_nonzero_with_one_line(capsys):
-    assert bench.main(["--quick", "--impl", "capsnet,nope"]) == 2
-    assert "nope" in capsys.readouterr().err
-    assert bench.main(["--batch-sizes", "a,b"]) == 2
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--quick", "--impl", "capsnet,nope"], "'--impl': nope unknown"),
+        (["--batch-sizes", "a,b"], "'--batch-sizes'"),
+        (["--batch-sizes", "0"], "positive integers"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(args, needle):
+    done = CliRunner().invoke(bench.throughput_command, args)
+    assert done.exit_code == 2
+    assert needle in done.stderr
 
 
-def test_missing_naive_reference_gives_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="source tree"):
-        bench.load_naive_module(tmp_path / "naive_capsnet.py")
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-m", "capsnet", "bench"],
+        [sys.executable, "-m", "benchmarks.throughput"],
+        [sys.executable, str(ROOT / "benchmarks" / "throughput.py")],
+    ],
+    ids=["capsnet-bench", "python-m", "python-file"],
+)
+def test_every_entry_point_runs_the_same_command(command, tmp_path):
+    """From another directory, so `capsnet bench` finds benchmarks/ through the checkout;
+    an unknown model is one line and exit 1 in each."""
+    cwd = ROOT if command[1] == "-m" and command[2].startswith("benchmarks") else tmp_path
+    done = subprocess.run(
+        [*command, "--model", "nope", "--no-rss"], capture_output=True, text=True, cwd=cwd
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: unknown model 'nope'; choose one of: " + ", ".join(models.names())
+    ]
+
+
+def test_capsnet_bench_outside_a_source_checkout_is_one_line(monkeypatch):
+    """An installed wheel has no benchmarks/: `capsnet bench` says to use a checkout."""
+    for name in ("benchmarks", "benchmarks.throughput"):  # their imports fail
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(cli, "source_checkout", lambda: None)
+    done = CliRunner().invoke(cli.main, ["bench", "--quick"])
+    assert done.exit_code == 1
+    assert done.stderr.strip().splitlines() == [
+        "Error: capsnet bench needs benchmarks/, which only a source checkout of "
+        "capsnet-pipeline has: run it from one"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -68,16 +115,15 @@ def test_missing_naive_reference_gives_a_clear_error(tmp_path):
     [("capsnet", {}), ("capsnet-small", {}), ("capsnet-small", {"decoder": False})],
 )
 def test_naive_reference_has_the_same_parameter_count(name, overrides):
-    naive_cls = bench.load_naive_module().NaiveCapsNet
     ours = models.build(name, **overrides)
-    assert models.count_parameters(naive_cls(ours.config)) == models.count_parameters(ours)
+    assert models.count_parameters(NaiveCapsNet(ours.config)) == models.count_parameters(ours)
 
 
 @pytest.mark.parametrize("iterations", [1, 3])
 def test_naive_reference_matches_our_model_with_the_same_weights(iterations):
     torch.manual_seed(0)
     ours = models.build("capsnet-small", routing_iterations=iterations)
-    naive = bench.load_naive_module().NaiveCapsNet.from_model(ours)
+    naive = NaiveCapsNet.from_model(ours)
     x = torch.rand(5, 1, 28, 28)  # (B, C, H, W)
     target = torch.tensor([0, 1, 2, 3, 4])
     for t in (None, target):
@@ -89,11 +135,7 @@ def test_naive_reference_matches_our_model_with_the_same_weights(iterations):
 
 
 def _em_bench(*args: str):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "em_throughput.py"
+    script = ROOT / "benchmarks" / "em_throughput.py"
     return subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=600
     )

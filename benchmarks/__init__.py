@@ -1,0 +1,1 @@
+"""Benchmarks and the readable references they measure against (source checkout only)."""
