@@ -41,7 +41,8 @@ def read_yaml(path: Path) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path.name}: not UTF-8 text (byte {exc.start})") from None
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path.name}: line {line}: not UTF-8 text (byte {exc.start})") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

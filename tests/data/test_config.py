@@ -67,6 +67,37 @@ def test_missing_sections_take_defaults(tmp_path):
             "data:\n  affnist:\n    synth:\n      limit: many\n",
             "params.yaml: data.affnist.synth.limit: expected int or null, got 'many'",
         ),
+        (
+            "evaluate:\n  datasets: [mnist, cifar]\n",
+            "params.yaml: evaluate.datasets[1]: 'cifar' unknown; choose one of mnist, rotated",
+        ),
+        ("evaluate:\n  limit: 0\n", "params.yaml: evaluate.limit: must be >= 1, got 0"),
+        ("evaluate:\n  angles: []\n", "params.yaml: evaluate.angles: must list at least one"),
+        (
+            "evaluate:\n  robustness:\n    bim_steps: 1\n",
+            "params.yaml: evaluate.robustness.bim_steps: must be >= 2 (1 step is FGSM), got 1",
+        ),
+        (
+            "evaluate:\n  robustness:\n    epsilons: [0, 0.1]\n",
+            "params.yaml: evaluate.robustness.epsilons: need one or more values in (0, 1]",
+        ),
+        (
+            "evaluate:\n  equivariance:\n    angles: [0, 15]\n",
+            "params.yaml: evaluate.equivariance.angles: needs at least three angles, got 2",
+        ),
+        ("publish:\n  mode: cloud\n", "params.yaml: publish.mode: 'cloud' unknown; choose one"),
+        ("publish:\n  report: 1\n", "params.yaml: publish.report: expected true or false"),
+        ("train:\n  baselines: lenet5\n", "params.yaml: train.baselines: expected a list"),
+        ("sweep:\n  resources:\n    cpus: 1\n", "params.yaml: sweep.resources.cpus: unknown key"),
+        (
+            "sweep:\n  resources:\n    gpus_per_trial: 1.5\n",
+            "params.yaml: sweep.resources.gpus_per_trial: above 1 must be a whole number, got 1.5",
+        ),
+        ("sweep:\n  space: [lr]\n", "params.yaml: sweep.space: expected a mapping, got ['lr']"),
+        (
+            "viewpoints:\n  overrides: {cnn: [1]}\n",
+            "params.yaml: viewpoints.overrides.cnn: expected a mapping, got [1]",
+        ),
     ],
 )
 def test_bad_params_name_the_key(tmp_path, text, message):
