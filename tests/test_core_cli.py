@@ -1,12 +1,15 @@
 """The `capsnet` command: happy paths in-process, error paths as a user sees them."""
 
 import json
+import sys
 
+import click
 import pytest
 import torch
+from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, models
+from capsnet import checkpoint, cli, models
 
 
 def test_models_lists_names_with_parameter_counts():
@@ -188,3 +191,65 @@ def test_no_source_for_mnist_names_the_urls_and_the_mirror_setting(tmp_path):
 
 def test_bench_bad_option_is_one_line():
     assert_one_line_error(run_cli("bench", "--batch-sizes", "x"), "--batch-sizes")
+
+
+@click.command("needs-ray")
+def _needs_ray() -> None:
+    """A command whose optional library is missing when it runs."""
+    raise ModuleNotFoundError("No module named 'ray'", name="ray")
+
+
+@click.command("interrupted")
+@click.option("--how", type=click.Choice(["keyboard", "abort", "bug"]))
+def _interrupted(how) -> None:
+    """A command stopped by Ctrl+C (click turns it into Abort), or by a bug."""
+    if how == "bug":
+        raise ModuleNotFoundError("No module named 'nonexistent'", name="nonexistent")
+    raise KeyboardInterrupt if how == "keyboard" else click.Abort
+
+
+@pytest.fixture
+def fake_commands(monkeypatch):
+    """The group with two extra commands defined in this module."""
+    for name, attribute in (("needs-ray", "_needs_ray"), ("interrupted", "_interrupted")):
+        monkeypatch.setitem(cli.COMMANDS, name, f"{__name__}:{attribute}")
+        monkeypatch.setitem(cli.SHORT_HELP, name, name)
+    return CliRunner()
+
+
+@pytest.mark.parametrize("how", ["keyboard", "abort"])
+def test_ctrl_c_is_interrupted_and_exit_130(fake_commands, how):
+    done = fake_commands.invoke(cli.main, ["interrupted", "--how", how])
+    assert done.exit_code == 130
+    assert done.stderr.strip().splitlines() == ["Interrupted."]
+
+
+def test_a_missing_optional_library_is_one_line_naming_the_extra(fake_commands):
+    done = fake_commands.invoke(cli.main, ["needs-ray"])
+    assert done.exit_code == 1
+    assert done.stderr.strip().splitlines() == [
+        "Error: capsnet needs-ray needs ray: pip install 'capsnet-pipeline[pipeline]'"
+    ]
+
+
+def test_a_missing_module_that_is_no_extra_is_a_bug_with_its_traceback(fake_commands):
+    done = fake_commands.invoke(cli.main, ["interrupted", "--how", "bug"])
+    assert isinstance(done.exception, ModuleNotFoundError)
+
+
+@pytest.mark.parametrize("args", [["sweep", "--help"], ["publish"]])
+def test_pipeline_commands_without_pipeline_are_one_line(monkeypatch, args):
+    for name in ("pipeline", "pipeline.cli", "pipeline.publish"):  # their imports fail
+        monkeypatch.setitem(sys.modules, name, None)
+    done = CliRunner().invoke(cli.main, args)
+    assert done.exit_code == 1
+    assert done.stderr.strip().splitlines() == [
+        f"Error: capsnet {args[0]} needs pipeline/: install capsnet-pipeline[pipeline] from a "
+        "source checkout (pip install -e '.[pipeline]')"
+    ]
+
+
+def test_usage_errors_exit_2_and_unknown_commands_are_named():
+    done = CliRunner().invoke(cli.main, ["trian"])
+    assert done.exit_code == 2
+    assert done.stderr.strip().splitlines() == ["Error: No such command 'trian'."]

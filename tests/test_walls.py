@@ -1,0 +1,124 @@
+"""The walls of ARCHITECTURE.md: capsnet/ never imports the pipeline's libraries, and the
+`capsnet` group lists its commands without importing them (or torch)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from capsnet import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("pipeline", "ray", "wandb", "dvc")
+
+
+def imported_modules(tree: ast.AST):
+    """(line, module) for every import statement at any depth (functions, try blocks...)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+def wall_breaches(package: Path) -> list[str]:
+    """``file:line: import <module>`` for each import of a FORBIDDEN package."""
+    breaches = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, module in imported_modules(tree):
+            if module.split(".")[0] in FORBIDDEN:
+                breaches.append(f"{path.relative_to(package.parent)}:{line}: import {module}")
+    return breaches
+
+
+def test_nothing_under_capsnet_imports_the_pipeline_or_its_libraries():
+    assert wall_breaches(ROOT / "capsnet") == []
+
+
+def test_the_wall_check_sees_imports_at_every_level(tmp_path):
+    package = tmp_path / "capsnet"
+    (package / "sub").mkdir(parents=True)
+    (package / "ok.py").write_text("import os\nfrom capsnet import pipeline_like\n")
+    (package / "sub" / "lazy.py").write_text(
+        "def f():\n    try:\n        import ray.tune as tune\n    except ImportError:\n"
+        "        pass\n\n\nclass C:\n    def g(self):\n        from wandb import init\n"
+    )
+    (package / "top.py").write_text("import dvc.api, json\nfrom pipeline.cli import x\n")
+    assert wall_breaches(package) == [
+        "capsnet/sub/lazy.py:3: import ray.tune",
+        "capsnet/sub/lazy.py:10: import wandb",
+        "capsnet/top.py:1: import dvc.api",
+        "capsnet/top.py:2: import pipeline.cli",
+    ]
+
+
+HEAVY = ("torch", "pipeline", "ray", "wandb", "dvc", "benchmarks")
+TARGETS = sorted({target.split(":")[0] for target in cli.COMMANDS.values()})
+
+
+def _loaded_after(code: str, env_extra: dict | None = None) -> dict:
+    """Run ``code`` in a fresh interpreter; its output and the HEAVY packages and command
+    modules it loaded."""
+    probe = (
+        "\nimport json, sys\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} "
+        f"or m in {TARGETS!r})))"
+    )
+    env = {**os.environ, **(env_extra or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", code + probe], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    *output, loaded = done.stdout.strip().splitlines()
+    return {"output": "\n".join(output), "loaded": json.loads(loaded)}
+
+
+def test_importing_the_cli_loads_no_command_and_no_torch():
+    assert _loaded_after("import capsnet.cli")["loaded"] == []
+
+
+def _run_group(args: list[str]) -> str:
+    return (
+        "from capsnet.cli import main\n"
+        "try:\n"
+        f"    main.main({args!r}, prog_name='capsnet')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+    )
+
+
+def test_help_lists_every_command_without_importing_any():
+    result = _loaded_after(_run_group(["--help"]))
+    assert result["loaded"] == []
+    listed = result["output"].split("Commands:")[1].split()
+    for name in cli.COMMANDS:
+        assert name in listed
+
+
+def test_shell_completion_of_command_names_imports_nothing():
+    env = {"_CAPSNET_COMPLETE": "bash_complete", "COMP_WORDS": "capsnet ev", "COMP_CWORD": "1"}
+    result = _loaded_after(_run_group([]), env)
+    assert result["loaded"] == []
+    assert result["output"].splitlines() == ["plain,eval", "plain,evaluate-stage"]
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_command_target_imports_and_is_a_click_command(name):
+    command = cli.load_command(name)
+    assert isinstance(command, click.Command)
+    assert command.name == name
+    assert cli.SHORT_HELP[name] == command.get_short_help_str(limit=1_000)
+
+
+def test_the_help_table_and_the_commands_name_the_same_commands():
+    assert set(cli.SHORT_HELP) == set(cli.COMMANDS)
+    assert all(target.count(":") == 1 for target in cli.COMMANDS.values())
