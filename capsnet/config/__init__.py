@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capsnet.config.data import (
+    STRATEGIES,
     AffineAugment,
     AffnistParams,
     AffnistSource,
@@ -75,15 +76,15 @@ from capsnet.errors import ConfigError
 
 __all__ = [
     "ABLATION", "DATASETS", "DATA_FIELDS", "DISTRIBUTIONS", "EVAL_DATASETS", "EXTRA_DATASETS",
-    "KINDS", "LOSSES", "POSES", "ROLES", "SEARCHABLE", "AffineAugment", "AffnistParams",
-    "AffnistSource", "AffnistSynthParams", "AshaConfig", "AugmentParams", "ConfigError",
-    "DataParams", "ElasticAugment", "EquivarianceParams", "EvaluateParams", "FinalTrainConfig",
-    "Invalid", "Merge", "MnistParams", "MultiMnistParams", "Params", "PerModelFloat",
-    "PerModelOverrides", "PublishParams", "ResourcesConfig", "RobustnessParams",
-    "RotateAugment", "RotatedParams", "SearchSpace", "Searched", "Section", "ShiftAugment",
-    "SmallnorbParams", "SmallnorbSearchSpace", "SmallnorbSweepConfig", "SmallnorbTrainConfig",
-    "Strategy", "SweepConfig", "ViewpointsParams", "WandbConfig", "from_dict", "load",
-    "load_or_default", "to_dict",
+    "KINDS", "LOSSES", "POSES", "ROLES", "SEARCHABLE", "STRATEGIES", "AffineAugment",
+    "AffnistParams", "AffnistSource", "AffnistSynthParams", "AshaConfig", "AugmentParams",
+    "ConfigError", "DataParams", "ElasticAugment", "EquivarianceParams", "EvaluateParams",
+    "FinalTrainConfig", "Invalid", "Merge", "MnistParams", "MultiMnistParams", "Params",
+    "PerModelFloat", "PerModelOverrides", "PublishParams", "ResourcesConfig",
+    "RobustnessParams", "RotateAugment", "RotatedParams", "SearchSpace", "Searched", "Section",
+    "ShiftAugment", "SmallnorbParams", "SmallnorbSearchSpace", "SmallnorbSweepConfig",
+    "SmallnorbTrainConfig", "Strategy", "SweepConfig", "ViewpointsParams", "WandbConfig",
+    "from_dict", "load", "load_or_default", "to_dict",
 ]  # fmt: skip
 
 

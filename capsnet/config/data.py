@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -11,6 +12,7 @@ from capsnet.config.schema import Invalid, above, at_least, range_pair
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
 AffnistSource = Literal["synth", "real", "auto"]
+STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 
 
 @dataclass(frozen=True)
