@@ -13,10 +13,11 @@ below the target. The result names the chosen epochs, their familiar and novel e
 familiar-error gap that remains and whether it is within the tolerance.
 
 ``run(params, data_root)`` writes, atomically as one directory, ``<out_dir>/<kind>/<model>.pt``
-(the selected weights, with the history and selection in the checkpoint's metrics),
-``<out_dir>/viewpoints.json`` and ``<out_dir>/viewpoints.csv`` (kind, model, epoch,
-familiar_error, novel_error). With smallNORB switched off it writes ``DISABLED.txt`` and
-``viewpoints.json`` = {"disabled": reason}, never numbers.
+(the selected weights, with the history and selection in the checkpoint's metrics)
+and ``<out_dir>/viewpoints.json``, then ``<out_dir>.csv`` beside the directory (kind, model,
+epoch, familiar_error, novel_error; a small file git keeps, so `dvc plots show` draws it on a
+fresh clone). With smallNORB switched off it writes ``DISABLED.txt`` and ``viewpoints.json``
+= {"disabled": reason}, never numbers, and the CSV's header.
 
 torch only: no Ray, DVC or W&B here.
 """
@@ -38,7 +39,6 @@ from capsnet.errors import ConfigError, DataError
 
 SMALLNORB_CLASSES = 5
 RESULTS_FILE = "viewpoints.json"
-CSV_FILE = "viewpoints.csv"
 CSV_COLUMNS = ("kind", "model", "epoch", "familiar_error", "novel_error")
 # Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
 PAPER_NOVEL_ERROR = {
@@ -347,6 +347,12 @@ def _plain(value):
 # --- outputs ------------------------------------------------------------------------------------
 
 
+def csv_path(out_dir: str | Path) -> Path:
+    """The per-epoch CSV of ``out_dir``: ``<out_dir>.csv``, beside the directory."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".csv")
+
+
 def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
     """viewpoints.csv: one row per (kind, model, epoch); only the header without results."""
     buffer = io.StringIO()
@@ -380,13 +386,13 @@ def _json(payload) -> str:
 
 def write_disabled(out_dir: str | Path, reason: str) -> Path:
     """``out_dir`` holding only DISABLED.txt, viewpoints.json {"disabled": reason} and the
-    header of viewpoints.csv (DVC needs the outputs to exist), swapped in atomically."""
+    header of ``<out_dir>.csv`` (DVC needs the outputs to exist), swapped in atomically."""
     from capsnet.data.store import DISABLED_MARKER, atomic_directory
 
     with atomic_directory(out_dir) as tmp:
         _write_text(tmp / DISABLED_MARKER, reason.rstrip() + "\n")
         _write_text(tmp / RESULTS_FILE, _json({"disabled": reason}))
-        _write_text(tmp / CSV_FILE, csv_text({}))
+    _write_text(csv_path(out_dir), csv_text({}))
     return Path(out_dir)
 
 
@@ -420,7 +426,7 @@ def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[
             "seconds": time.perf_counter() - started,
         }
         _write_text(tmp / RESULTS_FILE, _json(payload))
-        _write_text(tmp / CSV_FILE, csv_text(kinds))
+    _write_text(csv_path(settings.out_dir), csv_text(kinds))
     say(f"viewpoints: wrote {settings.out_dir}")
     return payload
 

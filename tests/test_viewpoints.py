@@ -163,12 +163,10 @@ def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
     assert "switched off" in (out / "DISABLED.txt").read_text()
     payload = json.loads((out / "viewpoints.json").read_text())
     assert set(payload) == {"disabled"} and "data.smallnorb.enabled" in payload["disabled"]
-    assert (out / "viewpoints.csv").read_text() == "kind,model,epoch,familiar_error,novel_error\n"
-    assert sorted(p.name for p in out.iterdir()) == [
-        "DISABLED.txt",
-        "viewpoints.csv",
-        "viewpoints.json",
-    ]
+    header = "kind,model,epoch,familiar_error,novel_error\n"
+    assert viewpoints.csv_path(out) == tmp_path / "vp.csv"
+    assert viewpoints.csv_path(out).read_text() == header
+    assert sorted(p.name for p in out.iterdir()) == ["DISABLED.txt", "viewpoints.json"]
     section = eval_stage.evaluate_viewpoints(out, eval_stage.EvalOptions())
     assert "switched off" in section["skipped"]
     missing = eval_stage.evaluate_viewpoints(tmp_path / "none", eval_stage.EvalOptions())
@@ -257,7 +255,7 @@ def test_experiment_outputs(experiment):
             assert meta["metrics"]["epoch"] == chosen["epoch"]
             assert meta["metrics"]["history"] == model["history"]
             assert loaded.config.in_channels == 1
-    with open(out / "viewpoints.csv", newline="") as fh:
+    with open(viewpoints.csv_path(out), newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 2 * 2 * 2  # kinds x models x epochs
     assert set(rows[0]) == {"kind", "model", "epoch", "familiar_error", "novel_error"}
@@ -424,5 +422,5 @@ def test_dvc_repro_viewpoints_with_smallnorb_off(tmp_path, repo_root):
     assert "Running stage 'viewpoints'" in first
     out = work / "models-viewpoints"
     assert "switched off" in json.loads((out / "viewpoints.json").read_text())["disabled"]
-    assert (out / "DISABLED.txt").is_file() and (out / "viewpoints.csv").is_file()
+    assert (out / "DISABLED.txt").is_file() and (work / "models-viewpoints.csv").is_file()
     assert "up to date" in run(dvc, "repro", "viewpoints")

@@ -1,0 +1,291 @@
+"""Each DVC stage's code deps are the import closure of the command it runs.
+
+A stage's ``cmd`` starts with a console script of this project (``capsnet``) and a command
+name; the script's module maps command names to ``"module:attr"`` in ``COMMANDS``. The
+closure starts from the script's module and the command's module and follows, in every
+module reached, every import statement at every level (inside functions and ``if
+TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
+module's dotted name (the model registry imports its families by name). Importing
+``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
+A whole command group counts: ``capsnet data download`` depends on every module that
+``capsnet/data/cli.py`` imports.
+
+Code deps are the deps inside a project package (a top-level directory holding
+``__init__.py``); every other dep (data, checkpoints, sweep results) is left as it is. A
+directory is listed instead of its files only when every file in it is in the closure.
+
+    python -m pipeline.dvc_deps            # check: one line per missing or extra file
+    python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import shlex
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from pathlib import Path
+
+import click
+
+from capsnet.errors import ConfigError
+
+#: A string constant naming a module: dotted identifiers, at least one dot.
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+SKIPPED_DIRS = ("__pycache__",)
+
+
+def project_packages(root: Path) -> set[str]:
+    """Top-level directories of ``root`` that are Python packages."""
+    return {p.parent.name for p in root.glob("*/__init__.py")}
+
+
+def module_file(root: Path, name: str) -> Path | None:
+    """The file that defines module ``name`` under ``root``, or None (not project code)."""
+    base = root.joinpath(*name.split("."))
+    for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_names(source: str, module: str, is_package: bool, path: Path) -> Iterator[str]:
+    """Every module name that ``source`` (module ``module``) may import, at any level."""
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise ConfigError(f"{path}: cannot parse: {exc.msg} (line {exc.lineno})") from None
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                if node.level > len(parts):
+                    raise ConfigError(f"{path}: relative import beyond the top-level package")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if MODULE_NAME.fullmatch(node.value):
+                yield node.value
+
+
+def import_closure(root: Path, modules: Iterable[str]) -> set[str]:
+    """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs."""
+    root = root.resolve()
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in seen:
+                continue
+            path = module_file(root, prefix)
+            if path is None:
+                break
+            seen[prefix] = path
+            is_package = path.name == "__init__.py"
+            todo.extend(imported_names(path.read_text(), prefix, is_package, path))
+    return {path.relative_to(root).as_posix() for path in seen.values()}
+
+
+def command_target(root: Path, script_module: str, command: str) -> str:
+    """``"module:attr"`` of ``command`` from the ``COMMANDS`` dict of ``script_module``."""
+    path = module_file(root, script_module)
+    if path is None:
+        raise ConfigError(f"console script module {script_module} is not in {root}")
+    commands = _static_commands(path)
+    if command not in commands:
+        raise ConfigError(f"{path}: COMMANDS has no command {command!r}")
+    return commands[command]
+
+
+def _static_commands(path: Path) -> dict[str, str]:
+    """The literal ``COMMANDS = {"name": "module:attr", ...}`` of a CLI module."""
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == "COMMANDS":
+            try:
+                commands = ast.literal_eval(node.value)
+            except ValueError:
+                break
+            if isinstance(commands, dict):
+                return {str(k): str(v) for k, v in commands.items()}
+    raise ConfigError(f"{path}: no literal COMMANDS dict mapping command names to module:attr")
+
+
+def console_scripts() -> dict[str, str]:
+    """Installed console scripts of this distribution: name -> ``module:attr``."""
+    try:
+        dist = metadata.distribution("capsnet-pipeline")
+    except metadata.PackageNotFoundError:
+        raise ConfigError("capsnet-pipeline is not installed (pip install -e .)") from None
+    return {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+
+
+def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]) -> list[str]:
+    """The modules a stage's ``cmd`` imports first: the script's and the command's."""
+    argv = shlex.split(" ".join(cmd) if isinstance(cmd, list) else str(cmd))
+    if len(argv) < 2 or argv[0] not in scripts:
+        raise ConfigError(
+            f"dvc.yaml stage {stage}: cmd must run a project console script "
+            f"({', '.join(sorted(scripts))}) with a command: {cmd!r}"
+        )
+    script_module = scripts[argv[0]].partition(":")[0]
+    target = command_target(root, script_module, argv[1])
+    return [script_module, target.partition(":")[0]]
+
+
+def files_under(root: Path, rel: str) -> set[str]:
+    """``rel`` itself if a file, else every file below it (as DVC hashes a directory)."""
+    path = root / rel
+    if path.is_file():
+        return {rel}
+    if not path.is_dir():
+        return {rel}  # a missing path still shows up as extra
+    return {
+        p.relative_to(root).as_posix()
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.suffix != ".pyc"
+        and not any(part in SKIPPED_DIRS for part in p.relative_to(root).parts)
+    }
+
+
+def compact(root: Path, files: set[str]) -> list[str]:
+    """``files`` sorted, with each directory whose every file is in ``files`` listed whole."""
+    dirs = {p.as_posix() for f in files for p in Path(f).parents if p != Path(".")}
+    whole: list[str] = []
+    for directory in sorted(dirs, key=lambda d: d.count("/")):  # shallowest first
+        inside = any(directory.startswith(d + "/") for d in whole)
+        if not inside and files_under(root, directory) <= files:
+            whole.append(directory)
+    rest = {f for f in files if not any(f.startswith(d + "/") for d in whole)}
+    return sorted(rest | set(whole))
+
+
+def is_code(dep: str, packages: set[str]) -> bool:
+    return Path(dep).parts[0] in packages
+
+
+def dep_path(entry) -> str:
+    """The path of one deps entry (a string, or a one-key mapping in dvc.yaml syntax)."""
+    return next(iter(entry)) if isinstance(entry, dict) else str(entry)
+
+
+def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
+    """Import closure of every stage's command."""
+    scripts = console_scripts()
+    closures = {}
+    for name, stage in stages.items():
+        if "cmd" not in stage:
+            raise ConfigError(f"dvc.yaml stage {name}: no cmd")
+        closures[name] = import_closure(root, stage_modules(root, name, stage["cmd"], scripts))
+    return closures
+
+
+def differences(root: Path, stages: dict) -> list[str]:
+    """One line per file a stage's deps miss or list beyond its command's import closure."""
+    packages = project_packages(root)
+    problems = []
+    for name, closure in stage_closures(root, stages).items():
+        listed: set[str] = set()
+        for entry in stages[name].get("deps") or []:
+            if is_code(dep_path(entry), packages):
+                listed |= files_under(root, dep_path(entry))
+        problems += [f"stage {name}: deps miss {f} (imported)" for f in sorted(closure - listed)]
+        extra = sorted(listed - closure)
+        problems += [f"stage {name}: deps list {f} (not imported)" for f in extra]
+    return problems
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml.width = 4096
+    yaml.preserve_quotes = True
+    return yaml
+
+
+def rewrite(root: Path, text: str) -> str:
+    """dvc.yaml ``text`` with every stage's code deps replaced by its import closure; other
+    deps, their comments and the rest of the file stay as they are."""
+    from ruamel.yaml.comments import CommentedSeq
+
+    yaml = _yaml()
+    document = yaml.load(text)
+    packages = project_packages(root)
+    for name, closure in stage_closures(root, document["stages"]).items():
+        stage = document["stages"][name]
+        old = stage.get("deps") or CommentedSeq()
+        kept = [i for i, entry in enumerate(old) if not is_code(dep_path(entry), packages)]
+        new = CommentedSeq([old[i] for i in kept] + compact(root, closure))
+        for j, i in enumerate(kept):
+            if i in old.ca.items:
+                new.ca.items[j] = old.ca.items[i]
+        last = len(old) - 1
+        if old and last not in kept and last in old.ca.items:  # comment lines after the list
+            new.ca.items[len(new) - 1] = old.ca.items[last]
+        if "deps" in stage:
+            stage["deps"] = new
+        else:
+            stage.insert(list(stage).index("cmd") + 1, "deps", new)
+    buffer = io.StringIO()
+    yaml.dump(document, buffer)
+    return buffer.getvalue()
+
+
+def load_stages(dvc_yaml: Path) -> dict:
+    try:
+        document = _yaml().load(dvc_yaml.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{dvc_yaml}: {exc.strerror}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("stages"), dict):
+        raise ConfigError(f"{dvc_yaml}: no stages mapping")
+    return document["stages"]
+
+
+@click.command()
+@click.option(
+    "--dvc-yaml",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=Path("dvc.yaml"),
+    show_default=True,
+    help="The pipeline file; its directory is the project root.",
+)
+@click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
+def main(dvc_yaml: Path, write: bool) -> None:
+    """Check (or rewrite) that each stage's code deps are its command's import closure."""
+    root = dvc_yaml.resolve().parent
+    try:
+        if write:
+            from capsnet.io import atomic_write_text
+
+            text = dvc_yaml.read_text()
+            new = rewrite(root, text)
+            if new != text:
+                atomic_write_text(dvc_yaml, new)
+            click.echo(f"{dvc_yaml}: {'rewritten' if new != text else 'already exact'}")
+            return
+        problems = differences(root, load_stages(dvc_yaml))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in problems:
+        click.echo(line)
+    if problems:
+        raise click.exceptions.Exit(1)
+    click.echo(f"{dvc_yaml}: every stage's code deps are its import closure")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""dvc.yaml: each stage's code deps are its command's import closure; its params exist."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ruamel.yaml")
+
+from capsnet.errors import ConfigError
+from pipeline import dvc_deps
+
+
+@pytest.fixture(scope="module")
+def stages(repo_root):
+    return dvc_deps.load_stages(repo_root / "dvc.yaml")
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_every_stage_deps_are_its_command_import_closure(repo_root, stages):
+    problems = dvc_deps.differences(repo_root, stages)
+    assert not problems, (
+        "dvc.yaml code deps differ from the import closures "
+        "(fix with `python -m pipeline.dvc_deps --write`):\n" + "\n".join(problems)
+    )
+
+
+def test_a_missing_or_extra_dep_is_named_with_its_stage(repo_root, stages):
+    evaluate = dict(stages["evaluate"])
+    closure = dvc_deps.stage_closures(repo_root, {"evaluate": evaluate})["evaluate"]
+    assert "capsnet/losses.py" in closure  # FGSM and BIM use the training losses
+    kept = sorted(closure - {"capsnet/losses.py"})
+    evaluate["deps"] = [*kept, "pipeline/report.py", "data/prepared/mnist"]
+    assert dvc_deps.differences(repo_root, {"evaluate": evaluate}) == [
+        "stage evaluate: deps miss capsnet/losses.py (imported)",
+        "stage evaluate: deps list pipeline/report.py (not imported)",
+    ]
+
+
+def test_report_code_is_not_a_dep_of_training_stages(repo_root, stages):
+    closures = dvc_deps.stage_closures(repo_root, stages)
+    for name in ("sweep", "train", "evaluate"):
+        assert "pipeline/report.py" not in closures[name], name
+        assert "pipeline/publish.py" not in closures[name], name
+    assert "pipeline/report.py" in closures["publish"]
+    assert "capsnet/cli.py" in closures["download_mnist"]  # the console script's module
+
+
+def test_closure_follows_lazy_relative_and_named_imports(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli.py": """\
+                import click
+                from pkg import sub
+
+                def command():
+                    from .lazy import thing
+                    return thing
+                """,
+            "pkg/lazy.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:
+                    import pkg.typed
+                """,
+            "pkg/typed.py": "",
+            "pkg/sub/__init__.py": "from ..registry import load\n",
+            "pkg/registry.py": 'FAMILIES = ("pkg.family", "pkg.missing")\n',
+            "pkg/family.py": "",
+            "pkg/unused.py": "import pkg.cli\n",
+            "other/__init__.py": "",
+        },
+    )
+    assert dvc_deps.import_closure(root, ["pkg.cli"]) == {
+        "pkg/__init__.py",
+        "pkg/cli.py",
+        "pkg/lazy.py",
+        "pkg/typed.py",
+        "pkg/sub/__init__.py",
+        "pkg/registry.py",
+        "pkg/family.py",
+    }
+    assert dvc_deps.project_packages(root) == {"pkg", "other"}
+
+
+def test_closure_refuses_an_unparsable_module(tmp_path):
+    root = write(tmp_path, {"pkg/__init__.py": "", "pkg/bad.py": "def broken(:\n"})
+    with pytest.raises(ConfigError, match=r"pkg/bad\.py: cannot parse"):
+        dvc_deps.import_closure(root, ["pkg.bad"])
+
+
+def test_a_directory_is_listed_only_when_all_its_files_are_imported(tmp_path):
+    root = write(
+        tmp_path,
+        {"pkg/__init__.py": "", "pkg/a/__init__.py": "", "pkg/a/x.py": "", "pkg/b/y.py": ""},
+    )
+    (root / "pkg" / "b" / "notes.txt").write_text("not code\n")
+    (root / "pkg" / "a" / "__pycache__").mkdir()
+    (root / "pkg" / "a" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"")
+    files = {"pkg/__init__.py", "pkg/a/__init__.py", "pkg/a/x.py", "pkg/b/y.py"}
+    assert dvc_deps.compact(root, files) == ["pkg/__init__.py", "pkg/a", "pkg/b/y.py"]
+    assert dvc_deps.files_under(root, "pkg/a") == {"pkg/a/__init__.py", "pkg/a/x.py"}
+
+
+def test_rewrite_keeps_data_deps_and_comments(repo_root):
+    text = (repo_root / "dvc.yaml").read_text()
+    head, _, rest = text.partition("  publish:\n")
+    stage, _, tail = rest.partition("    outs:\n")
+    broken = (
+        head
+        + "  publish:\n"
+        + stage.partition("    deps:\n")[0]
+        + "    deps:\n      - eval/metrics.json  # the evaluate stage's\n"
+        + "      - capsnet/routing.py\n"
+        + "    outs:\n"
+        + tail
+    )
+    fixed = dvc_deps.rewrite(repo_root, broken)
+    assert "      - eval/metrics.json  # the evaluate stage's\n      - capsnet/" in fixed
+    assert dvc_deps.rewrite(repo_root, fixed) == fixed
+    fixed_stages = dvc_deps._yaml().load(fixed)["stages"]
+    assert dvc_deps.differences(repo_root, {"publish": fixed_stages["publish"]}) == []
+
+
+def test_a_stage_must_run_a_project_command(repo_root):
+    with pytest.raises(ConfigError, match="stage odd: cmd must run a project console script"):
+        dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "python train.py"}})
+    with pytest.raises(ConfigError, match="COMMANDS has no command 'nonesuch'"):
+        dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "capsnet nonesuch"}})
+
+
+def test_stage_params_exist_in_params_yaml(repo_root, stages):
+    import yaml
+
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    for name, stage in stages.items():
+        for entry in stage.get("params") or []:
+            assert isinstance(entry, str), f"stage {name}: params from another file: {entry}"
+            assert entry != "data.mirror", f"stage {name}: the mirror is not a param"
+            node = params
+            for part in entry.split("."):
+                assert isinstance(node, dict) and part in node, (
+                    f"stage {name}: param {entry} is not in params.yaml"
+                )
+                node = node[part]
