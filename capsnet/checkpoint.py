@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch import nn
 import capsnet
 from capsnet import models
 from capsnet.errors import CapsnetError, CheckpointError
+from capsnet.io import atomic_open
 
 FORMAT = "capsnet-checkpoint"
 FORMAT_VERSION = 1
@@ -50,19 +50,9 @@ def save(
         "capsnet_version": capsnet.__version__,
         "torch_version": str(torch.__version__),
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_open(path) as fh:
+        torch.save(payload, fh)
+    return Path(path)
 
 
 def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

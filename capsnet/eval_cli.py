@@ -121,8 +121,11 @@ def eval_command(
     figures_dir,
 ):
     """Evaluate CHECKPOINT(s) side by side on the chosen test sets."""
-    from capsnet import eval_stage
-    from capsnet.data.sources import atomic_write_bytes
+    import dataclasses
+
+    from capsnet import eval as evaluation
+    from capsnet.config import EvaluateParams
+    from capsnet.io import atomic_write_text
     from capsnet.train import select_device
 
     if out is not None and out.is_dir():
@@ -132,30 +135,31 @@ def eval_command(
         datasets.append("rotated-mnist")
     if angles is None:
         angles = [float(a) for a in DEFAULT_ANGLES.split(",")]
-    options = eval_stage.EvalOptions(
-        angles=angles,
-        limit=limit,
+    base = EvaluateParams(datasets=tuple(datasets), angles=tuple(angles), limit=limit)
+    settings = dataclasses.replace(
+        base,
         batch_size=batch_size,
-        device=select_device(device),
-        data_root=data_root,
-        mirror=mirror,
-        robustness=robustness,
-        epsilons=epsilons,
-        bim_steps=bim_steps,
-        robustness_limit=robustness_limit,
-        equivariance=equivariance,
-        log=_stderr_log if sys.stderr.isatty() else None,
+        device=str(select_device(device)),
+        robustness=dataclasses.replace(
+            base.robustness,
+            enabled=robustness,
+            epsilons=tuple(epsilons),
+            bim_steps=bim_steps,
+            limit=robustness_limit,
+        ),
+        equivariance=dataclasses.replace(base.equivariance, enabled=equivariance),
     )
-    results = eval_stage.evaluate_checkpoints(list(checkpoints), datasets, options)
-    for line in eval_stage.summary_lines(results):
+    log = _stderr_log if sys.stderr.isatty() else None
+    request = evaluation.EvalRequest(settings, data_root=data_root, mirror=mirror, log=log)
+    drawer = evaluation.FigureDrawer(figures_dir) if figures_dir is not None else None
+    results = evaluation.evaluate_checkpoints(list(checkpoints), request, figures=drawer)
+    for line in evaluation.summary_lines(results):
         click.echo(line)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(out, eval_stage.metrics_json(results).encode())
+        atomic_write_text(out, evaluation.metrics_json(results))
         click.echo(f"wrote {out}")
-    if figures_dir is not None:
-        written = eval_stage.write_figures(results, figures_dir, options)
-        click.echo(f"wrote {len(written)} figure(s) to {figures_dir}")
+    if drawer is not None:
+        click.echo(f"wrote {len(drawer.written)} figure(s) to {figures_dir}")
 
 
 @click.command("evaluate-stage")
@@ -164,13 +168,14 @@ def eval_command(
 @mirror_option
 def evaluate_stage_command(params_path, data_root, mirror):
     """The DVC evaluate stage: every checkpoint in evaluate.models_dir -> evaluate.out_dir."""
-    from capsnet import config, eval_stage
+    from capsnet import config
+    from capsnet import eval as evaluation
 
     params = config.load(params_path)
-    written = eval_stage.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
+    written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
     import json
 
     results = json.loads(written["metrics"].read_text())
-    for line in eval_stage.summary_lines(results):
+    for line in evaluation.summary_lines(results):
         click.echo(line)
     click.echo(f"wrote {len(written)} file(s) to {params.evaluate.out_dir}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from capsnet.io import atomic_open
 
 PERTURBATION_DELTAS = tuple(round(-0.25 + 0.05 * i, 2) for i in range(11))  # the paper's sweep
 
@@ -21,21 +22,14 @@ def _pyplot():
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Save ``fig`` to ``path`` through a temporary file and a rename; close it."""
+    """Save ``fig`` as a PNG to ``path`` atomically; close it."""
     plt = _pyplot()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_open(path) as fh:
+            fig.savefig(fh, format="png", dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return path
+    return Path(path)
 
 
 def rotation_curve(curves: dict[str, dict[str, float]], path, title: str = "") -> Path:

@@ -34,6 +34,30 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.pt"]
 
 
+def test_save_failure_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = checkpoint.save(tmp_path / "a.pt", models.build("lenet5"))
+    before = path.read_bytes()
+
+    def broken_save(obj, fh):
+        fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(path, models.build("lenet5"))
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["a.pt"]
+
+
+def test_saved_file_mode_follows_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = checkpoint.save(tmp_path / "m.pt", models.build("lenet5"))
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o644
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         checkpoint.load(tmp_path / "nope.pt")

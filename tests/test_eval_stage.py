@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import gzip
 import json
 
 import pytest
@@ -10,9 +12,44 @@ import torch
 from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, eval_stage, models
+from capsnet import checkpoint, models
+from capsnet import eval as evaluation
 from capsnet.cli import main
+from capsnet.config import EvaluateParams
 from capsnet.evaluate import multimnist_scores
+
+
+def request(data_root, robustness=None, equivariance=None, **fields) -> evaluation.EvalRequest:
+    """An EvalRequest with robustness and equivariance off unless their fields are given."""
+    base = EvaluateParams(**fields)
+    params = dataclasses.replace(
+        base,
+        robustness=dataclasses.replace(base.robustness, **{"enabled": False, **(robustness or {})}),
+        equivariance=dataclasses.replace(
+            base.equivariance, **{"enabled": False, **(equivariance or {})}
+        ),
+    )
+    return evaluation.EvalRequest(params, data_root=data_root)
+
+
+def mnist_test_set(root, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` MNIST test images (n, 1, 28, 28) uint8 and labels (n,), read straight
+    from the raw IDX files."""
+    raw = root / "raw" / "mnist"
+    with gzip.open(raw / "t10k-images-idx3-ubyte.gz") as fh:
+        images = bytearray(fh.read())[16 : 16 + n * 28 * 28]
+    with gzip.open(raw / "t10k-labels-idx1-ubyte.gz") as fh:
+        labels = bytearray(fh.read())[8 : 8 + n]
+    images = torch.frombuffer(images, dtype=torch.uint8).reshape(n, 1, 28, 28)  # (n, 1, 28, 28)
+    return images, torch.frombuffer(labels, dtype=torch.uint8).long()  # (n,)
+
+
+@torch.no_grad()
+def direct_accuracy(path, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Accuracy of the checkpoint at ``path`` on uint8 images, computed in one batch."""
+    model, _ = checkpoint.load(path)
+    scores = model(images.float() / 255).scores  # (n, classes)
+    return (scores.argmax(dim=1) == labels).float().mean().item()
 
 
 @pytest.fixture(scope="module")
@@ -84,38 +121,35 @@ def test_training_checkpoint_reproduces_training_accuracy(tmp_path, mnist_root):
     assert result.exit_code == 0, result.output
     trained = json.loads((out / "metrics.json").read_text())["mnist"]
     assert trained["n"] == 200
-    options = eval_stage.EvalOptions(angles=[0, 35], limit=200, data_root=mnist_root)
-    results = eval_stage.evaluate_checkpoints([out / "model.pt"], ["mnist"], options)
+    asked = request(mnist_root, datasets=("mnist",), angles=(0, 35), limit=200)
+    results = evaluation.evaluate_checkpoints([out / "model.pt"], asked)
     assert set(results) == {"run"}
     assert results["run"]["mnist"] == trained
     assert trained["accuracy"] > 0.2  # it learned something in a few short epochs
 
 
 def test_rotated_mnist_at_zero_equals_mnist(untrained, mnist_root):
-    options = eval_stage.EvalOptions(angles=[0, 90], limit=64, data_root=mnist_root)
+    asked = request(mnist_root, datasets=("mnist", "rotated-mnist"), angles=(0, 90), limit=64)
     paths = [untrained["lenet5"], untrained["capsnet-small"]]
-    results = eval_stage.evaluate_checkpoints(paths, ["mnist", "rotated-mnist"], options)
+    results = evaluation.evaluate_checkpoints(paths, asked)
     for entry in results.values():
         assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
         assert entry["rotated-mnist"]["n"] == entry["mnist"]["n"] == 64
 
 
 def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
-    options = eval_stage.EvalOptions(
-        angles=[0, 35],
+    datasets = ["mnist", "rotated-mnist", "affnist", "expanded-mnist", "multimnist", "smallnorb"]
+    asked = request(
+        mnist_root,
+        robustness={"enabled": True, "epsilons": (0.1,), "bim_steps": 2, "limit": 16},
+        equivariance={"enabled": True, "angles": (-30, 0, 30), "limit": 8},
+        datasets=tuple(datasets),
+        angles=(0, 35),
         limit=40,
-        data_root=mnist_root,
-        robustness=True,
-        epsilons=[0.1],
-        bim_steps=2,
-        robustness_limit=16,
-        equivariance=True,
-        equivariance_angles=[-30, 0, 30],
-        equivariance_limit=8,
         figure_examples=3,
     )
-    datasets = ["mnist", "rotated-mnist", "affnist", "expanded-mnist", "multimnist", "smallnorb"]
-    results = eval_stage.evaluate_checkpoints(list(untrained.values()), datasets, options)
+    drawer = evaluation.FigureDrawer(tmp_path / "eval" / "figures")
+    results = evaluation.evaluate_checkpoints(list(untrained.values()), asked, figures=drawer)
     assert set(results) == set(untrained)
     for name, entry in results.items():
         assert entry["checkpoint"] == str(untrained[name])
@@ -141,14 +175,8 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     assert wide["affnist"]["source"] == "affnist-synth"  # no real affNIST under mnist_root
     assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
 
-    written = eval_stage.write_outputs(results, tmp_path / "eval", options)
-    assert json.loads(written["metrics"].read_text()) == json.loads(
-        eval_stage.metrics_json(results)
-    )
-    with open(written["rotation_csv"], newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert {r["model"] for r in rows} == {"lenet5", "capsnet-small"}
-    assert len(rows) == 4 and set(rows[0]) == {"angle", "model", "accuracy"}
+    written = evaluation.write_outputs(results, tmp_path / "eval")
+    assert set(written) == {"metrics", "rotation_csv"}
     figures = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {
         "rotation.png",
@@ -156,11 +184,52 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
         "equivariance.png",
         "perturbation-capsnet-small.png",
         "confusion-lenet5.png",
+        "confusion-capsnet-small.png",
         "multimnist-caps36.png",
     } <= figures
+    assert {p.name for p in drawer.written.values()} == figures
     for name in figures:
         assert (tmp_path / "eval" / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     assert not list((tmp_path / "eval").rglob(".*"))  # no temporary files left behind
+
+
+def test_written_metrics_match_accuracy_computed_from_the_models(untrained, mnist_root, tmp_path):
+    """metrics.json and rotation.csv hold the accuracy of each model on the same images,
+    computed here directly from the raw IDX files and the models."""
+    from capsnet.data.datasets import rotate_images
+
+    paths = [untrained["lenet5"], untrained["capsnet-small"]]
+    asked = request(mnist_root, datasets=("mnist", "rotated-mnist"), angles=(0, 35), limit=50)
+    evaluation.write_outputs(evaluation.evaluate_checkpoints(paths, asked), tmp_path)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    with open(tmp_path / "rotation.csv", newline="") as fh:
+        rows = {(r["model"], r["angle"]): float(r["accuracy"]) for r in csv.DictReader(fh)}
+    images, labels = mnist_test_set(mnist_root, 50)
+    tilted = rotate_images(images, 35.0)  # (50, 1, 28, 28)
+    assert set(rows) == {(m, a) for m in ("lenet5", "capsnet-small") for a in ("0", "35")}
+    for name, path in zip(("lenet5", "capsnet-small"), paths):
+        upright_acc = direct_accuracy(path, images, labels)
+        tilted_acc = direct_accuracy(path, tilted, labels)
+        assert metrics[name]["model"] == name
+        assert metrics[name]["mnist"] == {"accuracy": pytest.approx(upright_acc), "n": 50}
+        sweep = metrics[name]["rotated-mnist"]
+        assert sweep["n"] == 50
+        assert sweep["accuracy"] == {
+            "0": pytest.approx(upright_acc),
+            "35": pytest.approx(tilted_acc),
+        }
+        assert rows[(name, "0")] == pytest.approx(upright_acc, abs=1e-6)
+        assert rows[(name, "35")] == pytest.approx(tilted_acc, abs=1e-6)
+
+
+def test_metrics_json_writes_nan_as_null(tmp_path):
+    results = {"m": {"model": "lenet5", "mnist": {"accuracy": float("nan"), "n": 0}}}
+    evaluation.write_outputs(results, tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text())["m"]["mnist"] == {
+        "accuracy": None,
+        "n": 0,
+    }
+    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy\n"
 
 
 def test_seed_checkpoints_are_reported_with_mean_and_std():
@@ -174,13 +243,13 @@ def test_seed_checkpoints_are_reported_with_mean_and_std():
         }
 
     results = {"s0": entry("s0/model.pt", 0.9, 0.6), "s1": entry("s1/model.pt", 0.8, 0.4)}
-    agg = eval_stage.aggregate_seeds(results)["capsnet-small"]
+    agg = evaluation.aggregate_seeds(results)["capsnet-small"]
     assert agg["seeds"] == 2 and agg["checkpoints"] == ["s0/model.pt", "s1/model.pt"]
     assert agg["mnist"] == {"accuracy": pytest.approx(0.85), "n": 100}
     assert agg["rotated-mnist"]["accuracy"]["35"] == pytest.approx(0.5)
     assert agg["std"]["mnist"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
     assert agg["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
-    assert eval_stage.aggregate_seeds({"s0": results["s0"]}) == {}
+    assert evaluation.aggregate_seeds({"s0": results["s0"]}) == {}
 
 
 def test_cli_missing_truncated_and_foreign_checkpoints(tmp_path):

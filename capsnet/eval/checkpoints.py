@@ -1,0 +1,136 @@
+"""Checkpoints x datasets -> one result entry per checkpoint (schema in capsnet/eval/__init__.py).
+
+Every checkpoint is loaded (and so validated) before any data is read; each model is then
+moved to the device once, scored on every dataset, and handed to the figure drawer while
+it is still loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from capsnet import evaluate
+from capsnet.errors import DataError
+from capsnet.eval.datasets import TestSets, image_shape, model_fit
+from capsnet.eval.figures import FigureDrawer
+from capsnet.eval.request import EvalRequest
+from capsnet.eval.seeds import aggregate_seeds
+
+
+def checkpoint_names(paths: Sequence[str | Path]) -> list[str]:
+    """Readable unique names: the file stem, or its folder for a generic 'model.pt'."""
+    paths = [Path(p) for p in paths]
+    names = [
+        p.parent.name if p.stem in ("model", "checkpoint") and p.parent.name else p.stem
+        for p in paths
+    ]
+    if len(set(names)) != len(names):
+        names = [str(p) for p in paths]
+    return names
+
+
+def evaluate_checkpoints(
+    paths: Sequence[str | Path],
+    request: EvalRequest | None = None,
+    names: Sequence[str] | None = None,
+    figures: FigureDrawer | None = None,
+) -> dict[str, dict]:
+    """Evaluate every checkpoint on ``request.params.datasets``; one entry per checkpoint
+    (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per model with
+    several seeds. ``figures`` draws each model's figures while it is loaded."""
+    from capsnet import checkpoint
+
+    request = request or EvalRequest()
+    loaded = [checkpoint.load(path, map_location="cpu") for path in paths]  # fail early
+    data = TestSets(request)
+    names = list(names) if names is not None else checkpoint_names(paths)
+    results: dict[str, dict] = {}
+    for name, path, (model, meta) in zip(names, paths, loaded):
+        model.to(request.device)
+        request.say(f"evaluating {name} ({meta['model_name']})")
+        entry = {"model": meta["model_name"], "checkpoint": str(path)}
+        entry.update(evaluate_model(model, data, request))
+        if figures is not None:
+            figures.add_model(name, model, entry, data, request)
+        results[name] = entry
+        model.cpu()
+    configs = {
+        name: json.dumps(meta["model_config"], sort_keys=True, default=str)
+        for name, (_, meta) in zip(results, loaded)
+    }
+    results.update(aggregate_seeds(results, configs))
+    if figures is not None:
+        figures.finish(results)
+    return results
+
+
+def evaluate_model(model, data: TestSets, request: EvalRequest) -> dict[str, Any]:
+    """{dataset: result} for a loaded model on the device, plus "robustness" and
+    "equivariance" when the request switches them on."""
+    params = request.params
+    entry: dict[str, Any] = {
+        name: _evaluate_one(model, name, data, request) for name in params.datasets
+    }
+    if params.robustness.enabled:
+        entry["robustness"] = _robustness(model, data, request)
+    if params.equivariance.enabled:
+        entry["equivariance"] = _equivariance(model, data, request)
+    return entry
+
+
+def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest) -> dict:
+    if image_shape(name) is not None:
+        reason = model_fit(model, name)
+        if reason is not None:
+            return {"skipped": reason}
+    try:
+        dataset, info = data.get(name, int(model.config.in_channels))
+    except DataError as exc:
+        if not name.startswith("smallnorb"):
+            raise
+        return {"skipped": f"no data: {exc}"}
+    reason = model_fit(model, name, dataset)
+    if reason is not None:
+        return {"skipped": reason, **info}
+    params, device = request.params, request.device
+    if name == "rotated-mnist":
+        return evaluate.rotation_sweep(model, dataset, params.angles, params.batch_size, device)
+    if name == "multimnist":
+        return evaluate.evaluate_multimnist(model, dataset, params.batch_size, device)
+    return {**info, **evaluate.accuracy(model, dataset, params.batch_size, device)}
+
+
+def _robustness(model, data: TestSets, request: EvalRequest) -> dict:
+    reason = model_fit(model, "mnist")
+    if reason is not None:
+        return {"skipped": f"MNIST does not fit: {reason}"}
+    settings = request.params.robustness
+    dataset, _ = data.get("mnist")
+    result = evaluate.robustness(
+        model,
+        dataset.subset(settings.limit),
+        epsilons=tuple(settings.epsilons),
+        bim_steps=settings.bim_steps,
+        batch_size=min(request.params.batch_size, 200),
+        device=request.device,
+    )
+    return {"attack": "untargeted L-inf", "bim_steps": settings.bim_steps, **result}
+
+
+def _equivariance(model, data: TestSets, request: EvalRequest) -> dict:
+    reason = model_fit(model, "mnist")
+    if reason is not None:
+        return {"skipped": f"MNIST does not fit: {reason}"}
+    settings = request.params.equivariance
+    dataset, _ = data.get("mnist")
+    result = evaluate.pose_equivariance(
+        model,
+        dataset.subset(settings.limit),
+        settings.angles,
+        request.params.batch_size,
+        request.device,
+    )
+    return result if result is not None else {"skipped": "the model has no capsule poses"}

@@ -1,0 +1,152 @@
+"""The evaluation's PNG figures, drawn while each model is loaded for its evaluation.
+
+Per model: the confusion matrix on MNIST rotated by ``confusion_angle``, the pose
+perturbation grid and, for MultiMNIST, the two reconstructed digits. Across models, drawn
+once all are evaluated: the rotation curve, the equivariance plot and the reconstructions.
+File names: rotation.png, equivariance.png, reconstructions.png, confusion-<name>.png,
+perturbation-<name>.png, multimnist-<name>.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from capsnet import evaluate
+from capsnet import figures as draw
+from capsnet.eval.datasets import TestSets, model_fit
+from capsnet.eval.request import EvalRequest
+
+
+def slug(name: str) -> str:
+    """``name`` made safe for a file name."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class FigureDrawer:
+    """Figures under ``fig_dir``; ``written`` maps each figure's name to its path."""
+
+    def __init__(self, fig_dir: str | Path):
+        self.fig_dir = Path(fig_dir)
+        self.written: dict[str, Path] = {}
+        self._recon_rows: list[torch.Tensor] = []  # each (k, 1, 28, 28)
+        self._recon_labels: list[str] = []
+
+    def add_model(self, name: str, model, entry: dict, data: TestSets, request: EvalRequest):
+        """The figures of one evaluated model, which is on ``request.device``."""
+        if model_fit(model, "mnist") is None:
+            self._mnist_figures(name, model, data, request)
+        multi = entry.get("multimnist")
+        scored = isinstance(multi, dict) and "strict_accuracy" in multi
+        if scored and getattr(model, "decoder", None) is not None:
+            self.written[f"multimnist-{name}"] = multimnist_figure(
+                model,
+                data.get("multimnist")[0],
+                request.params.figure_examples,
+                self.fig_dir / f"multimnist-{slug(name)}.png",
+                name,
+                request.device,
+            )
+
+    def _mnist_figures(self, name: str, model, data: TestSets, request: EvalRequest) -> None:
+        from capsnet.data.datasets import rotate_images
+
+        params, device = request.params, request.device
+        images, labels = data.get("mnist")[0].tensors  # (N, 1, 28, 28) uint8, (N,)
+        rotated = rotate_images(images, params.confusion_angle)  # (N, 1, 28, 28)
+        predicted = predict_tensor(model, rotated, params.batch_size, device)  # (N,)
+        angle = evaluate.format_angle(params.confusion_angle)
+        self.written[f"confusion-{name}"] = draw.confusion_matrix(
+            predicted,
+            labels,
+            int(model.config.num_classes),
+            self.fig_dir / f"confusion-{slug(name)}.png",
+            title=f"{name}: MNIST rotated {angle}°",
+        )
+        if getattr(model, "decoder", None) is None:
+            return
+        k = params.figure_examples
+        upright = images[:k].float() / 255  # (k, 1, 28, 28)
+        tilted = rotated[:k].float() / 255  # (k, 1, 28, 28)
+        self._recon_rows += [upright, reconstruct(model, upright, device)]
+        self._recon_rows += [tilted, reconstruct(model, tilted, device)]
+        self._recon_labels += ["input 0°", f"{name}\n0°", f"input {angle}°", f"{name}\n{angle}°"]
+        self._perturbation(name, model, upright[0], int(labels[0]), device)
+
+    def _perturbation(self, name: str, model, image: torch.Tensor, label: int, device) -> None:
+        rows = draw.perturbation_rows(model.cpu(), image, label)
+        model.to(device)
+        if rows:
+            self.written[f"perturbation-{name}"] = draw.image_grid(
+                rows,
+                self.fig_dir / f"perturbation-{slug(name)}.png",
+                row_labels=[f"dim {d}" for d in range(len(rows))],
+                col_labels=[f"{d:+.2f}" for d in draw.PERTURBATION_DELTAS],
+                title=f"{name}: each pose dimension of the class capsule perturbed",
+            )
+
+    def finish(self, results: dict) -> dict[str, Path]:
+        """The figures across models (from ``results``' checkpoint entries); returns ``written``."""
+        singles = {name: e for name, e in results.items() if "checkpoint" in e}
+        curves = {
+            name: e["rotated-mnist"]["accuracy"]
+            for name, e in singles.items()
+            if "accuracy" in e.get("rotated-mnist", {})
+        }
+        if curves:
+            self.written["rotation"] = draw.rotation_curve(curves, self.fig_dir / "rotation.png")
+        diagnostics = {
+            name: e["equivariance"]
+            for name, e in singles.items()
+            if "dim_correlation" in e.get("equivariance", {})
+        }
+        if diagnostics:
+            path = self.fig_dir / "equivariance.png"
+            self.written["equivariance"] = draw.equivariance_plot(diagnostics, path)
+        if self._recon_rows:
+            self.written["reconstructions"] = draw.image_grid(
+                self._recon_rows,
+                self.fig_dir / "reconstructions.png",
+                row_labels=self._recon_labels,
+                title="Inputs and their reconstructions from the predicted class capsule",
+            )
+        return self.written
+
+
+@torch.no_grad()
+def predict_tensor(model, images: torch.Tensor, batch_size: int, device) -> torch.Tensor:
+    """Predicted classes (N,) for uint8 images (N, C, H, W)."""
+    out = []
+    for start in range(0, images.shape[0], batch_size):
+        batch = images[start : start + batch_size].float().div_(255).to(device)  # (B, C, H, W)
+        out.append(model(batch).scores.argmax(dim=1).cpu())  # (B,)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def reconstruct(model, images: torch.Tensor, device) -> torch.Tensor:
+    """Reconstructions (B, C, H, W) from the predicted class capsule of images (B, C, H, W)."""
+    return model(images.to(device)).reconstruction.float().cpu()
+
+
+@torch.no_grad()
+def multimnist_figure(model, dataset, k: int, path: Path, name: str, device) -> Path:
+    """Rows: the overlaid inputs, the reconstruction from each of the two highest capsules."""
+    images, targets = dataset.tensors  # (N, 1, S, S) uint8, (N, 10) multi-hot
+    x = images[:k].float().div(255).to(device)  # (k, 1, S, S)
+    out = model(x)
+    top2 = out.scores.topk(2, dim=1).indices  # (k, 2)
+    first = model.decoder(out.poses, top2[:, 0]).float().cpu()  # (k, 1, S, S)
+    second = model.decoder(out.poses, top2[:, 1]).float().cpu()  # (k, 1, S, S)
+    truth = [tuple(int(c) for c in t.nonzero().flatten()) for t in targets[:k]]
+    labels = [
+        f"true {a},{b}\npred {int(p)},{int(q)}" for (a, b), (p, q) in zip(truth, top2.tolist())
+    ]
+    return draw.image_grid(
+        [x.cpu(), first, second, torch.clamp(first + second, 0, 1)],
+        path,
+        row_labels=["input", "1st digit", "2nd digit", "both"],
+        col_labels=labels,
+        title=f"{name}: MultiMNIST, the two predicted digits reconstructed",
+    )

@@ -1,0 +1,91 @@
+"""Several checkpoints of one model (seeds): one entry with the mean of every number and
+the standard deviations under "std"."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _combine(values: list) -> tuple[Any, Any]:
+    """(mean tree, std tree) of equally shaped JSON values; (None, None) where they differ."""
+    first = values[0]
+    if all(_is_number(v) for v in values):
+        clean = [float(v) for v in values]
+        if any(math.isnan(v) for v in clean):
+            return float("nan"), float("nan")
+        return statistics.fmean(clean), statistics.stdev(clean) if len(clean) > 1 else 0.0
+    if isinstance(first, dict) and all(isinstance(v, dict) for v in values):
+        if "skipped" in first or any("skipped" in v for v in values):
+            return (
+                ({"skipped": first["skipped"]}, None)
+                if all(v == first for v in values)
+                else ({"skipped": "skipped for some of the checkpoints"}, None)
+            )
+        means, stds = {}, {}
+        for key in first:
+            if key == "n" and all(v.get("n") == first["n"] for v in values):
+                means["n"] = first["n"]
+                continue
+            if not all(key in v for v in values):
+                continue
+            mean, std = _combine([v[key] for v in values])
+            if mean is not None:
+                means[key] = mean
+            if std is not None:
+                stds[key] = std
+        return means, stds or None
+    if isinstance(first, list) and all(
+        isinstance(v, list) and len(v) == len(first) for v in values
+    ):
+        pairs = [_combine([v[i] for v in values]) for i in range(len(first))]
+        if all(m is not None for m, _ in pairs):
+            stds = [s for _, s in pairs]
+            return [m for m, _ in pairs], stds if all(s is not None for s in stds) else None
+        return None, None
+    if all(v == first for v in values):
+        return first, None
+    return None, None
+
+
+def aggregate_seeds(
+    results: dict[str, dict], configs: dict[str, str] | None = None
+) -> dict[str, dict]:
+    """For each model with several checkpoints of one config (``configs``: name -> model
+    config as text; seeds differ only in weights): {"<model>" or "<model> (mean)": entry},
+    holding the mean of every number, the deviations under "std" and "checkpoints"."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, entry in results.items():
+        if "checkpoint" in entry:
+            key = (entry["model"], (configs or {}).get(name, ""))
+            groups.setdefault(key, []).append(name)
+    out = {}
+    for (model, _), names in groups.items():
+        if len(names) < 2:
+            continue
+        entries = [results[n] for n in names]
+        body = {k: v for k, v in entries[0].items() if k not in ("model", "checkpoint")}
+        means, stds = {}, {}
+        for key in body:
+            if all(key in e for e in entries):
+                mean, std = _combine([e[key] for e in entries])
+                if mean is not None:
+                    means[key] = mean
+                if std is not None:
+                    stds[key] = std
+        key, i = model, 1
+        while key in results or key in out:  # a checkpoint name, or another config's mean
+            key, i = (f"{model} (mean)" if i == 1 else f"{model} (mean {i})"), i + 1
+        out[key] = {
+            "model": model,
+            "checkpoints": [entries[i]["checkpoint"] for i in range(len(entries))],
+            "seeds": len(entries),
+            **means,
+            "std": stds,
+        }
+    return out
