@@ -13,7 +13,8 @@ import torch
 from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, config, eval_stage, viewpoints
+from capsnet import checkpoint, config, viewpoints
+from capsnet import eval as evaluation
 from capsnet.cli import main
 from capsnet.errors import ConfigError
 
@@ -167,11 +168,11 @@ def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
     assert viewpoints.csv_path(out) == tmp_path / "vp.csv"
     assert viewpoints.csv_path(out).read_text() == header
     assert sorted(p.name for p in out.iterdir()) == ["DISABLED.txt", "viewpoints.json"]
-    section = eval_stage.evaluate_viewpoints(out, eval_stage.EvalOptions())
+    section = evaluation.evaluate_viewpoints(out, evaluation.EvalRequest())
     assert "switched off" in section["skipped"]
-    missing = eval_stage.evaluate_viewpoints(tmp_path / "none", eval_stage.EvalOptions())
+    missing = evaluation.evaluate_viewpoints(tmp_path / "none", evaluation.EvalRequest())
     assert "not found" in missing["skipped"]
-    lines = eval_stage.summary_lines({"viewpoints": section})
+    lines = evaluation.summary_lines({"viewpoints": section})
     assert any("novel viewpoints: skipped" in line for line in lines)
 
 
@@ -377,7 +378,7 @@ def test_report_has_a_novel_viewpoint_table():
     skipped = report.render_html({"lenet5": entry, "viewpoints": {"skipped": "not found"}})
     assert "Not run: not found" in skipped and '<table id="viewpoints">' not in skipped
     assert "Novel viewpoints" not in report.render_html({"lenet5": entry})
-    lines = eval_stage.summary_lines(results)
+    lines = evaluation.summary_lines(results)
     assert lines[0].split() == ["checkpoint", "model", "mnist"] and len(lines[1].split()) == 3
     assert any("azimuth" in line and "(0.135)" in line for line in lines)
     assert any("elevation: skipped" in line for line in lines)
