@@ -7,7 +7,6 @@ here touches the network in offline mode. ``capsnet publish`` is the stage's com
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -169,7 +168,7 @@ def create_wandb_report(
 def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
     """The whole stage for a ``config.Params``: runs, report.html, the W&B Report when
     online. Returns what was published (also written beside the HTML as published.json)."""
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import atomic_write_json
 
     settings = params.publish
     say = log or (lambda line: None)
@@ -204,7 +203,7 @@ def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
         "report_url": url,
     }
     out = Path(settings.html).with_name("published.json")
-    atomic_write_bytes(out, (json.dumps(summary, indent=2) + "\n").encode())
+    atomic_write_json(out, summary)
     return summary
 
 
