@@ -1,13 +1,89 @@
-"""click options that several ``capsnet`` commands share (click only; no torch import)."""
+"""click options that several ``capsnet`` commands share, and where their defaults come from.
+
+Every default is read from a params dataclass (capsnet.config) or from
+capsnet.train.TrainConfig; the data root and the mirror are resolved here, once, and the
+library receives plain values. Only click and the torch-free config are imported, so
+``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import math
 from pathlib import Path
 
 import click
 
-MIRROR_HELP = "Dataset mirror (default: $CAPSNET_MIRROR, then data.mirror)."
-DATA_ROOT_HELP = "Data directory (default: $CAPSNET_DATA or ./data)."
+DATA_ENV = "CAPSNET_DATA"
+MIRROR_ENV = "CAPSNET_MIRROR"
+
+
+def field_default(cls, name: str):
+    """The default of dataclass ``cls``'s field ``name`` (default_factory called)."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+            return item.default
+    raise AttributeError(f"{cls.__name__} has no field {name!r}")
+
+
+def train_default(name: str) -> dict:
+    """``default`` and ``show_default`` of an option that defaults to TrainConfig's field
+    ``name``, read when the command runs (capsnet.train imports torch; --help must not)."""
+
+    def default():
+        from capsnet.train import TrainConfig
+
+        return field_default(TrainConfig, name)
+
+    return {"default": default, "show_default": f"TrainConfig.{name}"}
+
+
+def format_floats(values) -> str:
+    """``(0.0, 15.0)`` -> ``"0,15"``, the form list options are written in."""
+    return ",".join(f"{v:g}" for v in values)
+
+
+class FiniteFloat(click.ParamType):
+    """A float that refuses nan and inf; optionally ``low <= x`` (``low < x`` when
+    ``low_open``) and ``x <= high``."""
+
+    name = "float"
+
+    def __init__(self, low: float | None = None, high: float | None = None, low_open=False):
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        low, high = self.low, self.high
+        if low is not None and (number < low or (self.low_open and number == low)):
+            self.fail(f"{number:g} is not {'>' if self.low_open else '>='} {low:g}", param, ctx)
+        if high is not None and number > high:
+            self.fail(f"{number:g} is not <= {high:g}", param, ctx)
+        return number
+
+
+class FloatList(click.ParamType):
+    """Comma-separated numbers (``0,15,30``), each checked by a FiniteFloat -> a tuple."""
+
+    name = "floats"
+
+    def __init__(self, element: FiniteFloat | None = None):
+        self.element = element or FiniteFloat()
+
+    def convert(self, value, param, ctx) -> tuple[float, ...]:
+        items = value if isinstance(value, (tuple, list)) else str(value).split(",")
+        items = [item for item in items if str(item).strip()]
+        if not items:
+            self.fail("no numbers given", param, ctx)
+        return tuple(self.element.convert(item, param, ctx) for item in items)
 
 
 def params_option(sections: str, default: str | None = "params.yaml"):
@@ -22,15 +98,45 @@ def params_option(sections: str, default: str | None = "params.yaml"):
     )
 
 
-def data_root_option(name: str = "--data-root", default: str | None = None, help=DATA_ROOT_HELP):
-    """The data directory option (``--data-root``; ``--root`` for ``capsnet data``)."""
+class _FirstNameOption(click.Option):
+    """An option whose later names still work but only the first shows in ``--help``."""
+
+    def get_help_record(self, ctx):
+        shown = copy.copy(self)
+        shown.opts = self.opts[:1]
+        return click.Option.get_help_record(shown, ctx)
+
+
+def data_root_option(*old_names: str, help: str = "Data directory."):
+    """``--data-root`` (also ``$CAPSNET_DATA``; default ``data``); ``old_names`` (e.g.
+    ``--root``) are accepted and not shown."""
     return click.option(
-        name,
+        "--data-root",
+        *old_names,
+        "data_root",
+        cls=_FirstNameOption,
         type=click.Path(file_okay=False, path_type=Path),
-        default=default,
-        show_default=default is not None,
+        envvar=DATA_ENV,
+        show_envvar=True,
+        default="data",
+        show_default=True,
         help=help,
     )
 
 
-mirror_option = click.option("--mirror", default=None, help=MIRROR_HELP)
+mirror_option = click.option(
+    "--mirror",
+    envvar=MIRROR_ENV,
+    show_envvar=True,
+    default=None,
+    help="Dataset mirror: a directory or URL prefix tried before the official hosts "
+    "(else data.mirror where a params file is read).",
+)
+
+
+def resolve_mirror(mirror: str | None, params=None) -> str | None:
+    """The mirror a command uses: ``--mirror`` / $CAPSNET_MIRROR, else ``data.mirror`` of
+    ``params`` (a config.Params), else None (the official hosts only)."""
+    if mirror:
+        return mirror
+    return (params.data.mirror if params is not None else "") or None

@@ -14,9 +14,7 @@ def _stderr_log(line: str) -> None:
 
 @click.command("viewpoints")
 @params_option("sections viewpoints and data.smallnorb")
-@data_root_option(
-    default="data", help="Data directory holding prepared/smallnorb (the DVC stages' data/)."
-)
+@data_root_option(help="Data directory holding prepared/smallnorb (the DVC stages' data/).")
 def viewpoints_command(params_path, data_root):
     """Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel
     viewpoints at matched familiar error -> viewpoints.out_dir."""

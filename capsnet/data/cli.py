@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli_options import FiniteFloat, data_root_option, mirror_option, resolve_mirror
 from capsnet.data.datasets import DATASETS
 from capsnet.data.stages import DOWNLOADS, PREPARES
 
@@ -26,12 +27,7 @@ params_option = click.option(
     default=None,
     help=PARAMS_HELP,
 )
-root_option = click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Data directory (default: $CAPSNET_DATA or ./data).",
-)
+root_option = data_root_option("--root")
 
 
 @click.group("data")
@@ -43,16 +39,14 @@ def data_group() -> None:
 @click.argument("dataset", type=click.Choice(DOWNLOADS))
 @params_option
 @root_option
-@click.option(
-    "--mirror",
-    default=None,
-    help="Mirror directory or URL prefix (default: $CAPSNET_MIRROR, then data.mirror).",
-)
-def download_command(dataset, params_path, root, mirror) -> None:
-    """Fetch and verify DATASET's raw files into ROOT/raw/DATASET."""
+@mirror_option
+def download_command(dataset, params_path, data_root, mirror) -> None:
+    """Fetch and verify DATASET's raw files into DATA_ROOT/raw/DATASET."""
     from capsnet.data import stages
 
-    out = stages.download(dataset, _params(params_path), root, mirror, sys.stderr.isatty())
+    params = _params(params_path)
+    mirror = resolve_mirror(mirror, params)
+    out = stages.download(dataset, params, data_root, mirror, sys.stderr.isatty())
     click.echo(f"{dataset}: {out}")
 
 
@@ -60,11 +54,11 @@ def download_command(dataset, params_path, root, mirror) -> None:
 @click.argument("dataset", type=click.Choice(PREPARES))
 @params_option
 @root_option
-def prepare_command(dataset, params_path, root) -> None:
-    """Build ROOT/prepared/DATASET from the raw files (or the prepared MNIST)."""
+def prepare_command(dataset, params_path, data_root) -> None:
+    """Build DATA_ROOT/prepared/DATASET from the raw files (or the prepared MNIST)."""
     from capsnet.data import stages
 
-    out = stages.prepare(dataset, _params(params_path), root)
+    out = stages.prepare(dataset, _params(params_path), data_root)
     click.echo(f"{dataset}: {out}")
 
 
@@ -78,7 +72,7 @@ def prepare_command(dataset, params_path, root) -> None:
 )
 @click.option("--split", default="test", show_default=True)
 @click.option("--count", type=click.IntRange(1, 100), default=16, show_default=True)
-@click.option("--angle", type=float, default=None, help="Rotation for rotated-mnist.")
+@click.option("--angle", type=FiniteFloat(), default=None, help="Rotation for rotated-mnist.")
 @click.option("--subset", default="all", show_default=True, help="smallnorb viewpoint subset.")
 @click.option(
     "--augment",
@@ -88,8 +82,8 @@ def prepare_command(dataset, params_path, root) -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @params_option
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None)
-def show_command(dataset, out, split, count, angle, subset, strategy, seed, params_path, root):
+@root_option
+def show_command(dataset, out, split, count, angle, subset, strategy, seed, params_path, data_root):
     """Write a grid of DATASET samples with their labels to OUT (PNG)."""
     from capsnet.data.show import show
 
@@ -104,6 +98,6 @@ def show_command(dataset, out, split, count, angle, subset, strategy, seed, para
         strategy=strategy,
         seed=seed,
         params=params,
-        root=root,
+        root=data_root,
     )
     click.echo(f"wrote {out}")

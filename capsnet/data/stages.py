@@ -34,7 +34,6 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
         )
     data = params.data
     out = _root(params, root) / "raw" / name
-    mirror = data.resolved_mirror(mirror)
     if not getattr(data, name).enabled:
         return write_disabled(out, f"data.{name}.enabled is false in params.yaml")
     if name == "affnist" and data.affnist.source == "synth":

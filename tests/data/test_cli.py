@@ -37,7 +37,9 @@ def no_network(monkeypatch, tmp_path):
 
 
 def test_prepare_mnist_ok(cli, tiny_root, tmp_path):
-    result = cli("data", "prepare", "mnist", "--root", tiny_root, "--params", params_file(tmp_path))
+    result = cli(
+        "data", "prepare", "mnist", "--data-root", tiny_root, "--params", params_file(tmp_path)
+    )
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in (tiny_root / "prepared" / "mnist").iterdir()) == [
         "test.pt",
@@ -74,7 +76,9 @@ def _label_out_of_range(path):
 )
 def test_bad_mnist_files(cli, tiny_root, tmp_path, damage, needles):
     damage(tiny_root / "raw" / "mnist" / "train-images-idx3-ubyte.gz")
-    result = cli("data", "prepare", "mnist", "--root", tiny_root, "--params", params_file(tmp_path))
+    result = cli(
+        "data", "prepare", "mnist", "--data-root", tiny_root, "--params", params_file(tmp_path)
+    )
     assert_one_line_failure(result, *needles)
     assert not (tiny_root / "prepared").exists() or not files_under(tiny_root / "prepared")
 
@@ -88,7 +92,7 @@ def test_md5_mismatch_on_download(cli, tmp_path, no_network):
         "data",
         "download",
         "mnist",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--mirror",
         tmp_path / "mirror",
@@ -104,7 +108,7 @@ def test_mnist_download_from_mirror(cli, tmp_path, mnist_mirror, no_network):
         "data",
         "download",
         "mnist",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--mirror",
         mnist_mirror,
@@ -128,7 +132,7 @@ def test_corrupt_zip_download(cli, tmp_path, no_network):
         "data",
         "download",
         "affnist",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--mirror",
         mirror,
@@ -149,7 +153,7 @@ def test_zip_slip_download(cli, tmp_path, no_network):
         "data",
         "download",
         "affnist",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--mirror",
         tmp_path / "mirror",
@@ -173,7 +177,7 @@ def test_mat_without_affnist_fields(cli, tmp_path):
         "data",
         "prepare",
         "affnist",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--params",
         params_file(tmp_path, REAL),
@@ -194,7 +198,7 @@ def test_smallnorb_header_dims_disagree(cli, tmp_path):
         "data",
         "prepare",
         "smallnorb",
-        "--root",
+        "--data-root",
         tmp_path / "data",
         "--params",
         params_file(tmp_path, "data:\n  smallnorb:\n    enabled: true\n    size: 8\n    crop: 8\n"),
@@ -219,7 +223,7 @@ def test_bad_params(cli, tiny_root, tmp_path, text, needles):
         "data",
         "prepare",
         "multimnist",
-        "--root",
+        "--data-root",
         tiny_root,
         "--params",
         params_file(tmp_path, text),
@@ -229,7 +233,7 @@ def test_bad_params(cli, tiny_root, tmp_path, text, needles):
 
 
 def test_unknown_dataset_argument(cli, tmp_path):
-    result = cli("data", "prepare", "cifar", "--root", tmp_path)
+    result = cli("data", "prepare", "cifar", "--data-root", tmp_path)
     assert result.exit_code != 0 and "cifar" in result.stderr
 
 
@@ -253,7 +257,7 @@ def test_show_writes_png(cli, tiny_root, tmp_path, dataset, extra):
         dataset,
         "--out",
         out,
-        "--root",
+        "--data-root",
         tiny_root,
         "--count",
         "6",
@@ -263,3 +267,40 @@ def test_show_writes_png(cli, tiny_root, tmp_path, dataset, extra):
     )
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_old_root_spelling_works_and_help_shows_data_root(cli, tiny_root, tmp_path):
+    result = cli("data", "prepare", "mnist", "--root", tiny_root, "--params", params_file(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert (tiny_root / "prepared" / "mnist" / "train.pt").is_file()
+    shown = cli("data", "prepare", "--help").stdout
+    assert "--data-root DIRECTORY" in shown and "--root" not in shown
+    assert "env var: CAPSNET_DATA; default: data" in " ".join(shown.split())
+
+
+def test_data_root_from_the_environment(cli, tiny_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSNET_DATA", str(tiny_root))
+    result = cli("data", "prepare", "mnist", "--params", params_file(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert (tiny_root / "prepared" / "mnist" / "test.pt").is_file()
+
+
+def test_mirror_from_params_then_environment_then_option(
+    cli, tmp_path, mnist_mirror, no_network, monkeypatch
+):
+    """data.mirror is used when neither --mirror nor $CAPSNET_MIRROR is set; each of those
+    wins over it (an empty mirror fails naming itself)."""
+    params = params_file(tmp_path, f"data:\n  mirror: {mnist_mirror}\n")
+    empty = tmp_path / "empty-mirror"
+
+    def download(root, *extra):
+        args = ("data", "download", "mnist", "--data-root", tmp_path / root, "--params", params)
+        return cli(*args, *extra)
+
+    result = download("from-params")
+    assert result.exit_code == 0, result.stderr
+    assert len(files_under(tmp_path / "from-params" / "raw" / "mnist")) == 4
+    monkeypatch.setenv("CAPSNET_MIRROR", str(empty))
+    assert_one_line_failure(download("from-env"), str(empty))
+    monkeypatch.setenv("CAPSNET_MIRROR", str(mnist_mirror))
+    assert_one_line_failure(download("from-option", "--mirror", empty), str(empty))
