@@ -121,57 +121,55 @@ def synthesize(
     shear: float = 0.2,
     scale: tuple[float, float] = (0.8, 1.2),
     side: int = SIDE,
-    batch: int = 2000,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """affnist-synth: random affine maps of digits uint8 (N, 28, 28) on a side x side canvas.
 
     Rotation in +-rotation_degrees, shear in +-shear, per-axis scale in ``scale`` about the
-    canvas centre (bilinear), then an integer translation drawn so the ink stays inside.
-    Returns images uint8 (N, side, side) and the parameters float (N, 6) =
-    (degrees, shear, scale_x, scale_y, shift_x, shift_y).
+    canvas centre (bilinear, exact: ``capsnet.data.resample``), then an integer translation
+    drawn so the ink stays inside. Returns images uint8 (N, side, side) and the parameters
+    float (N, 6) = (degrees, shear, scale_x, scale_y, shift_x, shift_y).
     """
     import torch.nn.functional as F
+
+    from capsnet.data.resample import warp_about_centre
 
     generator = torch.Generator().manual_seed(seed)
     n = images.shape[0]
     u = torch.rand(n, 4, generator=generator, dtype=torch.float64)  # (N, 4)
-    degrees = (2 * u[:, 0] - 1) * rotation_degrees
-    shears = (2 * u[:, 1] - 1) * shear
+    degrees = (2 * u[:, 0] - 1) * rotation_degrees  # (N,)
+    shears = (2 * u[:, 1] - 1) * shear  # (N,)
     scales = scale[0] + (scale[1] - scale[0]) * u[:, 2:4]  # (N, 2)
-    theta = torch.deg2rad(degrees)
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], 1)  # (N,2,2)
-    sh = torch.eye(2, dtype=torch.float64).repeat(n, 1, 1)
-    sh[:, 0, 1] = shears
-    forward = rot @ sh @ torch.diag_embed(scales)  # (N, 2, 2), output = forward @ input
-    inverse = torch.linalg.inv(forward).float()  # (N, 2, 2)
+    inverse = _inverse_maps(degrees, shears, scales)  # (N, 2, 2)
     pad = (side - images.shape[1]) // 2
     canvas = F.pad(images, (pad, side - images.shape[2] - pad, pad, side - images.shape[1] - pad))
+    canvas = canvas[:, None]  # (N, 1, side, side)
+    centred = warp_about_centre(canvas, inverse)[:, 0]  # (N, side, side)
+    shift = _ink_preserving_shifts(centred > 0, torch.rand(n, 2, generator=generator))  # (N, 2)
+    warped = warp_about_centre(canvas, inverse, shift.double())[:, 0]  # (N, side, side)
+    params = torch.stack([degrees, shears, scales[:, 0], scales[:, 1]], 1).float()  # (N, 4)
+    return warped, torch.cat([params, shift], 1)  # (N, side, side), (N, 6)
 
-    def warp(shift: torch.Tensor) -> torch.Tensor:  # shift float (N, 2) pixels (x, y)
-        out = []
-        for start in range(0, n, batch):
-            stop = min(n, start + batch)
-            affine = torch.cat(
-                [
-                    inverse[start:stop],
-                    -(inverse[start:stop] @ (2 * shift[start:stop] / side)[..., None]),
-                ],
-                2,
-            )  # (B, 2, 3)
-            src = canvas[start:stop, None].float()  # (B, 1, side, side)
-            grid = F.affine_grid(affine, list(src.shape), align_corners=False)
-            out.append(
-                F.grid_sample(
-                    src, grid, mode="bilinear", padding_mode="zeros", align_corners=False
-                )[:, 0]
-            )  # (B, side, side)
-        return torch.cat(out).round_().clamp_(0, 255).to(torch.uint8)  # (N, side, side)
 
-    centred = warp(torch.zeros(n, 2))
-    ink = centred > 0  # (N, side, side)
+def _inverse_maps(degrees: torch.Tensor, shears: torch.Tensor, scales: torch.Tensor):
+    """Inverses float64 (N, 2, 2) of forward = rotation @ shear @ diag(scales), the map from
+    a digit's (x, y) offset from the centre to its place on the output, entry by entry in
+    float64 (no matrix kernels)."""
+    from capsnet.data.resample import sin_cos_degrees
+
+    pairs = [sin_cos_degrees(d) for d in degrees.tolist()]
+    sin, cos = torch.tensor(pairs, dtype=torch.float64).unbind(1)  # (N,) each
+    sx, sy = scales.unbind(1)  # (N,) each
+    a, b = cos * sx, (cos * shears - sin) * sy  # forward row 0: rot @ [[sx, s sy], [0, sy]]
+    c, d = sin * sx, (sin * shears + cos) * sy  # forward row 1
+    det = a * d - b * c  # (N,) = sx sy > 0
+    return torch.stack([torch.stack([d, -b], 1), torch.stack([-c, a], 1)], 1) / det[:, None, None]
+
+
+def _ink_preserving_shifts(ink: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Integer shifts float (N, 2) = (x, y), uniform over those keeping the inked pixels of
+    ink bool (N, side, side) on the canvas; ``draws`` float (N, 2) uniform in [0, 1)."""
+    n, side = ink.shape[0], ink.shape[-1]
     axis = torch.arange(side)
-    draws = torch.rand(n, 2, generator=generator)  # (N, 2) for (x, y)
     shift = torch.zeros(n, 2)  # (N, 2) pixels (x, y)
     for column, mask in ((0, ink.any(1)), (1, ink.any(2))):  # (N, side) columns, then rows
         lo = torch.where(mask, axis, side).amin(1)  # first inked column/row
@@ -181,18 +179,7 @@ def synthesize(
         choice = low + (draws[:, column] * (high - low + 1)).floor().long()
         shift[:, column] = torch.minimum(choice, high).float()
     shift[~ink.flatten(1).any(1)] = 0.0
-    params = torch.stack(
-        [
-            degrees.float(),
-            shears.float(),
-            scales[:, 0].float(),
-            scales[:, 1].float(),
-            shift[:, 0],
-            shift[:, 1],
-        ],
-        1,
-    )  # (N, 6)
-    return warp(shift), params
+    return shift
 
 
 def build_synth(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from capsnet.data.datasets import rotate_images
+from capsnet.data.resample import rotate as rotate_images
 
 
 def filename(angle: float) -> str:

@@ -96,6 +96,28 @@ def test_affnist_synth_ranges_determinism_and_ink_kept():
     assert ratio.min() > 0.9 and ratio.max() < 1.1
 
 
+def test_affnist_synth_matches_torch_affine_warp_within_rounding():
+    """The exact float64 warp against torch's own affine_grid + grid_sample (float32) with
+    the recorded parameters: the same map, at most 1 apart after rounding."""
+    import torch.nn.functional as F
+
+    images, _ = tiny_mnist(40)
+    out, params = affnist.synthesize(images, seed=2)
+    degrees, shear, sx, sy, tx, ty = params.double().unbind(1)  # (N,) each
+    cos, sin = torch.cos(torch.deg2rad(degrees)), torch.sin(torch.deg2rad(degrees))
+    rot = torch.stack([torch.stack([cos, -sin], 1), torch.stack([sin, cos], 1)], 1)  # (N,2,2)
+    shear_map = torch.eye(2, dtype=torch.float64).repeat(len(params), 1, 1)
+    shear_map[:, 0, 1] = shear
+    forward = rot @ shear_map @ torch.diag_embed(torch.stack([sx, sy], 1))  # (N, 2, 2)
+    inverse = torch.linalg.inv(forward).float()  # (N, 2, 2)
+    shift = torch.stack([tx, ty], 1).float()[..., None] * 2 / 40  # (N, 2, 1) normalised
+    theta = torch.cat([inverse, -(inverse @ shift)], 2)  # (N, 2, 3)
+    canvas = F.pad(images, (6, 6, 6, 6))[:, None].float()  # (N, 1, 40, 40)
+    grid = F.affine_grid(theta, list(canvas.shape), align_corners=False)
+    reference = F.grid_sample(canvas, grid, align_corners=False)[:, 0]  # (N, 40, 40)
+    assert (out.double() - reference.double()).abs().max() <= 0.5 + 1e-3
+
+
 def test_real_affnist_missing_names_the_way_out(tiny_root):
     with pytest.raises(DataError, match="use affnist-synth"):
         load("affnist", "test", tiny_root)

@@ -41,6 +41,20 @@ def test_prepare_and_load_crops(norb_root):
     assert left[0][0].shape == (1, 32, 32)
 
 
+def test_downsample_is_torch_antialiased_bilinear_within_rounding():
+    from torchvision.transforms.v2 import functional as TF
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (5, 2, 96, 96), generator=generator).to(torch.uint8)
+    for size in (48, 32, 50):
+        ours = smallnorb.downsample(images, size)  # (5, 2, size, size)
+        reference = TF.resize(images.float(), [size, size], antialias=True)
+        assert ours.shape == (5, 2, size, size) and ours.dtype == torch.uint8
+        assert (ours.double() - reference.double()).abs().max() <= 0.5 + 1e-3
+    flat = torch.full((1, 1, 96, 96), 77, dtype=torch.uint8)
+    assert torch.equal(smallnorb.downsample(flat, 37), torch.full((1, 1, 37, 37), 77).byte())
+
+
 def test_viewpoint_subsets(norb_root):
     stages.prepare("smallnorb", ON, norb_root)
     info = torch.tensor([[0, e, a, 0] for e in range(9) for a in range(0, 36, 2)])
