@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from capsnet.data.smallnorb import CLASSES as SMALLNORB_CLASSES
 from capsnet.errors import DataError
 from capsnet.eval.request import EvalRequest
 
@@ -83,18 +82,12 @@ def image_shape(name: str) -> tuple[int, int] | None:
     return None
 
 
-def _dataset_shape(name: str, dataset) -> tuple[int, int, int, str | None]:
-    """(channels, size, classes, non-square reason) of a loaded dataset."""
+def _dataset_shape(dataset) -> tuple[int, int, int, str | None]:
+    """(channels, size, classes, non-square reason) of a loaded dataset; the classes are
+    what the dataset declares."""
     _, channels, height, width = dataset.tensors[0].shape  # (N, C, H, W)
-    labels = dataset.tensors[1]  # (N,) class indices or (N, classes) multi-hot
-    if name.startswith("smallnorb"):
-        classes = SMALLNORB_CLASSES
-    elif labels.dim() == 2:
-        classes = int(labels.shape[-1])
-    else:
-        classes = MNIST_CLASSES
     square = None if width == height else f"images are {height}x{width}"
-    return channels, height, classes, square
+    return channels, height, int(getattr(dataset, "num_classes", MNIST_CLASSES)), square
 
 
 def model_fit(model, name: str, dataset=None) -> str | None:
@@ -103,7 +96,7 @@ def model_fit(model, name: str, dataset=None) -> str | None:
     size, channels = int(config.input_size), int(config.in_channels)
     classes = int(config.num_classes)
     if dataset is not None:
-        need_channels, need_size, need_classes, square = _dataset_shape(name, dataset)
+        need_channels, need_size, need_classes, square = _dataset_shape(dataset)
         if square is not None:
             return f"{square}, the model takes square {size}x{size}"
     else:
