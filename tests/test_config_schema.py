@@ -45,8 +45,8 @@ def error_of(tmp_path, text: str) -> str:
             "params.yaml: viewpoints.tolerance: must be a finite number, got -inf",
         ),
         (
-            "data:\n  rotated:\n    angles: [0, .nan, 35]\n",
-            "params.yaml: data.rotated.angles[1]: must be a finite number, got nan",
+            "evaluate:\n  angles: [0, .nan, 35]\n",
+            "params.yaml: evaluate.angles[1]: must be a finite number, got nan",
         ),
         (
             "augment:\n  affine:\n    scale: [0.9, .inf]\n",

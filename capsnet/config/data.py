@@ -45,7 +45,6 @@ class AffnistParams:
     enabled: bool = True
     source: AffnistSource = "synth"
     include_training: bool = False  # also fetch training_and_validation_batches.zip (1.6 GB)
-    expanded_seed: int = 0
     synth: AffnistSynthParams = field(default_factory=AffnistSynthParams)
 
 
@@ -84,20 +83,6 @@ class MultiMnistParams:
         at_least(self, "test_pairs_per_digit", 1)
 
 
-def _default_angles() -> tuple[float, ...]:
-    return tuple(sorted({float(a) for a in range(-180, 181, 15)} | {35.0}))
-
-
-@dataclass(frozen=True)
-class RotatedParams:
-    enabled: bool = True
-    angles: tuple[float, ...] = field(default_factory=_default_angles)
-
-    def __post_init__(self):
-        if not self.angles:
-            raise Invalid("angles", "must list at least one angle")
-
-
 @dataclass(frozen=True)
 class DataParams:
     mirror: str = ""
@@ -105,7 +90,6 @@ class DataParams:
     affnist: AffnistParams = field(default_factory=AffnistParams)
     smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
     multimnist: MultiMnistParams = field(default_factory=MultiMnistParams)
-    rotated: RotatedParams = field(default_factory=RotatedParams)
 
     def resolved_mirror(self, option: str | None = None) -> str | None:
         """--mirror option, else $CAPSNET_MIRROR, else data.mirror, else None."""

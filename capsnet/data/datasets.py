@@ -183,7 +183,7 @@ def load(
             raise DataError("rotated-mnist needs an angle")
         from capsnet.data import rotated
 
-        images, labels = rotated.load_tensors(root, split, angle, mnist_split)
+        images, labels = rotated.load_tensors(split, angle, mnist_split)
         return TensorImageDataset(images, labels, f"rotated-mnist-{angle:g}")
     if name == "expanded-mnist":
         from capsnet.data import affnist

@@ -15,7 +15,7 @@ from capsnet.data.store import is_disabled, write_disabled
 from capsnet.errors import DataError
 
 DOWNLOADS = ("mnist", "affnist", "smallnorb")
-PREPARES = ("mnist", "affnist", "affnist-synth", "smallnorb", "multimnist", "rotated-mnist")
+PREPARES = ("mnist", "affnist", "affnist-synth", "smallnorb", "multimnist")
 
 
 def _root(params: Params, root: str | Path | None) -> Path:
@@ -60,20 +60,18 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
 
 def prepare(name: str, params: Params, root=None) -> Path:
     """Build ``<root>/prepared/<name>`` from the raw files or the prepared MNIST."""
-    from capsnet.data import affnist, mnist, multimnist, rotated, smallnorb
+    from capsnet.data import affnist, mnist, multimnist, smallnorb
 
     if name not in PREPARES:
         raise DataError(f"unknown dataset {name!r} to prepare; choose one of {', '.join(PREPARES)}")
     data = params.data
     root = _root(params, root)
     out = root / "prepared" / name
-    section = {"affnist-synth": "affnist", "rotated-mnist": "rotated"}.get(name, name)
+    section = "affnist" if name == "affnist-synth" else name
     if not getattr(data, section).enabled:
         return write_disabled(out, f"data.{section}.enabled is false in params.yaml")
     if name == "mnist":
         return mnist.prepare(root / "raw" / "mnist", out)
-    if name == "rotated-mnist":
-        return rotated.prepare(root, out, data.rotated.angles)
     if name == "multimnist":
         m = data.multimnist
         return multimnist.build(

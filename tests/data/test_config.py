@@ -22,7 +22,6 @@ def test_repository_params_are_valid_and_default_runs_offline(repo_root):
     assert params.data.mnist.enabled and params.data.multimnist.enabled
     assert params.data.affnist.source == "synth"  # real affNIST is unreachable offline
     assert not params.data.smallnorb.enabled
-    assert 35.0 in params.data.rotated.angles and -180.0 in params.data.rotated.angles
     assert params.augment.strategy in ("none", "shift", "rotate", "affine", "elastic")
 
 
@@ -53,8 +52,8 @@ def test_missing_sections_take_defaults(tmp_path):
         ),
         ("data:\n  multimnist:\n    merge: add\n", "params.yaml: data.multimnist.merge: 'add'"),
         (
-            "data:\n  rotated:\n    angles: [0, x]\n",
-            "params.yaml: data.rotated.angles[1]: expected a number",
+            "evaluate:\n  angles: [0, x]\n",
+            "params.yaml: evaluate.angles[1]: expected a number",
         ),
         (
             "augment:\n  affine:\n    scale: [0.9]\n",

@@ -14,11 +14,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def shrink(params: str) -> str:
-    """The real params.yaml, shrunk: two rotation angles, 500 affnist-synth digits."""
+    """The real params.yaml, shrunk: 500 affnist-synth digits."""
     import yaml
 
     values = yaml.safe_load(params)
-    values["data"]["rotated"]["angles"] = [0, 35]
     values["data"]["affnist"]["synth"]["limit"] = 500
     return yaml.safe_dump(values, sort_keys=False)
 
@@ -68,14 +67,11 @@ def test_dvc_repro_data_stages_then_nothing_to_do(tmp_path, repo_root, mnist_mir
     assert "Running stage 'prepare_mnist'" in first
     prepared = work / "data" / "prepared"
     assert sorted(p.name for p in (prepared / "mnist").iterdir()) == ["test.pt", "train.pt"]
-    assert sorted(p.name for p in (prepared / "rotated-mnist").iterdir()) == [
-        "angle_0.pt",
-        "angle_35.pt",
-    ]
     assert (prepared / "multimnist" / "train.pt").is_file()
     assert (prepared / "affnist-synth" / "test.pt").is_file()
     assert (prepared / "smallnorb" / "DISABLED.txt").is_file()  # off by default
     assert (prepared / "affnist" / "DISABLED.txt").is_file()  # source: synth by default
+    assert not (prepared / "rotated-mnist").exists()  # rotated when loaded, never stored
 
     second = run([dvc, "repro"], work, env)
     assert "Running stage" not in second and "up to date" in second
@@ -85,4 +81,4 @@ def test_dvc_repro_data_stages_then_nothing_to_do(tmp_path, repo_root, mnist_mir
     params.write_text(params.read_text().replace("    shift: 4", "    shift: 6"))
     status = run([dvc, "status"], work, env)
     assert "build_multimnist" in status
-    assert "prepare_mnist" not in status and "rotated_mnist" not in status
+    assert "prepare_mnist" not in status and "build_affnist_synth" not in status

@@ -1,4 +1,4 @@
-"""Rotated MNIST test sets (SPEC 2.5)."""
+"""Rotated MNIST (SPEC 2.5) and the exact rotation behind it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from datahelpers import tiny_mnist
 
-from capsnet.data import load, mnist, rotate_images, rotated
+from capsnet.data import load, mnist, rotate_images
 from capsnet.data.resample import sin_cos_degrees
 from capsnet.errors import DataError
 
@@ -70,12 +70,11 @@ def test_rotation_refuses_float_images():
         rotate_images(torch.zeros(1, 28, 28), 10)
 
 
-def test_prepared_sets_match_on_the_fly_rotation(tiny_root):
-    mnist.prepare(tiny_root / "raw" / "mnist", tiny_root / "prepared" / "mnist")
-    rotated.prepare(tiny_root, tiny_root / "prepared" / "rotated-mnist", [0, 35, -15])
-    names = sorted(p.name for p in (tiny_root / "prepared" / "rotated-mnist").iterdir())
-    assert names == ["angle_-15.pt", "angle_0.pt", "angle_35.pt"]
-    prepared = load("rotated-mnist", "test", tiny_root, angle=35)
-    images, _ = mnist.read_split(tiny_root / "raw" / "mnist", "test")
-    assert torch.equal(prepared.tensors[0][:, 0], rotate_images(images, 35))
-    assert prepared.name == "rotated-mnist-35"
+def test_rotated_mnist_is_mnist_rotated_when_loaded(tiny_root):
+    dataset = load("rotated-mnist", "test", tiny_root, angle=35, download=False)
+    images, labels = mnist.read_split(tiny_root / "raw" / "mnist", "test")
+    assert torch.equal(dataset.tensors[0][:, 0], rotate_images(images, 35))
+    assert torch.equal(dataset.tensors[1], labels)
+    assert dataset.name == "rotated-mnist-35"
+    with pytest.raises(DataError, match="needs an angle"):
+        load("rotated-mnist", "test", tiny_root, download=False)
