@@ -41,9 +41,9 @@ def train_default(name: str) -> dict:
     return {"default": default, "show_default": f"TrainConfig.{name}"}
 
 
-def format_floats(values) -> str:
+def format_floats(values, sep: str = ",") -> str:
     """``(0.0, 15.0)`` -> ``"0,15"``, the form list options are written in."""
-    return ",".join(f"{v:g}" for v in values)
+    return sep.join(f"{v:g}" for v in values)
 
 
 class FiniteFloat(click.ParamType):

@@ -8,30 +8,17 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import data_root_option, mirror_option, params_option
-from capsnet.config import EVAL_DATASETS
-
-DEFAULT_ANGLES = "0,15,30,35,45,60,90,180"
-
-
-def _parse_floats(what: str, low: float | None = None, high: float | None = None):
-    def parse(ctx, param, value: str | None):
-        if value is None:
-            return None
-        try:
-            numbers = [float(v) for v in value.split(",") if v.strip()]
-        except ValueError:
-            raise click.BadParameter(f"{value!r} is not a comma-separated list of {what}") from None
-        if not numbers:
-            raise click.BadParameter(f"no {what} given")
-        bad = [
-            n for n in numbers if (low is not None and n <= low) or (high is not None and n > high)
-        ]
-        if bad:
-            raise click.BadParameter(f"{bad[0]:g} is outside ({low:g}, {high:g}]")
-        return numbers
-
-    return parse
+from capsnet.cli_options import (
+    FiniteFloat,
+    FloatList,
+    data_root_option,
+    field_default,
+    format_floats,
+    mirror_option,
+    params_option,
+    resolve_mirror,
+)
+from capsnet.config import EVAL_DATASETS, EvaluateParams, RobustnessParams
 
 
 def _stderr_log(line: str) -> None:
@@ -50,18 +37,24 @@ def _stderr_log(line: str) -> None:
 )
 @click.option(
     "--angles",
-    callback=_parse_floats("degrees"),
+    type=FloatList(),
     default=None,
-    help=f"Rotated-MNIST angles (adds rotated-mnist), e.g. {DEFAULT_ANGLES}.",
+    help="Rotated-MNIST angles in degrees (adds rotated-mnist)  [default: "
+    f"{format_floats(field_default(EvaluateParams, 'angles'), ', ')}]",
 )
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
-    default=None,
+    default=field_default(EvaluateParams, "limit"),
     help="Evaluate on the first N test images of each set only.",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=field_default(EvaluateParams, "batch_size"),
+    show_default=True,
+)
+@click.option("--device", default=field_default(EvaluateParams, "device"), show_default=True)
 @data_root_option()
 @mirror_option
 @click.option(
@@ -72,15 +65,20 @@ def _stderr_log(line: str) -> None:
 )
 @click.option(
     "--epsilons",
-    callback=_parse_floats("epsilons", 0.0, 1.0),
-    default="0.05,0.1,0.2,0.3",
+    type=FloatList(FiniteFloat(0, 1, low_open=True)),
+    default=format_floats(field_default(RobustnessParams, "epsilons")),
     show_default=True,
 )
-@click.option("--bim-steps", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option(
+    "--bim-steps",
+    type=click.IntRange(min=2),
+    default=field_default(RobustnessParams, "bim_steps"),
+    show_default=True,
+)
 @click.option(
     "--robustness-limit",
     type=click.IntRange(min=1),
-    default=500,
+    default=field_default(RobustnessParams, "limit"),
     show_default=True,
     help="Attack the first N MNIST test images.",
 )
@@ -124,7 +122,6 @@ def eval_command(
     import dataclasses
 
     from capsnet import eval as evaluation
-    from capsnet.config import EvaluateParams
     from capsnet.io import atomic_write_text
     from capsnet.train import select_device
 
@@ -133,9 +130,8 @@ def eval_command(
     datasets = list(dict.fromkeys(datasets or ("mnist",)))
     if angles and "rotated-mnist" not in datasets:
         datasets.append("rotated-mnist")
-    if angles is None:
-        angles = [float(a) for a in DEFAULT_ANGLES.split(",")]
-    base = EvaluateParams(datasets=tuple(datasets), angles=tuple(angles), limit=limit)
+    given = {"angles": angles} if angles else {}
+    base = EvaluateParams(datasets=tuple(datasets), limit=limit, **given)
     settings = dataclasses.replace(
         base,
         batch_size=batch_size,
@@ -172,6 +168,7 @@ def evaluate_stage_command(params_path, data_root, mirror):
     from capsnet import eval as evaluation
 
     params = config.load(params_path)
+    mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
     import json
 

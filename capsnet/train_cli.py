@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import data_root_option, mirror_option
+from capsnet.cli_options import FiniteFloat, data_root_option, mirror_option, train_default
 
 
 @click.command("models")
@@ -42,15 +42,14 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     show_default=True,
     help="smallNORB viewpoint subset to train on (e.g. azimuth-familiar).",
 )
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), **train_default("epochs"))
+@click.option("--batch-size", type=click.IntRange(min=1), **train_default("batch_size"))
+@click.option("--lr", type=FiniteFloat(0, low_open=True), **train_default("lr"))
+@click.option("--weight-decay", type=FiniteFloat(0), **train_default("weight_decay"))
 @click.option(
     "--loss",
     type=click.Choice(["auto", "margin", "cross-entropy", "spread"]),
-    default="auto",
-    show_default=True,
+    **train_default("loss"),
     help="auto: margin for dynamic-routing capsules, spread for EM, cross-entropy for CNNs.",
 )
 @click.option(
@@ -87,8 +86,8 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     default=None,
     help="Pixels of the shift strategy (default: params.yaml augment.shift.pixels, 2).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
+@click.option("--seed", type=int, **train_default("seed"))
+@click.option("--device", **train_default("device"), help="auto, cpu, cuda, cuda:N, mps.")
 @click.option(
     "--compile/--no-compile",
     "compile_routing",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import data_root_option, mirror_option, params_option
+from capsnet.cli_options import data_root_option, mirror_option, params_option, resolve_mirror
 
 PARAMS_OPTION = params_option("sections sweep, train, smallnorb_sweep, smallnorb_train")
 DATA_ROOT_OPTION = data_root_option()
@@ -88,7 +88,7 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
         sweep,
         out_dir=out_dir,
         data_root=data_root,
-        mirror=params.data.resolved_mirror(mirror),
+        mirror=resolve_mirror(mirror, params),
         address=address,
         num_cpus=num_cpus,
         augment_params=params.augment,
@@ -163,7 +163,7 @@ def train_final_command(
         sweep,
         best_path=best_path,
         data_root=data_root,
-        mirror=params.data.resolved_mirror(mirror),
+        mirror=resolve_mirror(mirror, params),
         augment_params=params.augment,
         metrics_path=metrics_path,
         log=lambda line: click.echo(line, err=True),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -90,10 +89,6 @@ class DataParams:
     affnist: AffnistParams = field(default_factory=AffnistParams)
     smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
     multimnist: MultiMnistParams = field(default_factory=MultiMnistParams)
-
-    def resolved_mirror(self, option: str | None = None) -> str | None:
-        """--mirror option, else $CAPSNET_MIRROR, else data.mirror, else None."""
-        return option or os.environ.get("CAPSNET_MIRROR") or self.mirror or None
 
 
 # --- augment ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from capsnet.errors import DataError
 from capsnet.models import Shape
 
-DEFAULT_ROOT = Path(os.environ.get("CAPSNET_DATA", "data"))
+DEFAULT_ROOT = Path("data")
 
 
 class TensorImageDataset(Dataset):

@@ -58,16 +58,9 @@ class RemoteFile:
         return None
 
 
-def mirror_setting(mirror: str | None = None) -> str | None:
-    """The mirror to use: the explicit argument, else $CAPSNET_MIRROR, else None."""
-    value = mirror if mirror is not None else os.environ.get(MIRROR_ENV)
-    return value or None
-
-
 def candidate_urls(remote: RemoteFile, mirror: str | None = None) -> list[str]:
     """Mirror first (``<mirror>/<dataset>/<filename>``), then the official URLs."""
     urls = []
-    mirror = mirror_setting(mirror)
     if mirror:
         urls.append(mirror.rstrip("/") + f"/{remote.dataset}/{remote.filename}")
     urls.extend(remote.urls)

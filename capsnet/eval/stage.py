@@ -53,7 +53,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     request = EvalRequest(
         settings,
         data_root=data_root or getattr(params.data, "root", None) or "data",
-        mirror=params.data.resolved_mirror(mirror),
+        mirror=mirror,
         log=log,
     )
     out = Path(settings.out_dir)

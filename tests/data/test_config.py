@@ -144,14 +144,3 @@ def test_generic_validator_serves_new_sections():
 def test_round_trip_to_dict():
     params = config.Params()
     assert config.from_dict(config.Params, config.to_dict(params)) == params
-
-
-def test_mirror_resolution_order(monkeypatch):
-    data = config.DataParams(mirror="/from/params")
-    monkeypatch.delenv("CAPSNET_MIRROR", raising=False)
-    assert data.resolved_mirror() == "/from/params"
-    monkeypatch.setenv("CAPSNET_MIRROR", "/from/env")
-    assert data.resolved_mirror() == "/from/env"
-    assert data.resolved_mirror("/from/option") == "/from/option"
-    monkeypatch.setenv("CAPSNET_MIRROR", "")
-    assert config.DataParams().resolved_mirror() is None

@@ -1,0 +1,200 @@
+"""The sweep's outputs: results.csv (one row per trial), best.json (the best trial's
+config and metrics) and the plot CSVs DVC draws, or marked outputs for a switched-off
+dataset."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from capsnet.config import SweepConfig
+from capsnet.io import atomic_write_text, clear_disabled, write_marker
+from pipeline.trainable import applies
+
+#: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial
+#: reports val_accuracy only (``SweepConfig.metrics``).
+METRICS = ("val_accuracy", "val_rotated_accuracy")
+
+
+def _first_line(error: BaseException | None) -> str:
+    if error is None:
+        return ""
+    text = str(error).strip().splitlines()
+    tail = [line for line in text if line.strip()][-1:] or [type(error).__name__]
+    return tail[0].strip()[:200]
+
+
+def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
+    """One row per trial: id, status, node, the searched parameters, final and best
+    metrics, epochs run and seconds."""
+    rows = []
+    for result in results:
+        metrics = result.metrics or {}
+        frame = result.metrics_dataframe
+        row: dict[str, Any] = {
+            "trial_id": metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_"),
+            "status": "ERROR" if result.error else "TERMINATED",
+            "node": metrics.get("node", ""),
+        }
+        for name in sweep.parameters():
+            row[name] = result.config.get(name)
+        for metric in sweep.metrics():
+            row[f"final_{metric}"] = metrics.get(metric)
+            values = frame[metric].dropna() if frame is not None and metric in frame else []
+            row[f"best_{metric}"] = float(max(values)) if len(values) else None
+        row["epochs"] = metrics.get("epoch", 0)
+        row["early_stopped"] = bool(not result.error and row["epochs"] < sweep.epochs)
+        row["seconds"] = round(float(metrics.get("time_total_s", 0.0)), 3)
+        row["error"] = _first_line(result.error)
+        rows.append(row)
+    rows.sort(key=lambda r: r["trial_id"])
+    return rows
+
+
+def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
+    """The best trial by ``sweep.metric`` at its last epoch: its config and metrics."""
+    good = [r for r in results if not r.error and r.metrics.get(sweep.metric) is not None]
+    if not good:
+        return None
+    best = results.get_best_result(metric=sweep.metric, mode="max", scope="last")
+    data = {"dataset": sweep.dataset}
+    if sweep.dataset == "smallnorb":
+        data["channels"] = sweep.channels
+    else:
+        data["rotation_angle"] = sweep.rotation_angle
+    return {
+        "sweep": sweep.name,
+        "metric": sweep.metric,
+        "mode": "max",
+        **data,
+        "trial_id": best.metrics.get("trial_id"),
+        "config": {name: best.config.get(name) for name in sweep.parameters()},
+        "metrics": {
+            "epoch": best.metrics.get("epoch"),
+            **{metric: best.metrics.get(metric) for metric in sweep.metrics()},
+        },
+    }
+
+
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+    return buffer.getvalue()
+
+
+def plot_rows(
+    rows: list[dict[str, Any]], key: str, metrics: tuple[str, ...] = METRICS
+) -> list[dict[str, Any]]:
+    """The best final val accuracy (and its other metrics) per value of ``key``."""
+    groups: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["status"] != "TERMINATED" or row["final_val_accuracy"] is None:
+            continue
+        value = str(row[key]) if row[key] is not None else "n/a"
+        if not applies(row["model"], key):
+            value = "n/a"
+        label = f"{row['model']}/{value}" if key == "routing_iterations" else value
+        current = groups.get(label)
+        if current is None or row["final_val_accuracy"] > current["val_accuracy"]:
+            groups[label] = {key: label, **{m: row[f"final_{m}"] for m in metrics}}
+    return [groups[k] for k in sorted(groups)]
+
+
+ABLATION_COLUMNS = ["setting", "parameter", "value", "val_accuracy", "mean_val_accuracy", "trials"]
+
+
+def ablation_rows(rows: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[str, Any]]:
+    """One row per value of each searched parameter ("pose=vector"): the best and the mean
+    final val accuracy of the finished trials with that value, and how many there were
+    (the ablation of the EM paper's table, the other axes at their best or averaged)."""
+    out = []
+    for key in sweep.space.searched():
+        groups: dict[str, list[float]] = {}
+        for row in rows:
+            if row["status"] != "TERMINATED" or row["final_val_accuracy"] is None:
+                continue
+            value = str(row[key]) if applies(row["model"], key) else "n/a"
+            groups.setdefault(value, []).append(float(row["final_val_accuracy"]))
+        for value in sorted(groups):
+            scores = groups[value]
+            out.append(
+                {
+                    "setting": f"{key}={value}",
+                    "parameter": key,
+                    "value": value,
+                    "val_accuracy": max(scores),
+                    "mean_val_accuracy": round(sum(scores) / len(scores), 6),
+                    "trials": len(scores),
+                }
+            )
+    return out
+
+
+def result_columns(sweep: SweepConfig) -> list[str]:
+    """results.csv's columns: id, status, node, the recorded parameters, final and best
+    metrics, epochs, early stopping, seconds and the error."""
+    columns = ["trial_id", "status", "node", *sweep.parameters()]
+    columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in sweep.metrics()]
+    return [*columns, "epochs", "early_stopped", "seconds", "error"]
+
+
+def output_paths(out_dir, sweep: SweepConfig) -> dict[str, Path]:
+    """results.csv, best.json and the plot data: by_routing and by_augment for MNIST,
+    by_routing and ablation (every searched parameter) for smallNORB."""
+    out = Path(out_dir)
+    plots = ("by_routing", "ablation") if sweep.dataset == "smallnorb" else PLOTS
+    return {
+        "results": out / "results.csv",
+        "best": out / "best.json",
+        **{name: out / "plots" / f"{name}.csv" for name in plots},
+    }
+
+
+PLOTS = ("by_routing", "by_augment")
+
+
+def write_outputs(out_dir, rows, best, sweep: SweepConfig) -> dict[str, str]:
+    """<out>/results.csv, best.json and plots/ (``output_paths``)."""
+    paths = output_paths(out_dir, sweep)
+    atomic_write_text(paths["results"], _csv(rows, result_columns(sweep)))
+    if best is not None:
+        atomic_write_text(paths["best"], json.dumps(best, indent=2) + "\n")
+    else:
+        paths.pop("best")
+    metrics = sweep.metrics()
+    for name, key in (("by_routing", "routing_iterations"), ("by_augment", "augment")):
+        if name in paths:
+            atomic_write_text(paths[name], _csv(plot_rows(rows, key, metrics), [key, *metrics]))
+    if "ablation" in paths:
+        atomic_write_text(paths["ablation"], _csv(ablation_rows(rows, sweep), ABLATION_COLUMNS))
+    clear_disabled(out_dir)  # left by an earlier run with the data off
+    return {k: str(v) for k, v in paths.items()}
+
+
+def write_disabled(out_dir, sweep: SweepConfig, reason: str) -> dict[str, str]:
+    """The outputs of a sweep whose dataset is switched off, so DVC finds every declared
+    output and nothing looks like a result: <out>/DISABLED.txt saying why, best.json
+    ``{"disabled": reason}``, results.csv and the plot files with their header and no
+    rows, and the (local) Tune storage directory, left as it was."""
+    paths = output_paths(out_dir, sweep)
+    marker = write_marker(out_dir, reason)
+    atomic_write_text(paths["best"], json.dumps({"disabled": reason}, indent=2) + "\n")
+    atomic_write_text(paths["results"], _csv([], result_columns(sweep)))
+    metrics = list(sweep.metrics())
+    headers = {
+        "by_routing": ["routing_iterations", *metrics],
+        "by_augment": ["augment", *metrics],
+        "ablation": ABLATION_COLUMNS,
+    }
+    for name, columns in headers.items():
+        if name in paths:
+            atomic_write_text(paths[name], _csv([], columns))
+    if "://" not in sweep.storage_path:
+        Path(sweep.storage_path).mkdir(parents=True, exist_ok=True)
+    return {"disabled": str(marker), **{k: str(v) for k, v in paths.items()}}

@@ -1,0 +1,393 @@
+"""The Ray Tune sweep: search space from params, ``run_sweep`` (start or resume), failures.
+
+Every trial starts from one base RunSpec (``base_spec``: the sweep's data, sizes, epochs and
+seed, params.yaml's augmentation and smallNORB settings) and trains through
+``capsnet.run`` (pipeline/trainable.py). The data is loaded once by the driver and reaches
+trials through the object store, so trials on other machines need no data directory.
+
+The Tune experiment is named ``<sweep.name>-<fingerprint>``, the fingerprint hashing
+everything a trial reads: the sweep settings that change results, the augmentation and
+smallNORB settings the trials use, the bytes of the training and validation data and the
+source of the code the trials run. Change any of them and the sweep starts a new
+experiment; an interrupted run of the same one is restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsnet.config import SEARCHABLE, Params, SearchSpace, SweepConfig
+from capsnet.errors import CapsnetError, ConfigError
+from capsnet.io import atomic_write_json
+from capsnet.run import RunSpec, Split
+from capsnet.train import TrainConfig
+from pipeline import results, tracking
+
+
+class SweepError(CapsnetError):
+    """Trials still errored after their retries (the message names them)."""
+
+
+class SweepInterrupted(CapsnetError):
+    """The driver was interrupted; Tune saved its state and the next run resumes."""
+
+
+@dataclass
+class SweepData:
+    """What the driver sends every trial: the split and, for MNIST, the rotated
+    validation images (``sweep.rotation_angle``)."""
+
+    split: Split
+    rotated: Any = None
+
+
+@dataclass
+class SweepOutcome:
+    experiment_path: str
+    rows: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    restored: bool
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def base_spec(
+    sweep: SweepConfig, params: Params | None = None, data_root="data", mirror=None
+) -> RunSpec:
+    """The RunSpec every trial of ``sweep`` starts from (the trial sets the model,
+    augmentation and searched training settings)."""
+    params = params or Params()
+    return RunSpec(
+        model="",
+        train=TrainConfig(
+            epochs=sweep.epochs, batch_size=sweep.batch_size, seed=sweep.seed,
+            compile=sweep.compile, progress=False,
+        ),
+        dataset=sweep.dataset,
+        channels=sweep.channels,
+        train_size=sweep.train_size,
+        val_size=sweep.val_size,
+        augment_params=params.augment,
+        smallnorb=params.data.smallnorb,
+        data_root=data_root,
+        mirror=mirror,
+    )  # fmt: skip
+
+
+def load_data(sweep: SweepConfig, base: RunSpec) -> SweepData:
+    """The sweep's split and, for MNIST, its validation images rotated by
+    ``sweep.rotation_angle``."""
+    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.run import load_split
+
+    split = load_split(base)
+    if sweep.dataset != "mnist":
+        return SweepData(split)
+    images, labels = split.val.tensors
+    rotated = TensorImageDataset(rotate_images(images, sweep.rotation_angle), labels, "val-rot")
+    return SweepData(split, rotated)
+
+
+def param_space(space: SearchSpace) -> dict[str, Any]:
+    """Tune's search space: grid -> grid_search, choice/uniform/loguniform/randint ->
+    sampled, anything else fixed."""
+    from ray import tune
+
+    kinds = {
+        "grid": tune.grid_search,
+        "choice": tune.choice,
+        "uniform": lambda bounds: tune.uniform(*bounds),
+        "loguniform": lambda bounds: tune.loguniform(*bounds),
+        "randint": lambda bounds: tune.randint(bounds[0], bounds[1] + 1),  # inclusive high
+    }
+    result = {}
+    for name in SEARCHABLE:
+        value = getattr(space, name)
+        if isinstance(value, dict):
+            ((kind, values),) = value.items()
+            result[name] = kinds[kind](values)
+        else:
+            result[name] = value
+    return result
+
+
+def space_values(space: SearchSpace, name: str) -> list:
+    """The values a dimension can take ([] when drawn from a range)."""
+    value = getattr(space, name)
+    if isinstance(value, dict):
+        ((kind, values),) = value.items()
+        return list(values) if kind in ("grid", "choice") else []
+    return [value]
+
+
+def validate_space(sweep: SweepConfig, base: RunSpec) -> None:
+    """Every model and augmentation named in the space exists and fits the data (checked
+    before Ray starts); the error names the section."""
+    from capsnet.run import check
+
+    for model in space_values(sweep.space, "model"):
+        for augment in space_values(sweep.space, "augment"):
+            try:
+                check(dataclasses.replace(base, model=model, augment=augment))
+            except ConfigError as exc:
+                raise ConfigError(f"{sweep.SECTION}.space: {exc}") from None
+
+
+def _digest(values) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_digest(data: SweepData) -> str:
+    """sha256 of every tensor of the split (images, labels, smallNORB info rows)."""
+    digest = hashlib.sha256()
+    for dataset in (data.split.train, data.split.val, data.rotated):
+        for name in ("images", "targets", "labels", "info"):
+            tensor = getattr(dataset, name, None)
+            if isinstance(tensor, torch.Tensor):
+                digest.update(name.encode())
+                digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    """sha256 of the code a trial runs: the capsnet package and the trainable."""
+    import capsnet
+    from pipeline import trainable
+
+    package = Path(capsnet.__file__).parent
+    files = {p.relative_to(package.parent).as_posix(): p for p in package.rglob("*.py")}
+    files["pipeline/trainable.py"] = Path(trainable.__file__)
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode())
+        digest.update(files[name].read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
+    """Hash of everything a trial reads (not resources, storage, retries or W&B)."""
+    settings = sweep.to_dict()
+    for name in ("resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"):
+        settings.pop(name)
+    augment = dataclasses.asdict(base.augment_params)
+    used = {
+        "augment": {s: augment.get(s) for s in space_values(sweep.space, "augment")},
+        "smallnorb": dataclasses.asdict(base.smallnorb) if sweep.dataset == "smallnorb" else None,
+    }
+    parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]
+    return _digest(parts)[:12]
+
+
+def check_resources(cpus: float, gpus: float, *, address: str) -> None:
+    """Fail before any trial starts when no node can ever hold one trial (which Tune would
+    otherwise leave PENDING forever)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+
+    def has(node, kind):
+        return node["Resources"].get(kind, 0)
+
+    if gpus > 0 and sum(has(n, "GPU") for n in nodes) == 0:
+        raise ConfigError(
+            f"sweep.resources.gpus_per_trial is {gpus:g} but the Ray cluster at {address} "
+            f"has no GPUs ({len(nodes)} node(s), {sum(has(n, 'CPU') for n in nodes):g} CPUs); "
+            f"set gpus_per_trial: 0 or connect to a cluster with GPU workers"
+        )
+    if not any(has(n, "CPU") >= cpus and has(n, "GPU") >= gpus for n in nodes):
+        largest = max(((has(n, "CPU"), has(n, "GPU")) for n in nodes), default=(0, 0))
+        raise ConfigError(
+            f"no node of the Ray cluster at {address} has {cpus:g} CPU(s) and {gpus:g} "
+            f"GPU(s) for one trial (largest node: {largest[0]:g} CPUs, {largest[1]:g} GPUs)"
+        )
+
+
+def _storage_path(storage: str) -> str:
+    if "://" in storage:
+        return storage.rstrip("/")
+    return str(Path(storage).expanduser().resolve())
+
+
+def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
+    """Start or join Ray unless this process already did; True when this call did."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    options = {
+        "log_to_driver": False,
+        "runtime_env": {"env_vars": {"WANDB_MODE": mode, "WANDB_SILENT": "true"}},
+    }
+    if address == "local":
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+    else:
+        ray.init(address=address, **options)
+    return True
+
+
+def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):
+    from ray import tune
+
+    from pipeline.trainable import train_trial
+
+    resources = sweep.resources
+    threads = max(1, math.floor(resources.cpus_per_trial))
+    return tune.with_resources(
+        tune.with_parameters(
+            train_trial, base=base, split=data.split, rotated=data.rotated, threads=threads
+        ),
+        {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial},
+    )
+
+
+def trial_dirname(trial) -> str:
+    """Trial directories named by trial id (results.csv's trial_id column)."""
+    return f"trial_{trial.trial_id}"
+
+
+def _new_tuner(sweep: SweepConfig, trainable, name: str, storage: str, callbacks, mode: str):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    scheduler = FIFOScheduler()
+    if sweep.asha.enabled:
+        scheduler = ASHAScheduler(
+            time_attr="epoch",
+            max_t=sweep.epochs,
+            grace_period=sweep.asha.grace_period,
+            reduction_factor=sweep.asha.reduction_factor,
+        )
+    callbacks = list(callbacks or [])
+    wandb_callback = tracking.sweep_callback(sweep.wandb.project, sweep.name, mode, sweep.wandb.dir)
+    if wandb_callback is not None:
+        callbacks.append(wandb_callback)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space(sweep.space),
+        tune_config=tune.TuneConfig(
+            metric=sweep.metric,
+            mode="max",
+            scheduler=scheduler,
+            num_samples=sweep.num_samples,
+            max_concurrent_trials=sweep.resources.max_concurrent_trials,
+            reuse_actors=sweep.reuse_actors,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=callbacks,
+            verbose=1,
+        ),
+    )
+
+
+def run_sweep(
+    sweep: SweepConfig,
+    base: RunSpec,
+    *,
+    out_dir: str | os.PathLike = "sweep",
+    address: str = "local",
+    data: SweepData | None = None,
+    callbacks: list | None = None,
+    num_cpus: int | None = None,
+) -> SweepOutcome:
+    """Run (or resume) the sweep and write results.csv, best.json and the plot data.
+
+    Joins ``address`` ("local": a private instance) unless Ray is already initialised in
+    this process. Raises SweepError naming the trials that still errored after their
+    retries, SweepInterrupted when the driver was interrupted.
+    """
+    from ray import tune
+
+    validate_space(sweep, base)
+    mode = tracking.prepare_environment(sweep.wandb.mode)
+    data = data if data is not None else load_data(sweep, base)
+    storage = _storage_path(sweep.storage_path)
+    name = f"{sweep.name}-{fingerprint(sweep, base, data)}"
+    experiment_path = f"{storage}/{name}"
+    owns_ray = _init_ray(address, num_cpus, mode)
+    try:
+        resources = sweep.resources
+        check_resources(resources.cpus_per_trial, resources.gpus_per_trial, address=address)
+        if "://" in storage:  # DVC's persisted sweep/ray output: a pointer to the state
+            pointer = Path(out_dir) / "ray" / "experiment.json"
+            atomic_write_json(pointer, {"experiment_path": experiment_path})
+        trainable = _trainable(sweep, base, data)
+        restored = tune.Tuner.can_restore(experiment_path)
+        if restored:
+            tuner = tune.Tuner.restore(
+                experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True
+            )
+        else:
+            tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode)
+        fitted = tuner.fit()
+        expected = expected_trials(sweep.space, sweep.num_samples)
+        unfinished = _unfinished_trials(experiment_path, trainable, expected)
+        if unfinished:
+            raise SweepInterrupted(
+                f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
+                f"{experiment_path} and the next run resumes it"
+            )
+        rows = results.result_rows(fitted, sweep)
+        best = results.best_result(fitted, sweep)
+        outputs = results.write_outputs(out_dir, rows, best, sweep)
+    finally:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+    _raise_errored(rows, sweep, experiment_path)
+    return SweepOutcome(experiment_path, rows, best, restored, outputs)
+
+
+def _raise_errored(rows, sweep: SweepConfig, experiment_path: str) -> None:
+    errored = [row for row in rows if row["status"] == "ERROR"]
+    if errored:
+        names = ", ".join(f"{row['trial_id']} ({row['error']})" for row in errored)
+        raise SweepError(
+            f"{len(errored)} of {len(rows)} trial(s) errored after "
+            f"{sweep.max_failures} retries: {names}; see {experiment_path}"
+        )
+
+
+def expected_trials(space: SearchSpace, num_samples: int) -> int:
+    """How many trials Tune makes: num_samples times the product of the grid sizes."""
+    count = num_samples
+    for name in SEARCHABLE:
+        value = getattr(space, name)
+        if isinstance(value, dict) and "grid" in value:
+            count *= len(value["grid"])
+    return count
+
+
+def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
+    """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
+    created yet. After an interrupt Tune stops the running trials and marks them
+    TERMINATED in memory, but the state it saved first still has them RUNNING."""
+    from ray import tune
+
+    saved = tune.Tuner.restore(experiment_path, trainable=trainable).get_results()
+    return expected - saved.num_terminated - saved.num_errors
+
+
+def smallnorb_disabled(params: Params, data_root) -> str | None:
+    """Why smallNORB cannot be used (switched off in params, or its prepared directory
+    holds only DISABLED.txt), or None when it is on."""
+    from capsnet.io import read_disabled
+
+    if not params.data.smallnorb.enabled:
+        return "data.smallnorb.enabled is false in params.yaml"
+    prepared = Path(data_root or "data") / "prepared" / "smallnorb"
+    why = read_disabled(prepared)
+    return None if why is None else f"{prepared} is switched off ({why})"

@@ -1,0 +1,128 @@
+"""The Tune trainable: a RunSpec from the trial's config, trained by ``capsnet.run``.
+
+A trial config is the flat dict Tune samples (``model``, ``routing_iterations``, ``m_plus``,
+``m_minus``, ``lam``, ``augment``, ``lr``, ``recon_weight`` and the EM ablation axes
+``pose``, ``coordinate_addition``, ``loss``, ``weight_decay``, ``detach_inner``).
+``run_spec`` lays it over the sweep's base RunSpec; a searched parameter a model does not
+have (routing_iterations for lenet5) is ignored by that model's trials. The trial reports
+after every epoch (val_accuracy and, for MNIST, the accuracy on the rotated validation
+images) with a checkpoint it resumes from after a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsnet.run import RunSpec, Split
+
+#: Trial-config keys that are fields of TrainConfig (numbers).
+TRAIN_KEYS = ("lr", "m_plus", "m_minus", "lam", "recon_weight", "weight_decay")
+#: Trial-config keys that are model config fields, applied to models that have them.
+MODEL_KEYS = {"routing_iterations": int, "pose": str, "coordinate_addition": bool}
+CHECKPOINT_FILE = "trial.pt"
+
+
+def applies(model: str | None, key: str) -> bool:
+    """Whether trial-config ``key`` means something for ``model`` (model config fields
+    only for models that have them; training settings always)."""
+    if model is None or key not in MODEL_KEYS:
+        return True
+    from capsnet import models
+
+    return key in models.config_fields(model)
+
+
+def run_spec(config: dict[str, Any], base: RunSpec) -> RunSpec:
+    """``base`` with the model, model fields, augmentation and training settings of a
+    trial config (or of best.json's ``config``)."""
+    name = config.get("model")
+    overrides = {
+        key: convert(config[key])
+        for key, convert in MODEL_KEYS.items()
+        if config.get(key) is not None and applies(name, key)
+    }
+    values: dict[str, Any] = {k: float(config[k]) for k in TRAIN_KEYS if config.get(k) is not None}
+    if config.get("loss") is not None:
+        values["loss"] = str(config["loss"])
+    return dataclasses.replace(
+        base,
+        model=name,
+        overrides={**base.overrides, **overrides},
+        augment=str(config.get("augment", "none")),
+        train=dataclasses.replace(base.train, **values),
+    )
+
+
+def _device_name(spec: RunSpec) -> str:
+    from capsnet.train import select_device
+
+    device = select_device(spec.train.device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def train_trial(
+    config: dict[str, Any],
+    *,
+    base: RunSpec,
+    split: Split,
+    rotated: Any = None,
+    threads: int = 1,
+):
+    """One trial: ``capsnet.run.train_run`` on the sweep's ``split`` (from the object
+    store), reporting every epoch to Tune with a checkpoint."""
+    started = time.perf_counter()
+    import ray
+    from ray import tune
+
+    from capsnet import evaluate
+    from capsnet.run import train_run
+
+    torch.set_num_threads(threads)
+    spec = run_spec(config, base)
+    resume = _restore(tune.get_checkpoint())
+    node = ray.get_runtime_context().get_node_id()
+    device = _device_name(spec)
+    setup_seconds = time.perf_counter() - started
+
+    def report(record: dict, state, model) -> None:
+        eval_started = time.perf_counter()
+        metrics = {k: record[k] for k in ("epoch", "train_loss", "train_accuracy")}
+        metrics["val_accuracy"] = record.get("val_accuracy")
+        if rotated is not None:
+            batch = spec.train.eval_batch_size
+            metrics["val_rotated_accuracy"] = evaluate.accuracy(model, rotated, batch)["accuracy"]
+        metrics |= {
+            "epoch_seconds": record["seconds"],
+            "eval_seconds": time.perf_counter() - eval_started,
+            "setup_seconds": setup_seconds,
+            "node": node,
+            "device": device,
+        }
+        payload = {
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "state": dataclasses.asdict(state),
+        }
+        with tempfile.TemporaryDirectory() as directory:
+            torch.save(payload, Path(directory) / CHECKPOINT_FILE)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+    train_run(spec, split, on_epoch=report, resume=resume)
+
+
+def _restore(checkpoint):
+    """(model weights, TrainState) of the trial's last checkpoint, or None."""
+    from capsnet.train import TrainState
+
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        saved = torch.load(Path(directory) / CHECKPOINT_FILE, weights_only=True)
+    return saved["model"], TrainState(**saved["state"])
