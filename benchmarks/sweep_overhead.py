@@ -40,7 +40,7 @@ def main() -> None:
     from ray.tune import Callback
 
     from capsnet.config import SweepConfig
-    from pipeline.tune import run_sweep
+    from pipeline.sweep import base_spec, run_sweep
 
     class Timings(Callback):
         def __init__(self):
@@ -78,8 +78,8 @@ def main() -> None:
         started = time.time()
         run_sweep(
             sweep,
+            base_spec(sweep, data_root=data_root),
             out_dir=Path(tmp) / "sweep",
-            data_root=data_root,
             num_cpus=args.num_cpus,
             callbacks=[timings],
         )

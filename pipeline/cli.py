@@ -1,4 +1,4 @@
-"""``capsnet sweep`` and ``capsnet train-final``: thin click commands over pipeline.tune
+"""``capsnet sweep`` and ``capsnet train-final``: thin click commands over pipeline.sweep
 and pipeline.train_final. capsnet/cli.py attaches them lazily, so ``capsnet`` runs where
 Ray and W&B are not installed.
 
@@ -31,11 +31,11 @@ def _load(params_path: Path):
 
 def _disabled(params, sweep, data_root) -> str | None:
     """Why the sweep's dataset cannot be used, or None (MNIST is always on here)."""
-    from pipeline import trials
+    from pipeline.sweep import smallnorb_disabled
 
     if sweep.dataset != "smallnorb":
         return None
-    return trials.smallnorb_disabled(params.data.smallnorb.enabled, data_root)
+    return smallnorb_disabled(params, data_root)
 
 
 @click.command("sweep")
@@ -73,7 +73,8 @@ def _disabled(params, sweep, data_root) -> str | None:
 @mirror_option
 def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
     """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
-    from pipeline.tune import run_sweep, write_disabled
+    from pipeline.results import write_disabled
+    from pipeline.sweep import base_spec, run_sweep
 
     params = _load(params_path)
     sweep = getattr(params, section)
@@ -84,16 +85,8 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
         click.echo(f"{section}: not run, {reason}")
         click.echo("wrote " + ", ".join(outputs.values()) + " (marked disabled)")
         return
-    outcome = run_sweep(
-        sweep,
-        out_dir=out_dir,
-        data_root=data_root,
-        mirror=resolve_mirror(mirror, params),
-        address=address,
-        num_cpus=num_cpus,
-        augment_params=params.augment,
-        smallnorb=params.data.smallnorb,
-    )
+    base = base_spec(sweep, params, data_root, resolve_mirror(mirror, params))
+    outcome = run_sweep(sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus)
     verb = "resumed" if outcome.restored else "ran"
     click.echo(f"{verb} {len(outcome.rows)} trial(s); state in {outcome.experiment_path}")
     if outcome.best is not None:
@@ -161,13 +154,12 @@ def train_final_command(
     results = train_final(
         final,
         sweep,
+        params,
         best_path=best_path,
         data_root=data_root,
         mirror=resolve_mirror(mirror, params),
-        augment_params=params.augment,
         metrics_path=metrics_path,
         log=lambda line: click.echo(line, err=True),
-        smallnorb=params.data.smallnorb,
     )
     for name, metrics in results.items():
         val = metrics.get("val_accuracy")

@@ -1,31 +1,32 @@
 """The ``train`` stage after the sweep: the best sweep config trained for params.yaml
 ``train.epochs``, and the baselines (lenet5) with the same augmentation.
 
-Each run is the same ``capsnet.train.fit`` a trial calls, converted from the same flat
-config (pipeline/trials.py); each writes ``<out_dir>/<model>.pt`` with
-``capsnet.checkpoint.save`` (atomic) and logs a W&B run (job_type "train").
-
-For a smallNORB sweep (``smallnorb_sweep`` / ``smallnorb_train``) the runs train on random
-crops of the prepared smallNORB training set and are scored on the centre-cropped test set
-(``metrics["smallnorb"]``); with smallNORB switched off, ``write_disabled`` marks the
-output directory instead.
+Every run is a RunSpec built the way a trial builds its own (``pipeline.trainable.run_spec``
+over the base of ``final_base``) and trained by ``capsnet.run.train_run``; each writes
+``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` (atomic) and logs a W&B run
+(job_type "train"). MNIST runs are scored on the validation images rotated by the sweep's
+angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
+``<model>@<dataset>.pt``, and smallNORB runs are scored on the centre-cropped test set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from capsnet.config import FinalTrainConfig, SweepConfig
+from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
-from pipeline import tracking, trials
+from capsnet.io import atomic_write_json, clear_disabled
+from capsnet.run import RunSpec, Split
+from capsnet.train import TrainConfig
+from pipeline import tracking
+from pipeline.trainable import run_spec
 
-DISABLED_FILE = "DISABLED.txt"
+Score = Callable[[Any, RunSpec], dict[str, Any]]
 
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
@@ -64,37 +65,55 @@ def write_disabled(out_dir, reason: str, metrics_path=None) -> Path:
     """A final-training output directory for a dataset switched off: DISABLED.txt saying
     why and, with ``metrics_path``, metrics ``{"disabled": reason}``; no checkpoint (any
     from an earlier run with the data on is removed, so none looks current)."""
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import write_marker
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.pt"):
         stale.unlink()
-    atomic_write_bytes(out / DISABLED_FILE, (reason.rstrip() + "\n").encode())
+    write_marker(out, reason)
     if metrics_path is not None:
-        text = json.dumps({"disabled": reason}, indent=2) + "\n"
-        atomic_write_bytes(Path(metrics_path), text.encode())
+        atomic_write_json(Path(metrics_path), {"disabled": reason})
     return out
+
+
+def final_base(
+    final: FinalTrainConfig, sweep: SweepConfig, params: Params, data_root, mirror
+) -> RunSpec:
+    """The RunSpec every final run starts from: the final section's epochs, sizes and seed
+    on the sweep's dataset, with params.yaml's augmentation and smallNORB settings."""
+    return RunSpec(
+        model="",
+        train=TrainConfig(
+            epochs=final.epochs, batch_size=final.batch_size, seed=final.seed,
+            compile=final.compile,
+        ),
+        dataset=sweep.dataset,
+        channels=sweep.channels,
+        train_size=final.train_size,
+        val_size=final.val_size,
+        augment_params=params.augment,
+        smallnorb=params.data.smallnorb,
+        data_root=data_root,
+        mirror=mirror,
+    )  # fmt: skip
 
 
 def train_final(
     final: FinalTrainConfig,
     sweep: SweepConfig,
+    params: Params | None = None,
     *,
     best_path: str | os.PathLike = "sweep/best.json",
-    data_root: str | os.PathLike | None = None,
+    data_root: str | os.PathLike = "data",
     mirror: str | None = None,
-    augment_params=None,
     metrics_path: str | os.PathLike | None = None,
     log=print,
-    smallnorb=None,
 ) -> dict[str, dict[str, Any]]:
-    """Train every final run; returns {model name: metrics} and writes the checkpoints
-    (and, with ``metrics_path``, the metrics as JSON). ``sweep.dataset`` picks the data
-    (it must be the dataset of the sweep that wrote ``best_path``); ``smallnorb`` is
-    params.yaml ``data.smallnorb`` (crop size, brightness, contrast)."""
-    from capsnet import evaluate, models
-    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    """Train every final run; returns {checkpoint name: metrics} and writes the
+    checkpoints (and, with ``metrics_path``, the metrics as JSON). ``sweep.dataset`` picks
+    the data; it must be the dataset of the sweep that wrote ``best_path``."""
+    from capsnet.run import check
 
     best = read_best(best_path)
     swept = best.get("dataset", "mnist")
@@ -103,254 +122,158 @@ def train_final(
             f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "
             f"is {sweep.dataset}; pass the matching --best or --sweep-section"
         )
-    runs = final_runs(best, final)
-    for run in runs:  # fail on a bad name before loading data or training anything
-        models.spec(run["model"])
-        trials.check_augment(run.get("augment", "none"))
-    mode = tracking.prepare_environment(sweep.wandb.mode)
+    base = final_base(final, sweep, params or Params(), data_root, mirror)
+    specs = [run_spec(run, base) for run in final_runs(best, final)]
+    for spec in specs:  # fail on a bad name before loading data or training anything
+        check(spec)
+    trainer = _Trainer(final, sweep, best, log)
     if sweep.dataset == "smallnorb":
-        results = _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log)
-        if metrics_path is not None:
-            from capsnet.data.sources import atomic_write_bytes
+        results = _train_smallnorb(trainer, base, specs, final)
+    else:
+        angle = float(best.get("rotation_angle", sweep.rotation_angle))
+        results = _train_mnist(trainer, base, specs, angle)
+        for dataset in final.extra_datasets:
+            results.update(_train_extra_set(trainer, base, specs, dataset, final))
+    if metrics_path is not None:
+        atomic_write_json(Path(metrics_path), results)
+    return results
 
-            text = json.dumps(results, indent=2) + "\n"
-            atomic_write_bytes(Path(metrics_path), text.encode())
-        return results
-    train_images, train_labels, val_images, val_labels = trials.split_mnist(
-        data_root, trials.default_mirror(mirror), final.train_size, final.val_size
-    )
-    val_set = TensorImageDataset(val_images, val_labels, "mnist-val") if final.val_size else None
-    angle = float(best.get("rotation_angle", sweep.rotation_angle))
-    rotated = (
-        TensorImageDataset(rotate_images(val_images, angle), val_labels, "mnist-val-rot")
-        if final.val_size
-        else None
-    )
-    out_dir = Path(final.out_dir)
-    results: dict[str, dict[str, Any]] = {}
 
-    def score_rotated(model, plan):
+def _role(specs: list[RunSpec], spec: RunSpec) -> str:
+    return "best" if spec is specs[0] else "baseline"
+
+
+def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float) -> dict:
+    """Every run on MNIST with its augmentation, scored on the rotated validation images."""
+    from capsnet import evaluate
+    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.run import load_split
+
+    split = load_split(base)
+    rotated = None
+    if split.val is not None:
+        images, labels = split.val.tensors
+        rotated = TensorImageDataset(rotate_images(images, angle), labels, "mnist-val-rot")
+
+    def score(model, spec: RunSpec) -> dict[str, Any]:
         if rotated is None:
             return {}
-        scored = evaluate.accuracy(model, rotated, plan.train_config.eval_batch_size)
+        scored = evaluate.accuracy(model, rotated, spec.train.eval_batch_size)
         return {"rotation_angle": angle, "val_rotated_accuracy": scored["accuracy"]}
 
-    for run in runs:
-        plan = _plan(run, final)
-        train_set = trials.training_set(
-            train_images, train_labels, plan.augment, final.seed, augment_params
+    return {
+        spec.model: trainer.fit_and_save(
+            spec, split, spec.model, {"augment": spec.augment}, _role(specs, spec), score
         )
-        results[plan.model_name] = _fit_and_save(
-            plan,
-            train_set,
-            val_set,
-            key=plan.model_name,
-            path=out_dir / f"{plan.model_name}.pt",
-            tracking_settings=(sweep, mode),
-            log=log,
-            wandb_config={**run, "epochs": final.epochs, "train_images": len(train_set)},
-            fields={"augment": plan.augment},
-            describe=f", augment {plan.augment}",
-            score=score_rotated,
-            extra={
-                "run_config": run,
-                "sweep": best.get("sweep"),
-                "sweep_trial": best.get("trial_id"),
-                "role": "best" if run is runs[0] else "baseline",
-            },
-        )
-    for dataset in final.extra_datasets:
-        results.update(
-            _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log)
-        )
-    if metrics_path is not None:
-        from capsnet.data.sources import atomic_write_bytes
-
-        atomic_write_bytes(Path(metrics_path), (json.dumps(results, indent=2) + "\n").encode())
-    return results
+        for spec in specs
+    }
 
 
-def _train_on_extra_set(dataset, runs, final, best, data_root, mirror, sweep, mode, log):
-    """Train every final run on ``dataset`` (its own input size) without augmentation;
-    write <out_dir>/<model>@<dataset>.pt. Returns {"<model>@<dataset>": metrics}."""
-    from capsnet import models
-    from capsnet.data.datasets import load, split_tail
+def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -> dict:
+    """Every run on ``dataset`` (its own input size) without augmentation; checkpoints
+    ``<model>@<dataset>.pt``."""
+    from capsnet.run import load_split
 
-    full = load(dataset, "train", data_root, mirror=trials.default_mirror(mirror))
-    val_size = min(final.val_size, 1000)
-    train_set, val_set = split_tail(full, val_size, final.extra_train_size)
-    sample, _ = full[0]  # (C, H, W)
+    extra = dataclasses.replace(
+        base, dataset=dataset, train_size=final.extra_train_size, val_size=min(final.val_size, 1000)
+    )
+    split = load_split(extra)
     results = {}
-    for run in runs:
-        plan = _plan(run, final)
-        plan.train_config.shift_pixels = 0  # the set carries its own translations
-        fields = set(models.make_config(plan.model_name).__dict__)
-        shape = {"in_channels": sample.shape[0], "input_size": sample.shape[-1]}
-        plan.overrides.update({k: v for k, v in shape.items() if k in fields})
-        key = f"{plan.model_name}@{dataset}"
-        results[key] = _fit_and_save(
-            plan,
-            train_set,
-            val_set,
-            key=key,
-            path=Path(final.out_dir) / f"{key}.pt",
-            tracking_settings=(sweep, mode),
-            log=log,
-            wandb_config={
-                **run,
-                "dataset": dataset,
-                "epochs": final.epochs,
-                "train_images": len(train_set),
-            },
-            fields={"dataset": dataset},
-            extra={"run_config": run, "dataset": dataset, "sweep_trial": best.get("trial_id")},
-        )
+    for spec in specs:
+        spec = dataclasses.replace(spec, dataset=dataset, augment="none")
+        key = f"{spec.model}@{dataset}"
+        results[key] = trainer.fit_and_save(spec, split, key, {"dataset": dataset}, None)
     return results
 
 
-def _train_smallnorb(runs, final, sweep, best, data_root, smallnorb, mode, log):
-    """Every final run on smallNORB: random crops of the training set (the first
-    ``final.train_size`` before the last ``final.val_size``, which validate as centre
-    crops), scored on the centre-cropped test set; writes <out_dir>/<model>.pt."""
+def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dict:
+    """Every run on smallNORB random crops, scored on the centre-cropped test set."""
     from capsnet import evaluate
-    from capsnet.data.datasets import TensorImageDataset, load
+    from capsnet.run import load_split, load_test
 
-    norb = trials.smallnorb_settings(smallnorb)
-    channels = sweep.channels
-    shape = trials.data_shape("smallnorb", channels, norb["crop"])
-    images, labels, info, val_images, val_labels = trials.split_smallnorb(
-        data_root, channels, final.train_size, final.val_size, norb["crop"]
-    )
-    val_set = (
-        TensorImageDataset(val_images, val_labels, "smallnorb-val") if final.val_size else None
-    )
-    test = load(
-        "smallnorb",
-        "test",
-        data_root,
-        channels=trials.smallnorb_channels(channels),
-        crop=norb["crop"],
-    ).subset(final.test_size)
-    out_dir = Path(final.out_dir)
-    stale = out_dir / DISABLED_FILE  # left by an earlier run with smallNORB off
-    if stale.exists():
-        stale.unlink()
-    results: dict[str, dict[str, Any]] = {}
+    split = load_split(base)
+    test = load_test(base, final.test_size)
+    clear_disabled(final.out_dir)  # left by an earlier run with smallNORB off
 
-    def score_test(model, plan):
-        scored = evaluate.accuracy(model, test, plan.train_config.eval_batch_size)
-        log(f"{plan.model_name}: smallnorb test accuracy {scored['accuracy']:.4f}")
+    def score(model, spec: RunSpec) -> dict[str, Any]:
+        scored = evaluate.accuracy(model, test, spec.train.eval_batch_size)
+        trainer.log(f"{spec.model}: smallnorb test accuracy {scored['accuracy']:.4f}")
         return {"smallnorb": scored, "test_accuracy": scored["accuracy"]}
 
-    for run in runs:
-        plan = _plan(run, final, shape=shape)
-        train_set = trials.smallnorb_training_set(images, labels, info, final.seed, **norb)
-        results[plan.model_name] = _fit_and_save(
-            plan,
-            train_set,
-            val_set,
-            key=plan.model_name,
-            path=out_dir / f"{plan.model_name}.pt",
-            tracking_settings=(sweep, mode),
-            log=log,
-            wandb_config={
-                **run,
-                "dataset": "smallnorb",
-                "channels": channels,
-                "epochs": final.epochs,
-            },
-            fields={"dataset": "smallnorb", "channels": channels, "loss": plan.train_config.loss},
-            describe=f", {channels} smallNORB channel(s)",
-            score=score_test,
-            extra={
-                "run_config": run,
-                "dataset": "smallnorb",
-                "channels": channels,
-                "sweep": best.get("sweep"),
-                "sweep_trial": best.get("trial_id"),
-                "role": "best" if run is runs[0] else "baseline",
-            },
+    fields = {"dataset": "smallnorb", "channels": base.channels}
+    return {
+        spec.model: trainer.fit_and_save(
+            spec, split, spec.model, {**fields, "loss": spec.train.loss}, _role(specs, spec), score
         )
-    return results
+        for spec in specs
+    }
 
 
-def _plan(run, final: FinalTrainConfig, shape=None):
-    return trials.plan(
-        run,
-        epochs=final.epochs,
-        batch_size=final.batch_size,
-        seed=final.seed,
-        progress=None,
-        shape=shape,
-        compile=final.compile,
-    )
+class _Trainer:
+    """Trains one final run (a log line and a W&B step per epoch), scores it and writes
+    its checkpoint with the metrics, the run config and where it came from."""
 
+    def __init__(self, final: FinalTrainConfig, sweep: SweepConfig, best: dict, log):
+        self.out_dir, self.sweep, self.best, self.log = Path(final.out_dir), sweep, best, log
+        self.mode = tracking.prepare_environment(sweep.wandb.mode)
 
-def _fit_and_save(
-    plan, train_set, val_set, *, key, path, tracking_settings, log, wandb_config, fields,
-    extra, describe="", score=None,
-) -> dict[str, Any]:  # fmt: skip
-    """Train one final run with ``fit`` (a log line and a W&B step per epoch), add
-    ``score(model, plan)``'s results to its metrics, write its checkpoint; returns the metrics."""
-    from capsnet import checkpoint, models
-    from capsnet.train import fit
+    def fit_and_save(
+        self, spec: RunSpec, split: Split, key: str, fields: dict, role: str | None,
+        score: Score | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        from capsnet import checkpoint, models
+        from capsnet.run import train_run
 
-    sweep, mode = tracking_settings
-    torch.manual_seed(plan.train_config.seed)
-    model = plan.build_model()
-    parameters = models.count_parameters(model)
-    wandb_run = tracking.start_run(
-        sweep.wandb.project, sweep.name, f"train-{key}", mode, sweep.wandb.dir, wandb_config
-    )
-    log(
-        f"training {key} ({parameters:,} parameters{describe}) on {len(train_set)} images "
-        f"for {plan.train_config.epochs} epoch(s)"
-    )
-    started = time.perf_counter()
-    try:
-        history = fit(
-            model, train_set, val_set, plan.train_config, _epoch_reporter(log, wandb_run, key)
-        )
-        metrics = {
-            "model": plan.model_name,
-            **fields,
-            "parameters": parameters,
-            "epochs": plan.train_config.epochs,
-            "train_images": len(train_set),
-            "train_seconds": round(time.perf_counter() - started, 3),
-            "val_accuracy": history[-1].get("val_accuracy"),
-        }
-        if score is not None:
-            metrics.update(score(model, plan))
-        if wandb_run is not None:
-            wandb_run.summary.update(
-                {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        run_config = {**self.best["config"], "model": spec.model}
+        wandb_config = {
+            **run_config, **fields, "epochs": spec.train.epochs,
+            "batch_size": spec.train.batch_size, "seed": spec.train.seed,
+            "train_images": len(split.train),
+            "val_images": len(split.val) if split.val is not None else 0,
+        }  # fmt: skip
+        wandb_run = tracking.start_run(
+            self.sweep.wandb.project, self.sweep.name, f"train-{key}", self.mode,
+            self.sweep.wandb.dir, wandb_config,
+        )  # fmt: skip
+        self.log(f"training {key} on {len(split.train)} images for {spec.train.epochs} epoch(s)")
+        try:
+            result = train_run(spec, split, on_epoch=self._reporter(wandb_run, key))
+            metrics = {
+                "model": spec.model,
+                **fields,
+                "parameters": models.count_parameters(result.model),
+                "epochs": spec.train.epochs,
+                "train_images": result.train_images,
+                "train_seconds": round(result.train_seconds, 3),
+                "val_accuracy": result.history[-1].get("val_accuracy"),
+                **(score(result.model, spec) if score is not None else {}),
+            }
+            if wandb_run is not None:
+                numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+                wandb_run.summary.update(numbers)
+        finally:
+            if wandb_run is not None:
+                tracking.finish_all([wandb_run])
+        extra = {"run_config": run_config, "sweep": self.best.get("sweep"), **fields}
+        extra |= {"sweep_trial": self.best.get("trial_id")}
+        if role is not None:
+            extra["role"] = role
+        saved = checkpoint.save(
+            self.out_dir / f"{key}.pt", result.model, train_config=result.train_config.to_dict(),
+            metrics={**metrics, "history": result.history}, extra=extra,
+        )  # fmt: skip
+        self.log(f"wrote {saved}")
+        return metrics
+
+    def _reporter(self, wandb_run, name: str):
+        def on_epoch(record, state, model):
+            val = record.get("val_accuracy")
+            self.log(
+                f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
+                + (f" val acc {val:.4f}" if val is not None else "")
+                + f" ({record['seconds']:.1f} s)"
             )
-    finally:
-        if wandb_run is not None:
-            tracking.finish_all([wandb_run])
-    saved = checkpoint.save(
-        path,
-        model.cpu(),
-        train_config=plan.train_config.to_dict(),
-        metrics={**metrics, "history": history},
-        extra=extra,
-    )
-    log(f"wrote {saved}")
-    return metrics
+            if wandb_run is not None:
+                wandb_run.log(record, step=record["epoch"])
 
-
-def _epoch_reporter(log, wandb_run, name: str):
-    """fit's on_epoch callback: one log line per epoch, and the record to W&B."""
-
-    def on_epoch(record, state):
-        val = record.get("val_accuracy")
-        log(
-            f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"
-            + (f" val acc {val:.4f}" if val is not None else "")
-            + f" ({record['seconds']:.1f} s)"
-        )
-        if wandb_run is not None:
-            wandb_run.log(record, step=record["epoch"])
-
-    return on_epoch
+        return on_epoch

@@ -35,12 +35,13 @@ def make_tiny_sweep(tmp_path, **overrides) -> SweepConfig:
 
 @pytest.fixture(scope="session")
 def sweep_data(mnist_root):
-    """The tiny sweep's tensors (train, val, rotated val), shared by every sweep test."""
-    from pipeline.tune import load_data
+    """The tiny sweep's data (train, val, rotated val), shared by every sweep test."""
+    from sweephelpers import base
 
-    return load_data(
-        SweepConfig.from_dict({"train_size": TRAIN_SIZE, "val_size": VAL_SIZE}), mnist_root, None
-    )
+    from pipeline.sweep import load_data
+
+    sweep = SweepConfig.from_dict({"train_size": TRAIN_SIZE, "val_size": VAL_SIZE})
+    return load_data(sweep, base(sweep, mnist_root))
 
 
 @pytest.fixture

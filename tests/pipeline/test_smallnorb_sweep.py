@@ -25,13 +25,15 @@ from capsnet.config import (
     SmallnorbTrainConfig,
     SweepConfig,
 )
+from capsnet.data.datasets import shape_of
 from capsnet.errors import ConfigError
-from pipeline import trials
+from capsnet.run import build_model
+from pipeline.sweep import base_spec, load_data, run_sweep
 from pipeline.train_final import final_runs, read_best, train_final
-from pipeline.tune import load_data, run_sweep
+from pipeline.trainable import run_spec
 
 N_TRAIN = 72  # items per split of the tiny raw files
-SHAPE = trials.data_shape("smallnorb", 2)
+SHAPE = models.Shape(2, 32, 5)  # stereo 32x32 crops, five classes
 
 
 @pytest.fixture(scope="module")
@@ -50,52 +52,50 @@ def read_csv(path):
         return list(csv.DictReader(fh))
 
 
-# --- plan(): the ablation axes reach the model and the TrainConfig ----------------------------
+# --- run_spec(): the ablation axes reach the model and the TrainConfig ------------------------
 
 AXES = {"pose": "vector", "coordinate_addition": False, "loss": "margin", "weight_decay": 2e-7}
 
 
-def test_plan_maps_ablation_axes_to_model_and_train_config():
+def norb_base(**changes):
+    sweep = SmallnorbSweepConfig.from_dict({"epochs": 1, "batch_size": 8, **changes})
+    return base_spec(sweep)
+
+
+def test_run_spec_maps_ablation_axes_to_model_and_train_config():
     run = {"model": "em-capsnet-small", "routing_iterations": 2, "augment": "none", **AXES}
-    plan = trials.plan(run, epochs=1, batch_size=8, seed=0, shape=SHAPE)
-    assert plan.overrides == {
+    spec = run_spec(run, norb_base())
+    assert spec.overrides == {
         "routing_iterations": 2,
         "pose": "vector",
         "coordinate_addition": False,
-        "in_channels": 2,
-        "input_size": 32,
-        "num_classes": 5,
     }
-    assert plan.train_config.loss == "margin" and plan.train_config.weight_decay == 2e-7
-    model = plan.build_model()
+    assert spec.train.loss == "margin" and spec.train.weight_decay == 2e-7
+    model = build_model(spec, SHAPE)
     assert model.config.pose == "vector" and model.config.coordinate_addition is False
     assert (model.config.in_channels, model.config.input_size) == (2, 32)
 
 
 def test_compile_setting_reaches_the_train_config():
     run = {"model": "em-capsnet-small", "augment": "none", **AXES}
-    plan = trials.plan(run, epochs=1, batch_size=8, seed=0, shape=SHAPE, compile=True)
-    assert plan.train_config.compile is True
-    assert trials.plan(run, epochs=1, batch_size=8, seed=0).train_config.compile is False
+    assert run_spec(run, norb_base(compile=True)).train.compile is True
+    assert run_spec(run, norb_base()).train.compile is False
 
 
 @pytest.mark.parametrize("name", ["smallnorb-cnn", "lenet5", "capsnet-small"])
 def test_models_without_the_fields_ignore_pose_and_coordinate_addition(name):
-    plan = trials.plan({"model": name, **AXES}, epochs=1, batch_size=8, seed=0, shape=SHAPE)
-    assert "pose" not in plan.overrides and "coordinate_addition" not in plan.overrides
-    assert plan.overrides["num_classes"] == 5 and plan.overrides["in_channels"] == 2
-    assert plan.train_config.loss == "margin" and plan.train_config.weight_decay == 2e-7
-    assert plan.build_model().config.num_classes == 5
+    spec = run_spec({"model": name, **AXES}, norb_base())
+    assert "pose" not in spec.overrides and "coordinate_addition" not in spec.overrides
+    assert spec.train.loss == "margin" and spec.train.weight_decay == 2e-7
+    model = build_model(spec, SHAPE)
+    assert (model.config.num_classes, model.config.in_channels) == (5, 2)
 
 
 def test_mnist_runs_keep_the_defaults():
-    """A run without the new keys (every MNIST sweep) trains exactly as before."""
-    plan = trials.plan(
-        {"model": "capsnet-small", "routing_iterations": 3}, epochs=1, batch_size=8, seed=0
-    )
-    assert plan.overrides == {"routing_iterations": 3}
-    assert plan.train_config.loss == "auto" and plan.train_config.weight_decay == 0.0
-    assert trials.data_shape("mnist", 2) == {}
+    """A run without the ablation keys (every MNIST sweep) trains with the defaults."""
+    spec = run_spec({"model": "capsnet-small", "routing_iterations": 3}, base_spec(SweepConfig()))
+    assert spec.overrides == {"routing_iterations": 3}
+    assert spec.train.loss == "auto" and spec.train.weight_decay == 0.0
 
 
 def test_baselines_train_with_their_own_loss():
@@ -110,16 +110,15 @@ def test_baselines_train_with_their_own_loss():
 
 def test_load_data_splits_smallnorb_like_capsnet_train(norb_root):
     sweep = SmallnorbSweepConfig.from_dict({"train_size": 30, "val_size": 12, "channels": 1})
-    data = load_data(sweep, norb_root, None)
-    assert data["train_images"].shape == (30, 1, 48, 48)  # cropped per item in training
-    assert data["val_images"].shape == (12, 1, 32, 32) and data["val_images"].dtype == torch.uint8
-    assert data["val_labels"].tolist() == [i % 5 for i in range(N_TRAIN - 12, N_TRAIN)]
-    assert "rotated_images" not in data
-    train = trials.smallnorb_training_set(
-        data["train_images"], data["train_labels"], data["train_info"], seed=0
-    )
+    data = load_data(sweep, base_spec(sweep, data_root=norb_root))
+    train, val = data.split.train, data.split.val
+    assert train.images.shape == (30, 1, 48, 48)  # cropped per item in training
+    assert val.images.shape == (12, 1, 32, 32) and val.images.dtype == torch.uint8
+    assert val.targets.tolist() == [i % 5 for i in range(N_TRAIN - 12, N_TRAIN)]
+    assert data.rotated is None
     image, label = train[0]
     assert image.shape == (1, 32, 32) and label == 0
+    assert shape_of(train) == shape_of(val) == (1, 32, 5)
 
 
 # --- a real tiny Ray sweep ------------------------------------------------------------------
@@ -162,7 +161,7 @@ def test_tiny_smallnorb_sweep_searches_pose(local_ray, norb_root, tmp_path):
     out = tmp_path / "sweep-smallnorb"
     (out / "DISABLED.txt").parent.mkdir(parents=True)
     (out / "DISABLED.txt").write_text("stale marker from a run with the data off\n")
-    outcome = run_sweep(sweep, out_dir=out, data_root=norb_root)
+    outcome = run_sweep(sweep, base_spec(sweep, data_root=norb_root), out_dir=out)
 
     rows = read_csv(out / "results.csv")
     assert sorted(r["pose"] for r in rows) == ["matrix", "vector"]
@@ -183,10 +182,10 @@ def test_tiny_smallnorb_sweep_searches_pose(local_ray, norb_root, tmp_path):
         weights = torch.load(saved, weights_only=True)["model"]
         expected = models.build(
             "em-capsnet-small",
+            SHAPE,
             pose=row["pose"],
             coordinate_addition=False,
             routing_iterations=1,
-            **SHAPE,
         )
         assert sum(w.numel() for w in weights.values()) == sum(
             p.numel() for p in expected.state_dict().values()
@@ -365,7 +364,7 @@ def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root):
 
 
 def test_disabled_prepared_data_writes_marked_outputs(tmp_path):
-    from capsnet.data.store import write_disabled
+    from capsnet.io import write_disabled
 
     root = tmp_path / "data"
     write_disabled(

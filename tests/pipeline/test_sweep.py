@@ -6,11 +6,12 @@ import csv
 import json
 
 import pytest
+from sweephelpers import base
 
 from capsnet.config import SEARCHABLE
 from capsnet.errors import ConfigError
 from pipeline import tracking
-from pipeline.tune import param_space, run_sweep
+from pipeline.sweep import param_space, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_param_space_maps_grid_and_distributions(tiny_sweep):
 def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_path):
     sweep = tiny_sweep()
     out = tmp_path / "sweep"
-    outcome = run_sweep(sweep, out_dir=out, data=sweep_data)
+    outcome = run_sweep(sweep, base(sweep), out_dir=out, data=sweep_data)
 
     rows = read_csv(out / "results.csv")
     assert sorted(r["routing_iterations"] for r in rows) == ["1", "3"]
@@ -87,7 +88,7 @@ def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_pat
         )
 
     # the same sweep again is restored, not rerun: finished trials keep their results
-    again = run_sweep(sweep, out_dir=out, data=sweep_data)
+    again = run_sweep(sweep, base(sweep), out_dir=out, data=sweep_data)
     assert again.restored is True
     assert read_csv(out / "results.csv") == rows
 
@@ -101,7 +102,7 @@ def test_gpu_request_on_cpu_cluster_fails_before_any_trial(
         match=r"gpus_per_trial is 0.5 but the Ray cluster .* has "
         r"no GPUs",
     ):
-        run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+        run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
     assert not (tmp_path / "ray").exists()  # no experiment was started
     assert not (tmp_path / "sweep").exists()
 
@@ -109,10 +110,66 @@ def test_gpu_request_on_cpu_cluster_fails_before_any_trial(
 def test_trial_larger_than_every_node_fails_fast(local_ray, tiny_sweep, sweep_data, tmp_path):
     sweep = tiny_sweep(resources={"cpus_per_trial": 8})
     with pytest.raises(ConfigError, match="no node of the Ray cluster"):
-        run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+        run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
 
 
 def test_unknown_augmentation_fails_before_ray(tiny_sweep, sweep_data, tmp_path):
     sweep = tiny_sweep(space={"augment": {"grid": ["none", "wobble"]}})
-    with pytest.raises(ConfigError, match="unknown augmentation 'wobble'"):
-        run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+    with pytest.raises(ConfigError, match=r"sweep\.space: augment\.strategy 'wobble' unknown"):
+        run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
+
+
+# --- the experiment name hashes everything a trial reads ---------------------------------
+
+
+def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data):
+    import dataclasses
+
+    from capsnet.config import AugmentParams, RotateAugment, ShiftAugment
+    from pipeline.sweep import SweepData, fingerprint
+
+    sweep = tiny_sweep(space={"augment": {"grid": ["none", "shift"]}})
+    spec = base(sweep)
+    reference = fingerprint(sweep, spec, sweep_data)
+    assert fingerprint(sweep, base(sweep), sweep_data) == reference  # deterministic
+
+    wider = dataclasses.replace(spec, augment_params=AugmentParams(shift=ShiftAugment(pixels=3)))
+    assert fingerprint(sweep, wider, sweep_data) != reference  # a strategy the space uses
+    rotate = dataclasses.replace(
+        spec, augment_params=AugmentParams(rotate=RotateAugment(degrees=1.0))
+    )
+    assert fingerprint(sweep, rotate, sweep_data) == reference  # a strategy it does not use
+
+    images, labels = sweep_data.split.train.tensors
+    changed = images.clone()
+    changed[0, 0, 0, 0] ^= 1  # one bit of one training pixel
+    other = SweepData(
+        dataclasses.replace(sweep_data.split, train=type(sweep_data.split.train)(changed, labels)),
+        sweep_data.rotated,
+    )
+    assert fingerprint(sweep, spec, other) != reference
+    assert fingerprint(tiny_sweep(epochs=2), spec, sweep_data) != reference
+    assert fingerprint(tiny_sweep(resources={"cpus_per_trial": 2}), spec, sweep_data) == (
+        fingerprint(tiny_sweep(), spec, sweep_data)
+    )
+
+
+def test_changed_shift_setting_starts_a_fresh_experiment(
+    local_ray, tiny_sweep, sweep_data, tmp_path
+):
+    """``augment.shift.pixels`` changes what a shift trial trains on: the sweep must not
+    restore the experiment finished under the old setting; the same settings restore it."""
+    import dataclasses
+
+    from capsnet.config import AugmentParams, ShiftAugment
+
+    sweep = tiny_sweep(space={"model": "lenet5", "augment": "shift", "routing_iterations": 1})
+    spec, data = base(sweep), sweep_data
+    first = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)
+    again = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)
+    assert (first.restored, again.restored) == (False, True)
+    assert again.experiment_path == first.experiment_path
+
+    shifted = dataclasses.replace(spec, augment_params=AugmentParams(shift=ShiftAugment(pixels=4)))
+    fresh = run_sweep(sweep, shifted, out_dir=tmp_path / "sweep", data=data)
+    assert fresh.restored is False and fresh.experiment_path != first.experiment_path

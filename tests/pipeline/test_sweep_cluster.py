@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sweephelpers import base
 
-from pipeline.tune import run_sweep
+from pipeline.sweep import run_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,7 @@ def test_two_node_sweep_runs_trials_on_both_nodes(
             "augment": "none",
         }
     )
-    run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+    run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
 
     rows = read_csv(tmp_path / "sweep" / "results.csv")
     assert len(rows) == 4 and {r["status"] for r in rows} == {"TERMINATED"}
@@ -107,7 +108,7 @@ def test_killing_the_worker_node_retries_its_trials_elsewhere(
     killer = threading.Thread(target=kill_worker_after_its_first_report, daemon=True)
     killer.start()
     try:
-        run_sweep(sweep, out_dir=tmp_path / "sweep", data=sweep_data)
+        run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
     finally:
         stop.set()
         killer.join()
