@@ -37,7 +37,6 @@ import torch
 
 from capsnet.errors import ConfigError, DataError
 
-SMALLNORB_CLASSES = 5
 RESULTS_FILE = "viewpoints.json"
 CSV_COLUMNS = ("kind", "model", "epoch", "familiar_error", "novel_error")
 # Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
@@ -122,7 +121,7 @@ def candidate_epochs(familiar_errors: Sequence[float]) -> list[int]:
 
 def disabled_reason(params, data_root: str | Path) -> str | None:
     """Why the experiment cannot run on this params file and data root, or None."""
-    from capsnet.data.store import DISABLED_MARKER, is_disabled
+    from capsnet.io import DISABLED_MARKER, is_disabled
 
     if not params.data.smallnorb.enabled:
         return (
@@ -136,38 +135,40 @@ def disabled_reason(params, data_root: str | Path) -> str | None:
     return None
 
 
-def load_kind(params, data_root: str | Path, kind: str) -> dict[str, Any]:
-    """{"train", "familiar", "novel"}: the familiar training subset (random crops, limited to
-    ``train_limit``) and the familiar and novel test subsets (centre crops, ``test_limit``)."""
-    from capsnet.data.datasets import Slice, load
+def kind_spec(params, data_root: str | Path, kind: str, role: str):
+    """The RunSpec of ``role`` (capsules or cnn) on the familiar viewpoints of ``kind``:
+    random crops of the familiar training subset (first ``train_limit``), no validation."""
+    from capsnet.run import RunSpec
+    from capsnet.train import TrainConfig
 
-    settings, norb = params.viewpoints, params.data.smallnorb
-    options = {
-        "channels": tuple(range(settings.channels)),
-        "crop": norb.crop,
-    }
-    train = load(
-        "smallnorb",
-        "train",
-        data_root,
+    settings = params.viewpoints
+    return RunSpec(
+        model=settings.model_name(role),
+        train=TrainConfig(
+            epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+            weight_decay=getattr(settings.weight_decay, role), seed=settings.seed,
+            device=settings.device, compile=settings.compile,
+        ),
+        overrides=dict(getattr(settings.overrides, role)),
+        dataset="smallnorb",
         subset=f"{kind}-familiar",
-        seed=settings.seed,
-        brightness=norb.brightness,
-        contrast=norb.contrast,
-        **options,
-    )
-    if settings.train_limit is not None and settings.train_limit < len(train):
-        train = Slice(train, 0, settings.train_limit)
-    tests = {
-        which: load("smallnorb", "test", data_root, subset=f"{kind}-{which}", **options).subset(
-            settings.test_limit
-        )
-        for which in ("familiar", "novel")
-    }
-    for name, dataset in (("training", train), *tests.items()):
+        channels=settings.channels,
+        train_size=settings.train_limit,
+        val_size=0,
+        smallnorb=params.data.smallnorb,
+        data_root=data_root,
+    )  # fmt: skip
+
+
+def load_tests(spec, kind: str, limit: int | None) -> dict[str, Any]:
+    """{"familiar", "novel"}: the first ``limit`` familiar and novel test items of ``kind``."""
+    from capsnet.run import load_test
+
+    tests = {w: load_test(spec, limit, subset=f"{kind}-{w}") for w in ("familiar", "novel")}
+    for which, dataset in tests.items():
         if len(dataset) == 0:
-            raise DataError(f"smallnorb {kind}: the {name} viewpoint subset is empty")
-    return {"train": train, **tests}
+            raise DataError(f"smallnorb {kind}: the {which} viewpoint subset is empty")
+    return tests
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -184,35 +185,9 @@ def check_models(settings) -> None:
         except ConfigError as exc:
             raise ConfigError(f"params: viewpoints.{role}: {exc}") from None
         try:
-            models.make_config(name, **getattr(settings.overrides, role))
+            models.make_config(name, (1, 32, 5), **getattr(settings.overrides, role))
         except ConfigError as exc:
             raise ConfigError(f"params: viewpoints.overrides.{role}: {exc}") from None
-
-
-def build_model(settings, role: str, crop: int):
-    """The ``role`` model, shaped for smallNORB crops with ``settings.channels`` channels."""
-    from capsnet import models
-
-    name = settings.model_name(role)
-    fields = set(models.make_config(name).__dict__)
-    shape = {"in_channels": settings.channels, "input_size": crop}
-    shape["num_classes"] = SMALLNORB_CLASSES
-    overrides = {k: v for k, v in shape.items() if k in fields}
-    return models.build(name, **overrides, **getattr(settings.overrides, role))
-
-
-def train_config(settings, role: str):
-    from capsnet.train import TrainConfig
-
-    return TrainConfig(
-        epochs=settings.epochs,
-        batch_size=settings.batch_size,
-        lr=settings.lr,
-        weight_decay=getattr(settings.weight_decay, role),
-        seed=settings.seed,
-        device=settings.device,
-        compile=settings.compile,
-    )
 
 
 def _error(model, dataset, batch_size: int, device) -> float:
@@ -221,22 +196,25 @@ def _error(model, dataset, batch_size: int, device) -> float:
     return 1.0 - accuracy(model, dataset, batch_size, device)["accuracy"]
 
 
-def train_tracked(model, data: Mapping[str, Any], config, log: Log, label: str):
-    """Train ``model`` with ``fit`` on data["train"]; after each epoch measure its error on
-    data["familiar"] and data["novel"]. Returns (history, {epoch: CPU state_dict}) keeping
-    the weights of every epoch ``select_matched`` could choose (``candidate_epochs``)."""
-    from capsnet.train import fit, select_device
+def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
+    """Train ``spec`` through ``capsnet.run``; after each epoch measure the error on
+    tests["familiar"] and tests["novel"]. Returns (RunResult, history, {epoch: CPU
+    state_dict}) keeping the weights of every epoch ``select_matched`` could choose
+    (``candidate_epochs``)."""
+    from capsnet.run import train_run
+    from capsnet.train import select_device
 
+    config = spec.train
     device = select_device(config.device)
     history: list[dict[str, Any]] = []
     states: dict[int, dict[str, torch.Tensor]] = {}
     best = math.inf
 
-    def on_epoch(record: dict, state) -> None:
+    def on_epoch(record: dict, state, model) -> None:
         nonlocal best
         started = time.perf_counter()
-        familiar = _error(model, data["familiar"], config.eval_batch_size, device)
-        novel = _error(model, data["novel"], config.eval_batch_size, device)
+        familiar = _error(model, tests["familiar"], config.eval_batch_size, device)
+        novel = _error(model, tests["novel"], config.eval_batch_size, device)
         epoch = int(record["epoch"])
         history.append(
             {
@@ -257,29 +235,33 @@ def train_tracked(model, data: Mapping[str, Any], config, log: Log, label: str):
             f"novel error {novel:.4f} ({record['seconds']:.1f} s)"
         )
 
-    fit(model, data["train"], None, config, on_epoch=on_epoch)
-    model.cpu()
-    return history, states
+    result = train_run(spec, split, on_epoch=on_epoch)
+    return result, history, states
 
 
 def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) -> dict:
     """Train both models on ``kind``, select the matched epochs, save both checkpoints under
     ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
     from capsnet import checkpoint
+    from capsnet.run import load_split
 
     settings = params.viewpoints
-    data = load_kind(params, data_root, kind)
+    specs = {role: kind_spec(params, data_root, kind, role) for role in ("capsules", "cnn")}
+    split = load_split(specs["capsules"])  # the same familiar images for both models
+    tests = load_tests(specs["capsules"], kind, settings.test_limit)
+    data = {"train": split.train, **tests}
     log(
         f"[{kind}] {len(data['train'])} familiar training images; test: "
         f"{len(data['familiar'])} familiar, {len(data['novel'])} novel"
     )
     trained: dict[str, dict[str, Any]] = {}
-    for role in ("capsules", "cnn"):
-        model = build_model(settings, role, params.data.smallnorb.crop)
-        config = train_config(settings, role)
-        label = f"[{kind}] {settings.model_name(role)}"
-        history, states = train_tracked(model, data, config, log, label)
-        trained[role] = {"model": model, "config": config, "history": history, "states": states}
+    for role, spec in specs.items():
+        label = f"[{kind}] {spec.model}"
+        result, history, states = train_tracked(spec, split, tests, log, label)
+        trained[role] = {
+            "model": result.model, "config": result.train_config, "history": history,
+            "states": states,
+        }  # fmt: skip
 
     selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
     models_entry: dict[str, dict[str, Any]] = {}
@@ -374,7 +356,7 @@ def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import atomic_write_bytes
 
     atomic_write_bytes(path, text.encode())
     return path
@@ -387,7 +369,7 @@ def _json(payload) -> str:
 def write_disabled(out_dir: str | Path, reason: str) -> Path:
     """``out_dir`` holding only DISABLED.txt, viewpoints.json {"disabled": reason} and the
     header of ``<out_dir>.csv`` (DVC needs the outputs to exist), swapped in atomically."""
-    from capsnet.data.store import DISABLED_MARKER, atomic_directory
+    from capsnet.io import DISABLED_MARKER, atomic_directory
 
     with atomic_directory(out_dir) as tmp:
         _write_text(tmp / DISABLED_MARKER, reason.rstrip() + "\n")
@@ -400,7 +382,7 @@ def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
     ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content."""
     from capsnet.config import to_dict
-    from capsnet.data.store import atomic_directory
+    from capsnet.io import atomic_directory
 
     say = log or (lambda line: None)
     settings = params.viewpoints
@@ -434,7 +416,7 @@ def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[
 def read_results(out_dir: str | Path) -> tuple[dict | None, str | None]:
     """(viewpoints.json content, None), or (None, why there are no results) for a missing,
     switched-off or unreadable ``out_dir``."""
-    from capsnet.data.store import DISABLED_MARKER, is_disabled
+    from capsnet.io import DISABLED_MARKER, is_disabled
 
     out = Path(out_dir)
     if not out.is_dir():
