@@ -173,6 +173,14 @@ def test_unavailable_device(tmp_path, mnist_root):
     assert_one_line_error(result, "CUDA is not available")
 
 
+#: Every HTTP(S) request goes to a closed local port, so the official hosts fail here
+#: whether or not this machine can reach them.
+UNREACHABLE_HOSTS = {
+    name: "http://127.0.0.1:9"
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+} | {"no_proxy": "", "NO_PROXY": ""}
+
+
 def test_no_source_for_mnist_names_the_urls_and_the_mirror_setting(tmp_path):
     result = run_cli(
         "train",
@@ -184,7 +192,7 @@ def test_no_source_for_mnist_names_the_urls_and_the_mirror_setting(tmp_path):
         str(tmp_path / "no-mirror"),
         "--out",
         str(tmp_path / "o"),
-        env_extra={"CAPSNET_MIRROR": ""},
+        env_extra={"CAPSNET_MIRROR": "", **UNREACHABLE_HOSTS},
     )
     assert_one_line_error(result, "no source worked", "no-mirror", "CAPSNET_MIRROR")
 
@@ -253,3 +261,71 @@ def test_usage_errors_exit_2_and_unknown_commands_are_named():
     done = CliRunner().invoke(cli.main, ["trian"])
     assert done.exit_code == 2
     assert done.stderr.strip().splitlines() == ["Error: No such command 'trian'."]
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["train", "--model", "lenet5", "--out", "o", "--lr", "nan"], "'--lr'"),
+        (["train", "--model", "lenet5", "--out", "o", "--weight-decay", "inf"], "'--weight-decay'"),
+        (["train", "--model", "lenet5", "--out", "o", "--lr", "0"], "'--lr': 0 is not > 0"),
+        (["eval", "m.pt", "--angles", "0,inf"], "'--angles': 'inf' is not a finite number"),
+        (["eval", "m.pt", "--angles", ",,"], "'--angles': no numbers given"),
+        (["eval", "m.pt", "--epsilons", "0.1,nan"], "'--epsilons': 'nan' is not a finite"),
+        (["eval", "m.pt", "--epsilons", "1.5"], "'--epsilons': 1.5 is not <= 1"),
+        (["data", "show", "rotated-mnist", "--out", "x.png", "--angle", "-inf"], "'--angle'"),
+    ],
+)
+def test_non_finite_and_out_of_range_floats_are_usage_errors(args, option):
+    done = CliRunner().invoke(cli.main, args)
+    assert done.exit_code == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0], done.stderr
+
+
+def _resolved(name: str, args: list[str]) -> dict:
+    """The values a command receives for ``args``: its options' defaults resolved."""
+    command = cli.load_command(name)
+    with command.make_context(name, args) as ctx:
+        return ctx.params
+
+
+def test_train_defaults_are_train_configs():
+    from capsnet.train import TrainConfig
+
+    params = _resolved("train", ["--model", "lenet5", "--out", "o"])
+    for option, field in [
+        ("epochs", "epochs"),
+        ("batch_size", "batch_size"),
+        ("lr", "lr"),
+        ("weight_decay", "weight_decay"),
+        ("loss", "loss"),
+        ("seed", "seed"),
+        ("device", "device"),
+    ]:
+        assert params[option] == getattr(TrainConfig(), field), option
+
+
+def test_eval_defaults_are_the_evaluate_sections():
+    from capsnet.config import EvaluateParams
+
+    defaults = EvaluateParams()
+    params = _resolved("eval", ["m.pt"])
+    assert params["epsilons"] == defaults.robustness.epsilons
+    assert params["bim_steps"] == defaults.robustness.bim_steps
+    assert params["robustness_limit"] == defaults.robustness.limit
+    assert (params["batch_size"], params["device"]) == (defaults.batch_size, defaults.device)
+    assert params["limit"] == defaults.limit
+    assert _resolved("eval", ["m.pt", "--angles", "0, 45"])["angles"] == (0.0, 45.0)
+
+
+def test_data_root_and_mirror_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CAPSNET_DATA", "/elsewhere")
+    monkeypatch.setenv("CAPSNET_MIRROR", "/a/mirror")
+    for name, args in [("train", ["--model", "x", "--out", "o"]), ("eval", ["m.pt"])]:
+        params = _resolved(name, args)
+        assert (str(params["data_root"]), params["mirror"]) == ("/elsewhere", "/a/mirror")
+    monkeypatch.delenv("CAPSNET_DATA")
+    monkeypatch.setenv("CAPSNET_MIRROR", "")
+    params = _resolved("eval", ["m.pt"])
+    assert (str(params["data_root"]), params["mirror"]) == ("data", None)

@@ -104,6 +104,15 @@ def test_help_lists_every_command_without_importing_any():
         assert name in listed
 
 
+@pytest.mark.parametrize(
+    "name", ["train", "eval", "evaluate-stage", "viewpoints", "models", "sweep", "publish"]
+)
+def test_a_command_s_help_imports_no_torch_and_no_pipeline_library(name):
+    """Defaults read from TrainConfig (a torch module) are looked up only when run."""
+    loaded = _loaded_after(_run_group([name, "--help"]))["loaded"]
+    assert [m for m in loaded if m.split(".")[0] in ("torch", "ray", "wandb", "dvc")] == []
+
+
 def test_shell_completion_of_command_names_imports_nothing():
     env = {"_CAPSNET_COMPLETE": "bash_complete", "COMP_WORDS": "capsnet ev", "COMP_CWORD": "1"}
     result = _loaded_after(_run_group([]), env)

@@ -74,7 +74,8 @@ def read_mats(paths: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse the extracted test batches into ``out_dir/test.pt`` (and ``test-centered.pt``
     from just_centered/test.mat when present)."""
-    from capsnet.data.store import atomic_directory, save_prepared
+    from capsnet.data.store import save_prepared
+    from capsnet.io import atomic_directory
 
     raw_dir = Path(raw_dir)
     batches = _mat_files(raw_dir / "test_batches")
@@ -194,7 +195,8 @@ def build_synth(
 ) -> Path:
     """Write ``out_dir/test.pt``: affnist-synth from the MNIST test split under ``root``."""
     from capsnet.data import mnist
-    from capsnet.data.store import atomic_directory, save_prepared
+    from capsnet.data.store import save_prepared
+    from capsnet.io import atomic_directory
 
     images, labels = mnist.load_tensors(root, "test", download_missing=False)
     if limit is not None:

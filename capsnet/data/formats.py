@@ -75,7 +75,7 @@ def read_idx_labels(path: str | os.PathLike, num_classes: int = 10) -> torch.Ten
 def write_idx(path: str | os.PathLike, tensor: torch.Tensor) -> None:
     """Write a uint8 tensor in IDX format (gzip when the name ends in .gz); for tests and
     mirrors."""
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import atomic_write_bytes
 
     tensor = tensor.to(torch.uint8).contiguous()
     magic = {3: IDX_IMAGES_MAGIC, 1: IDX_LABELS_MAGIC}.get(tensor.dim(), 0x0800 + tensor.dim())
@@ -131,7 +131,7 @@ def write_norb(path: str | os.PathLike, array) -> None:
     """Write ``array`` in the smallNORB binary format (gzip when the name ends in .gz)."""
     import numpy as np
 
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import atomic_write_bytes
 
     array = np.ascontiguousarray(array)
     magic = NORB_MAGIC[array.dtype.name]
@@ -196,7 +196,7 @@ def write_affnist_mat(
     import numpy as np
     import scipy.io
 
-    from capsnet.data.sources import atomic_write_bytes
+    from capsnet.io import atomic_write_bytes
 
     images = images.to(torch.uint8).numpy().reshape(images.shape[0], -1)  # (N, 1600)
     labels = labels.numpy().astype(np.uint8)

@@ -34,7 +34,6 @@ RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
 }
 CLASSES = 5  # animal, human, airplane, truck, car
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
-INSTANCES = {"train": (4, 6, 7, 8, 9), "test": (0, 1, 2, 3, 5)}
 FAMILIAR_AZIMUTHS = (30, 32, 34, 0, 2, 4)  # 300..40 degrees (azimuth index x 10 degrees)
 FAMILIAR_ELEVATIONS = (0, 1, 2)  # the three lowest: 30, 35, 40 degrees
 SUBSETS = ("all", "azimuth-familiar", "azimuth-novel", "elevation-familiar", "elevation-novel")
@@ -101,7 +100,8 @@ def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
 
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info."""
-    from capsnet.data.store import atomic_directory, save_prepared
+    from capsnet.data.store import save_prepared
+    from capsnet.io import atomic_directory
 
     splits = {split: read_split(raw_dir, split) for split in PREFIX}
     with atomic_directory(out_dir) as tmp:
@@ -206,7 +206,8 @@ def load(
     """smallNORB ``split`` restricted to ``subset``: random-crop training items (when
     ``augment``, default for train) or centre-cropped test tensors."""
     from capsnet.data.datasets import TensorImageDataset
-    from capsnet.data.store import is_disabled, load_prepared
+    from capsnet.data.store import load_prepared
+    from capsnet.io import is_disabled
 
     prepared = Path(root) / "prepared" / "smallnorb"
     if is_disabled(prepared):

@@ -18,13 +18,12 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.errors import DataError
-from capsnet.io import atomic_write_bytes as atomic_write_bytes
-from capsnet.io import fsync_dir as _fsync_dir
+from capsnet.io import fsync_dir
 
 MIRROR_ENV = "CAPSNET_MIRROR"
 CHUNK = 1 << 20
@@ -184,7 +183,7 @@ def fetch(
                     problem = str(exc).replace(str(tmp), "download")
                 if problem is None:
                     os.replace(tmp, target)
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
                     return target
                 tmp.unlink(missing_ok=True)
                 failures.append(f"{url} ({problem})")
@@ -197,25 +196,6 @@ def fetch(
         f"Set ${MIRROR_ENV} (or data.mirror in params.yaml) to a directory or URL prefix "
         f"holding {remote.dataset}/{remote.filename}"
     )
-
-
-def fetch_all(remotes: Iterable[RemoteFile], directory: str | os.PathLike, **kwargs) -> list[Path]:
-    return [fetch(remote, directory, **kwargs) for remote in remotes]
-
-
-def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            shutil.copyfileobj(fin, fout, CHUNK)
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_zip(path: Path) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from capsnet.config import Params
-from capsnet.data.store import is_disabled, write_disabled
 from capsnet.errors import DataError
+from capsnet.io import clear_disabled, read_disabled, write_disabled
 
 DOWNLOADS = ("mnist", "affnist", "smallnorb")
 PREPARES = ("mnist", "affnist", "affnist-synth", "smallnorb", "multimnist")
@@ -38,8 +38,7 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
         return write_disabled(out, f"data.{name}.enabled is false in params.yaml")
     if name == "affnist" and data.affnist.source == "synth":
         return write_disabled(out, "data.affnist.source is synth: the real files are not used")
-    if is_disabled(out):
-        (out / "DISABLED.txt").unlink()
+    clear_disabled(out)
     if name == "mnist":
         mnist.download(out, mirror, progress)
     elif name == "smallnorb":
@@ -97,8 +96,9 @@ def prepare(name: str, params: Params, root=None) -> Path:
             limit=s.limit,
         )
     raw = root / "raw" / name
-    if is_disabled(raw):
-        return write_disabled(out, (raw / "DISABLED.txt").read_text())
+    reason = read_disabled(raw)
+    if reason is not None:
+        return write_disabled(out, reason)
     if name == "affnist":
         return affnist.prepare(raw, out)
     return smallnorb.prepare(raw, out, data.smallnorb.size)

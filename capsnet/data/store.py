@@ -15,11 +15,7 @@ from pathlib import Path
 import torch
 
 from capsnet.errors import DataError
-from capsnet.io import DISABLED_MARKER as DISABLED_MARKER
-from capsnet.io import atomic_directory as atomic_directory
 from capsnet.io import atomic_write_bytes
-from capsnet.io import is_disabled as is_disabled
-from capsnet.io import write_disabled as write_disabled
 
 
 def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **meta) -> Path:

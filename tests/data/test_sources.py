@@ -182,13 +182,6 @@ def test_non_atomic_leftover_target_is_replaced(tmp_path):
     assert gzip.decompress(out.read_bytes()) == CONTENT
 
 
-def test_atomic_write_bytes_replaces_whole_file(tmp_path):
-    sources.atomic_write_bytes(tmp_path / "x" / "f", b"one")
-    sources.atomic_write_bytes(tmp_path / "x" / "f", b"two")
-    assert (tmp_path / "x" / "f").read_bytes() == b"two"
-    assert [p.name for p in (tmp_path / "x").iterdir()] == ["f"]
-
-
 def make_zip(path: Path, members: dict[str, bytes]) -> Path:
     with zipfile.ZipFile(path, "w") as archive:
         for name, data in members.items():
