@@ -1,0 +1,135 @@
+"""`dvc repro` of every stage of dvc.yaml in a temporary copy of the repository, on the real
+params.yaml shrunk to a tiny run; afterwards every declared output exists and `dvc status`
+has nothing to do. smallNORB stays switched off, so its stages write DISABLED outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+#: What a stage needs from the repository: the code its deps name and the plot templates.
+COPIED_DIRS = ("capsnet", "pipeline", "benchmarks")
+COPIED_FILES = ("dvc.yaml", "pyproject.toml", "README.md", ".dvcignore")
+
+#: params.yaml keys set for the tiny run (each key must exist in the real file).
+SHRINK = {
+    "data.affnist.synth.limit": 200,
+    "sweep.space.routing_iterations": 1,
+    "sweep.space.augment": {"grid": ["none", "shift"]},
+    "sweep.epochs": 1,
+    "sweep.batch_size": 64,
+    "sweep.train_size": 256,
+    "sweep.val_size": 128,
+    "sweep.wandb.mode": "disabled",
+    "train.epochs": 1,
+    "train.batch_size": 64,
+    "train.train_size": 256,
+    "train.val_size": 128,
+    "train.extra_train_size": 128,
+    "evaluate.limit": 100,
+    "evaluate.angles": [0, 35],
+    "evaluate.robustness.epsilons": [0.1],
+    "evaluate.robustness.bim_steps": 2,
+    "evaluate.robustness.limit": 16,
+    "evaluate.equivariance.angles": [-30, 0, 30],
+    "evaluate.equivariance.limit": 16,
+    "publish.mode": "offline",
+}
+
+
+def shrink(text: str) -> str:
+    """The real params.yaml with the SHRINK settings; smallNORB stays off."""
+    import yaml
+
+    values = yaml.safe_load(text)
+    assert values["data"]["smallnorb"]["enabled"] is False
+    if "rotated" in values["data"]:
+        values["data"]["rotated"]["angles"] = [0, 35]
+    for key, value in SHRINK.items():
+        *parents, leaf = key.split(".")
+        node = values
+        for part in parents:
+            node = node[part]
+        assert leaf in node, f"params.yaml has no {key}"
+        node[leaf] = value
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def declared_outputs(dvc_yaml: Path) -> dict[str, list[str]]:
+    """Every stage's outs, metrics and plots paths."""
+    import yaml
+
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    outputs = {}
+    for name, stage in stages.items():
+        entries = [e for kind in ("outs", "metrics", "plots") for e in stage.get(kind) or []]
+        outputs[name] = [next(iter(e)) if isinstance(e, dict) else e for e in entries]
+    return outputs
+
+
+def run(args, cwd, env):
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_mirror):
+    pytest.importorskip("dvc")
+    pytest.importorskip("ray")
+    bin_dir = Path(sys.executable).parent
+    dvc = shutil.which("dvc", path=str(bin_dir))
+    if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
+        pytest.skip("dvc or the capsnet command is not installed")
+    work = tmp_path / "repo"
+    for name in COPIED_DIRS:
+        if (repo_root / name).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(repo_root / name, work / name, ignore=ignore)
+    for name in COPIED_FILES:
+        shutil.copy(repo_root / name, work / name)
+    (work / "params.yaml").write_text(shrink((repo_root / "params.yaml").read_text()))
+    env = {
+        **os.environ,
+        "CAPSNET_MIRROR": str(mnist_mirror),
+        "DVC_NO_ANALYTICS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "WANDB_MODE": "offline",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY"):
+        env.pop(key, None)
+    run([dvc, "init", "--no-scm", "-q"], work, env)
+
+    log = run([dvc, "repro"], work, env)
+    outputs = declared_outputs(work / "dvc.yaml")
+    for stage, paths in outputs.items():
+        assert f"Running stage '{stage}'" in log, stage
+        for path in paths:
+            assert (work / path).exists(), f"stage {stage}: no {path}"
+
+    best = json.loads((work / "sweep" / "best.json").read_text())
+    assert 0 <= best["metrics"]["val_accuracy"] <= 1
+    model = best["config"]["model"]
+    trained = {p.stem for p in (work / "models").glob("*.pt")}
+    assert {model, f"{model}@multimnist", f"{model}@expanded-mnist"} <= trained
+    metrics = json.loads((work / "eval" / "metrics.json").read_text())
+    assert trained <= set(metrics) and "viewpoints" in metrics
+    for disabled in (
+        "data/prepared/smallnorb",
+        "sweep-smallnorb",
+        "models-smallnorb",
+        "models-viewpoints",
+    ):
+        assert (work / disabled / "DISABLED.txt").is_file(), disabled
+    assert (work / "eval" / "report.html").stat().st_size > 0
+
+    status = run([dvc, "status"], work, env)
+    assert "Data and pipelines are up to date." in status, status
