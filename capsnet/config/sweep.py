@@ -16,8 +16,6 @@ same schema with the EM paper's defaults; ``SECTION`` names the section that
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -233,28 +231,6 @@ class SweepConfig(Section):
             for name in SEARCHABLE
             if name not in ABLATION or getattr(self.space, name) != ABLATION[name]
         ]
-
-    def fingerprint(self) -> str:
-        """Hash of everything that changes trial results (not resources, storage, W&B).
-
-        The Tune experiment directory is named after it, so a changed search space starts
-        a new experiment while an interrupted run of the same one is restored. An MNIST
-        sweep that leaves the smallNORB settings and the ablation axes at their neutral
-        values hashes as it did before they existed, so its saved state still restores.
-        """
-        keep = self.to_dict()
-        for name in (
-            "resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"
-        ):  # fmt: skip
-            keep.pop(name)
-        if self.dataset == "mnist":
-            keep.pop("dataset")
-            keep.pop("channels")
-            for name, neutral in ABLATION.items():
-                if keep["space"][name] == neutral:
-                    keep["space"].pop(name)
-        blob = json.dumps(keep, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:10]
 
 
 @dataclass
