@@ -168,6 +168,63 @@ def _loader_batches(dataset: Dataset, config: TrainConfig, generator, epoch: int
     yield from loader
 
 
+def _optimiser(model: nn.Module, config: TrainConfig, state: TrainState):
+    """Adam with the exponential step decay of the official code, restored from ``state``."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: config.lr_decay ** (step / config.lr_decay_steps)
+    )
+    if state.optimizer is not None:
+        optimizer.load_state_dict(state.optimizer)
+    if state.scheduler is not None:
+        scheduler.load_state_dict(state.scheduler)
+    return optimizer, scheduler
+
+
+def _train_epoch(model, train_data, config, device, generator, state, optimizer, scheduler):
+    """One pass over ``train_data``; returns (images seen, summed loss, correct count)."""
+    from tqdm.auto import tqdm
+
+    use_amp = device.type == "cuda" and config.amp in ("auto", "bf16")
+    steps_per_epoch = math.ceil(len(train_data) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    batches = (
+        _tensor_batches(train_data, config, device, generator)
+        if hasattr(train_data, "tensors")
+        else _loader_batches(train_data, config, generator, state.epoch)
+    )
+    bar = tqdm(
+        batches,
+        total=steps_per_epoch,
+        desc=f"epoch {state.epoch + 1}/{config.epochs}",
+        disable=None if config.progress is None else not config.progress,
+        leave=False,
+        unit="batch",
+    )
+    for images, targets in bar:
+        images = images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        if config.shift_pixels:
+            images = random_shift(images, config.shift_pixels, generator)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            output = model(images, targets if targets.dim() == 1 else None)
+            loss = compute_loss(model, output, images, targets, config, state.step, total_steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        state.step += 1
+        seen += images.shape[0]
+        loss_sum += loss.detach() * images.shape[0]
+        if targets.dim() == 1:
+            correct += (output.scores.detach().argmax(1) == targets).sum()
+    bar.close()
+    return seen, loss_sum.item(), correct.item()
+
+
 def fit(
     model: nn.Module,
     train_data: Dataset,
@@ -183,84 +240,38 @@ def fit(
     is called after each epoch (Ray Tune reports and checkpoints there). ``resume`` continues
     a run from a saved TrainState (weights already loaded into ``model``).
     """
-    from tqdm.auto import tqdm
-
     config = config or TrainConfig()
     device = select_device(config.device)
     _seed_everything(config.seed)
     model.to(device)
     if config.compile and hasattr(model, "compile_routing"):
         model.compile_routing()
-    use_amp = device.type == "cuda" and config.amp in ("auto", "bf16")
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: config.lr_decay ** (step / config.lr_decay_steps)
-    )
     state = resume or TrainState()
-    if state.optimizer is not None:
-        optimizer.load_state_dict(state.optimizer)
-    if state.scheduler is not None:
-        scheduler.load_state_dict(state.scheduler)
+    optimizer, scheduler = _optimiser(model, config, state)
     generator = torch.Generator(device="cpu")
     generator.manual_seed(config.seed)
     if state.rng is not None:
         generator.set_state(state.rng)
-    fast = hasattr(train_data, "tensors")
-    steps_per_epoch = math.ceil(len(train_data) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
 
-    for epoch in range(state.epoch, config.epochs):
+    while state.epoch < config.epochs:
         model.train()
         started = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.long)
-        seen = 0
-        batches = (
-            _tensor_batches(train_data, config, device, generator)
-            if fast
-            else _loader_batches(train_data, config, generator, epoch)
+        seen, loss_sum, correct = _train_epoch(
+            model, train_data, config, device, generator, state, optimizer, scheduler
         )
-        bar = tqdm(
-            batches,
-            total=steps_per_epoch,
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=None if config.progress is None else not config.progress,
-            leave=False,
-            unit="batch",
-        )
-        for images, targets in bar:
-            images = images.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            if config.shift_pixels:
-                images = random_shift(images, config.shift_pixels, generator)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                output = model(images, targets if targets.dim() == 1 else None)
-                loss = compute_loss(model, output, images, targets, config, state.step, total_steps)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            state.step += 1
-            batch = images.shape[0]
-            seen += batch
-            loss_sum += loss.detach() * batch
-            if targets.dim() == 1:
-                correct += (output.scores.detach().argmax(1) == targets).sum()
-        bar.close()
         seconds = time.perf_counter() - started
         record = {
-            "epoch": epoch + 1,
-            "train_loss": loss_sum.item() / max(1, seen),
-            "train_accuracy": correct.item() / max(1, seen),
+            "epoch": state.epoch + 1,
+            "train_loss": loss_sum / max(1, seen),
+            "train_accuracy": correct / max(1, seen),
             "lr": scheduler.get_last_lr()[0],
             "seconds": seconds,
             "images_per_second": seen / seconds if seconds > 0 else float("nan"),
         }
         if val_data is not None and len(val_data):
-            record["val_accuracy"] = accuracy(model, val_data, config.eval_batch_size, device)[
-                "accuracy"
-            ]
-        state.epoch = epoch + 1
+            scored = accuracy(model, val_data, config.eval_batch_size, device)
+            record["val_accuracy"] = scored["accuracy"]
+        state.epoch += 1
         state.history.append(record)
         state.optimizer = optimizer.state_dict()
         state.scheduler = scheduler.state_dict()
