@@ -82,7 +82,7 @@ def write_idx(path: str | os.PathLike, tensor: torch.Tensor) -> None:
     header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in tensor.shape)
     payload = header + tensor.numpy().tobytes()
     if str(path).endswith(".gz"):
-        payload = gzip.compress(payload, compresslevel=6)
+        payload = gzip.compress(payload, compresslevel=6, mtime=0)
     atomic_write_bytes(path, payload)
 
 
@@ -139,7 +139,7 @@ def write_norb(path: str | os.PathLike, array) -> None:
     header = np.array([magic, array.ndim, *dims], dtype="<i4").tobytes()
     payload = header + array.astype(array.dtype.newbyteorder("<")).tobytes()
     if str(path).endswith(".gz"):
-        payload = gzip.compress(payload, compresslevel=1)
+        payload = gzip.compress(payload, compresslevel=1, mtime=0)
     atomic_write_bytes(path, payload)
 
 
