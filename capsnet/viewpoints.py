@@ -242,7 +242,6 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
 def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) -> dict:
     """Train both models on ``kind``, select the matched epochs, save both checkpoints under
     ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
-    from capsnet import checkpoint
     from capsnet.run import load_split
 
     settings = params.viewpoints
@@ -264,40 +263,10 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) 
         }  # fmt: skip
 
     selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
-    models_entry: dict[str, dict[str, Any]] = {}
-    for role, t in trained.items():
-        model, chosen = t["model"], selection["models"][role]
-        name = settings.model_name(role)
-        model.load_state_dict(t["states"][chosen["epoch"]])
-        relative = f"{kind}/{name}.pt"
-        checkpoint.save(
-            out_dir / relative,
-            model,
-            train_config=t["config"].to_dict(),
-            metrics={
-                "experiment": "viewpoints",
-                "kind": kind,
-                "role": role,
-                "epoch": chosen["epoch"],
-                "familiar_error": chosen["familiar_error"],
-                "novel_error": chosen["novel_error"],
-                "history": t["history"],
-                "selection": selection,
-            },
-            extra={
-                "train_subset": f"{kind}-familiar",
-                "channels": settings.channels,
-                "train_size": len(data["train"]),
-            },
-        )
-        models_entry[role] = {
-            "model": name,
-            "checkpoint": relative,
-            "config": _plain(vars(model.config)),
-            "train_config": t["config"].to_dict(),
-            "epochs": settings.epochs,
-            "history": t["history"],
-        }
+    models_entry = {
+        role: _save_selected(t, role, selection, kind, settings, out_dir, len(split.train))
+        for role, t in trained.items()
+    }
     caps, cnn = selection["models"]["capsules"], selection["models"]["cnn"]
     log(
         f"[{kind}] matched at familiar error {selection['target_familiar_error']:.4f} "
@@ -315,6 +284,35 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) 
         "models": models_entry,
         "selection": selection,
         "paper_novel_error": PAPER_NOVEL_ERROR[kind],
+    }
+
+
+def _save_selected(trained: dict, role: str, selection: dict, kind: str, settings, out_dir,
+                   train_size: int) -> dict[str, Any]:  # fmt: skip
+    """Load the selected epoch's weights, save ``<kind>/<model>.pt``; return its entry."""
+    from capsnet import checkpoint
+
+    model, chosen = trained["model"], selection["models"][role]
+    name = settings.model_name(role)
+    model.load_state_dict(trained["states"][chosen["epoch"]])
+    relative = f"{kind}/{name}.pt"
+    metrics = {
+        "experiment": "viewpoints", "kind": kind, "role": role, "epoch": chosen["epoch"],
+        "familiar_error": chosen["familiar_error"], "novel_error": chosen["novel_error"],
+        "history": trained["history"], "selection": selection,
+    }  # fmt: skip
+    extra = {"train_subset": f"{kind}-familiar", "channels": settings.channels}
+    checkpoint.save(
+        out_dir / relative, model, train_config=trained["config"].to_dict(), metrics=metrics,
+        extra={**extra, "train_size": train_size},
+    )  # fmt: skip
+    return {
+        "model": name,
+        "checkpoint": relative,
+        "config": _plain(vars(model.config)),
+        "train_config": trained["config"].to_dict(),
+        "epochs": settings.epochs,
+        "history": trained["history"],
     }
 
 
@@ -336,7 +334,8 @@ def csv_path(out_dir: str | Path) -> Path:
 
 
 def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
-    """viewpoints.csv: one row per (kind, model, epoch); only the header without results."""
+    """The CSV of ``csv_path``: one row per (kind, model, epoch); only the header without
+    results."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)

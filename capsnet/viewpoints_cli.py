@@ -25,7 +25,7 @@ def viewpoints_command(params_path, data_root):
     out = params.viewpoints.out_dir
     if "disabled" in result:
         click.echo(f"viewpoints: not run: {result['disabled']}")
-        click.echo(f"wrote {out} (DISABLED.txt, viewpoints.json, the header of viewpoints.csv)")
+        click.echo(f"wrote {out} (DISABLED.txt, viewpoints.json), {out}.csv (its header)")
         return
     for kind, entry in result["kinds"].items():
         selection = entry["selection"]

@@ -133,3 +133,18 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
 
     status = run([dvc, "status"], work, env)
     assert "Data and pipelines are up to date." in status, status
+
+    # a code edit reruns exactly the stages whose commands import the file
+    assert changed_stages(work, "pipeline/report.py", dvc, env) == {"publish"}
+    assert {"sweep", "train", "evaluate"} <= changed_stages(work, "capsnet/losses.py", dvc, env)
+
+
+def changed_stages(work: Path, edited: str, dvc: str, env) -> set[str]:
+    """The stages `dvc status` lists after a comment is appended to ``edited`` (restored)."""
+    path = work / edited
+    original = path.read_text()
+    path.write_text(original + "\n# an edit\n")
+    try:
+        return set(json.loads(run([dvc, "status", "--json"], work, env)))
+    finally:
+        path.write_text(original)
