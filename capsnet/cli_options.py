@@ -1,7 +1,7 @@
 """click options that several ``capsnet`` commands share, and where their defaults come from.
 
 Every default is read from a params dataclass (capsnet.config) or from
-capsnet.train.TrainConfig; the data root and the mirror are resolved here, once, and the
+capsnet.config.training.TrainConfig; the data root and the mirror are resolved here, once, and the
 library receives plain values. Only click and the torch-free config are imported, so
 ``--help`` stays fast.
 """
@@ -31,14 +31,10 @@ def field_default(cls, name: str):
 
 def train_default(name: str) -> dict:
     """``default`` and ``show_default`` of an option that defaults to TrainConfig's field
-    ``name``, read when the command runs (capsnet.train imports torch; --help must not)."""
+    ``name`` (capsnet.config.training: no torch, so --help stays fast)."""
+    from capsnet.config.training import TrainConfig
 
-    def default():
-        from capsnet.train import TrainConfig
-
-        return field_default(TrainConfig, name)
-
-    return {"default": default, "show_default": f"TrainConfig.{name}"}
+    return {"default": field_default(TrainConfig, name), "show_default": True}
 
 
 def format_floats(values, sep: str = ",") -> str:

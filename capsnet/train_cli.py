@@ -150,24 +150,26 @@ def train_command(
         mirror=mirror,
     )  # fmt: skip
 
-    def report(record, state, model):
-        val = record.get("val_accuracy")
-        click.echo(
-            f"epoch {record['epoch']}: loss {record['train_loss']:.4f} "
-            f"train acc {record['train_accuracy']:.4f}"
-            + (f" val acc {val:.4f}" if val is not None else "")
-            + f" ({record['seconds']:.1f} s)",
-            err=True,
-        )
-
-    result = train_run(spec, on_epoch=report, progress=sys.stderr.isatty())
+    result = train_run(spec, on_epoch=_report_epoch, progress=sys.stderr.isatty())
     metrics = _run_metrics(spec, result, test_limit)
     _save(out, result, metrics)
     test = metrics[dataset]
     click.echo(
         f"{model_name} ({metrics['parameters']:,} parameters) trained on "
-        f"{result.train_images} {dataset} images; test accuracy {test['accuracy']:.4f} on {test['n']} images; "
-        f"wrote {out / 'model.pt'} and {out / 'metrics.json'}"
+        f"{result.train_images} {dataset} images; test accuracy {test['accuracy']:.4f} on "
+        f"{test['n']} images; wrote {out / 'model.pt'} and {out / 'metrics.json'}"
+    )
+
+
+def _report_epoch(record: dict, state, model) -> None:
+    """One line on stderr per epoch."""
+    val = record.get("val_accuracy")
+    click.echo(
+        f"epoch {record['epoch']}: loss {record['train_loss']:.4f} "
+        f"train acc {record['train_accuracy']:.4f}"
+        + (f" val acc {val:.4f}" if val is not None else "")
+        + f" ({record['seconds']:.1f} s)",
+        err=True,
     )
 
 

@@ -92,6 +92,25 @@ def _settings():
     )
 
 
+def _trial_run(project: str, group: str, mode: str, directory: Path, trial):
+    """The W&B run of one Tune trial: id = trial id, group = sweep, job_type "sweep"."""
+    import wandb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=project,
+        group=group,
+        job_type="sweep",
+        id=trial.trial_id,
+        name=f"{group}-{trial.trial_id}",
+        mode=mode,
+        dir=str(directory),
+        config={**trial.config, "trial_id": trial.trial_id},
+        reinit="create_new",
+        settings=_settings(),
+    )
+
+
 def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.PathLike):
     """A Tune callback logging one W&B run per trial (id = trial id, group = sweep name,
     job_type "sweep") from the driver; None when W&B is disabled."""
@@ -111,23 +130,9 @@ def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.Path
             return {"directory": self.directory, "runs": {}}
 
         def _run(self, trial):
-            import wandb
-
             run = self.runs.get(trial.trial_id)
             if run is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                run = wandb.init(
-                    project=project,
-                    group=group,
-                    job_type="sweep",
-                    id=trial.trial_id,
-                    name=f"{group}-{trial.trial_id}",
-                    mode=mode,
-                    dir=str(self.directory),
-                    config={**trial.config, "trial_id": trial.trial_id},
-                    reinit="create_new",
-                    settings=_settings(),
-                )
+                run = _trial_run(project, group, mode, self.directory, trial)
                 self.runs[trial.trial_id] = run
             return run
 

@@ -175,9 +175,19 @@ def load(
     def mnist_split(which: str):
         return mnist.load_tensors(root, which, download, mirror, progress)
 
-    if name == "mnist":
-        images, labels = mnist_split(split)
-        return TensorImageDataset(images, labels, f"mnist-{split}")
+    if name == "smallnorb":
+        from capsnet.data import smallnorb
+
+        return smallnorb.load(root, split, subset=subset, seed=seed or 0, **options)
+    if name == "multimnist":
+        from capsnet.data import multimnist
+
+        return multimnist.load(root, split, mnist_split, seed=seed, **options)
+    return _mnist_derived(name, split, root, mnist_split, angle, seed)
+
+
+def _mnist_derived(name: str, split: str, root: Path, mnist_split, angle, seed) -> Dataset:
+    """mnist, rotated-mnist, expanded-mnist, affnist and affnist-synth as in-memory images."""
     if name == "rotated-mnist":
         if angle is None:
             raise DataError("rotated-mnist needs an angle")
@@ -185,22 +195,16 @@ def load(
 
         images, labels = rotated.load_tensors(split, angle, mnist_split)
         return TensorImageDataset(images, labels, f"rotated-mnist-{angle:g}")
-    if name == "expanded-mnist":
-        from capsnet.data import affnist
-
-        images, labels = mnist_split(split)
-        expanded = affnist.expand(images, seed=0 if seed is None else seed)
-        return TensorImageDataset(expanded, labels, f"expanded-mnist-{split}")
     if name in ("affnist", "affnist-synth"):
         from capsnet.data import affnist
 
         loader = affnist.load_real if name == "affnist" else affnist.load_synth
         images, labels = loader(root, split, mnist_split=mnist_split)
         return TensorImageDataset(images, labels, f"{name}-{split}")
-    if name == "smallnorb":
-        from capsnet.data import smallnorb
+    images, labels = mnist_split(split)
+    if name == "expanded-mnist":
+        from capsnet.data import affnist
 
-        return smallnorb.load(root, split, subset=subset, seed=seed or 0, **options)
-    from capsnet.data import multimnist
-
-    return multimnist.load(root, split, mnist_split, seed=seed, **options)
+        expanded = affnist.expand(images, seed=0 if seed is None else seed)
+        return TensorImageDataset(expanded, labels, f"expanded-mnist-{split}")
+    return TensorImageDataset(images, labels, f"mnist-{split}")

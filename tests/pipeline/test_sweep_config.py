@@ -94,7 +94,7 @@ def test_mnist_sweep_records_the_ablation_axes_only_when_searched():
 
 def test_trainer_reads_the_loss_choices_from_the_config():
     from capsnet.config import LOSSES
-    from capsnet.train import LOSSES as TRAIN_LOSSES
+    from capsnet.config.training import LOSSES as TRAIN_LOSSES
 
     assert TRAIN_LOSSES is LOSSES
 

@@ -1,0 +1,62 @@
+"""``TrainConfig``: the settings of one training run (no torch, so the CLI reads its
+defaults without loading model code). ``capsnet.train.fit`` consumes it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from capsnet.config.sweep import LOSSES
+from capsnet.errors import ConfigError
+
+__all__ = ["LOSSES", "TrainConfig"]
+
+
+@dataclass
+class TrainConfig:
+    """Training settings (defaults: the official CapsNet code, SPEC 1.1)."""
+
+    epochs: int = 1
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay: float = 0.96
+    lr_decay_steps: int = 2000
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    shift_pixels: int = 0  # random shift augmentation, up to this many pixels
+    loss: str = "auto"  # auto (the model's default) | margin | cross-entropy | spread
+    m_plus: float = 0.9
+    m_minus: float = 0.1
+    lam: float = 0.5
+    recon_weight: float = 0.0005
+    spread_margin: tuple[float, float] = (0.2, 0.9)
+    spread_schedule: str = "linear"  # linear | sigmoid (official EM code)
+    eval_batch_size: int = 500
+    num_workers: int = 0
+    compile: bool = False  # models with compile_routing() (EM): torch.compile the routing
+    progress: bool | None = None  # None: a bar only when stderr is a terminal
+
+    def __post_init__(self):
+        self.spread_margin = tuple(float(m) for m in self.spread_margin)
+        for name in ("epochs", "batch_size", "lr_decay_steps", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr_decay <= 1:
+            raise ConfigError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.shift_pixels < 0:
+            raise ConfigError(f"train.shift_pixels must be >= 0, got {self.shift_pixels}")
+        if self.loss not in LOSSES:
+            raise ConfigError(
+                f"train.loss {self.loss!r} unknown; choose one of {', '.join(LOSSES)}"
+            )
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ConfigError(f"train.amp {self.amp!r} unknown; choose auto, bf16 or off")
+        if self.spread_schedule not in ("linear", "sigmoid"):
+            raise ConfigError(f"train.spread_schedule {self.spread_schedule!r}: linear or sigmoid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
