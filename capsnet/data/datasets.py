@@ -9,7 +9,6 @@ import torch
 from torch.utils.data import Dataset
 
 from capsnet.errors import DataError
-from capsnet.models import Shape
 
 DEFAULT_ROOT = Path("data")
 
@@ -105,14 +104,15 @@ def split_tail(dataset: Dataset, tail: int, head_limit: int | None = None):
     return head, (Slice(dataset, cut, n) if tail else None)
 
 
-def shape_of(dataset: Dataset) -> Shape:
-    """The (channels, image size, classes) a model needs for ``dataset``: from its first
-    image and the ``num_classes`` every dataset here declares (10 unless it says)."""
+def shape_of(dataset: Dataset) -> tuple[int, int, int]:
+    """The (channels, image size, classes) a model needs for ``dataset`` (what
+    ``capsnet.models.build`` takes as ``shape``): from its first image and the
+    ``num_classes`` every dataset here declares (10 unless it says)."""
     image = dataset[0][0]  # (C, H, W)
     if image.dim() != 3 or image.shape[-1] != image.shape[-2]:
         name = getattr(dataset, "name", "dataset")
         raise DataError(f"{name}: items must be square (C, H, W) images, got {tuple(image.shape)}")
-    return Shape(image.shape[0], image.shape[-1], getattr(dataset, "num_classes", 10))
+    return (int(image.shape[0]), int(image.shape[-1]), int(getattr(dataset, "num_classes", 10)))
 
 
 def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
