@@ -5,9 +5,10 @@ torch's grid_sample, affine_grid, interpolate and matrix products take different
 paths on AVX-512, AVX2 and scalar CPUs (vector widths, fused multiply-adds, reordered
 sums), and libm's sin and cos differ between builds, so their float results, and the uint8
 images rounded from them, change with the machine. Here every value comes from elementwise
-float64 operations (+, -, *, floor, comparisons) applied in a fixed order; IEEE 754 rounds
-each of them the same way at any SIMD width. Sines and cosines come from a fixed
-polynomial. Images are rounded to uint8 once, at the end (half up).
+float64 operations (+, -, *, /, floor, comparisons) applied in a fixed order, never fused
+or reordered into a reduction; IEEE 754 rounds each of them the same way at any SIMD
+width. Sines and cosines come from a fixed polynomial. Images are rounded to uint8 once,
+at the end (half up).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _COS = tuple((-1) ** k / math.factorial(2 * k) for k in range(10))  # x^0 .. x^1
 
 def sin_cos_degrees(degrees: float) -> tuple[float, float]:
     """(sin, cos) of ``degrees`` from Python float arithmetic alone: exact at multiples of
-    90 degrees, within 1e-16 elsewhere, and the same bits on every machine."""
+    90 degrees, within a few 1e-16 elsewhere, and the same bits on every machine."""
     degrees = float(degrees)
     if not math.isfinite(degrees):
         raise DataError(f"rotation angle {degrees} is not a finite number of degrees")
