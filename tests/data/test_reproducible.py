@@ -233,7 +233,9 @@ def test_default_pipeline_data_outputs_have_the_committed_hashes(mnist_mirror, t
     for name, stage in data_stages.items():
         for out in stage["outs"]:
             built = results[0].get(f"dvc:{out['path']}")
-            assert built == out["md5"], f"dvc.lock {name}: {out['path']} is not what the code makes"
+            assert built == out["md5"], (
+                f"dvc.lock {name}: {out['path']} is not what the code makes; run `dvc repro`"
+            )
 
 
 def test_angles_cover_every_rotation_params_yaml_asks_for():
