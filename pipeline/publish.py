@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from capsnet.cli_options import params_option
-from pipeline import report, tracking
+from pipeline import readme, report, tracking
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 
@@ -145,7 +145,7 @@ def create_wandb_report(
     doc.blocks = [
         wr.H1(REPORT_TITLE),
         wr.P("Test accuracy of every final model beside the papers' numbers."),
-        wr.MarkdownBlock(report.readme_table(results)),
+        wr.MarkdownBlock(readme.results_table(results)),
         wr.H2("Accuracy versus rotation"),
         wr.PanelGrid(
             runsets=[eval_runs],
@@ -218,11 +218,12 @@ def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
 )
 @click.option(
     "--readme",
+    "readme_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Also regenerate this README's results table (between the results markers).",
 )
-def publish_command(params_path, metrics_path, readme):
+def publish_command(params_path, metrics_path, readme_path):
     """W&B eval runs (offline unless configured), report.html and, online, a W&B Report."""
     from capsnet import config
 
@@ -230,10 +231,10 @@ def publish_command(params_path, metrics_path, readme):
     out_dir = Path(params.evaluate.out_dir)
     metrics_path = metrics_path or out_dir / "metrics.json"
     summary = publish(params, metrics_path, out_dir / "figures", log=lambda s: click.echo(s))
-    if readme is not None:
+    if readme_path is not None:
         figure = os.path.relpath(
-            (out_dir / "figures" / "rotation.png").resolve(), readme.resolve().parent
+            (out_dir / "figures" / "rotation.png").resolve(), readme_path.resolve().parent
         )
-        changed = report.update_readme(readme, metrics_path, figure=figure)
-        click.echo(f"{readme}: results table {'updated' if changed else 'unchanged'}")
+        changed = readme.update_readme(readme_path, metrics_path, figure=figure)
+        click.echo(f"{readme_path}: results table {'updated' if changed else 'unchanged'}")
     click.echo(f"published {len(summary['runs'])} run(s); report {summary['html']}")

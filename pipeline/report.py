@@ -1,5 +1,5 @@
-"""eval/report.html (self-contained: images inline, no scripts, readable offline) and the
-README results table, both from eval/metrics.json (the schema of capsnet/eval/)."""
+"""eval/report.html (self-contained: images inline, no scripts, readable offline) from
+eval/metrics.json (the schema of capsnet/eval/), and the helpers the README table shares."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import html
 import json
 import math
 import os
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,6 @@ from typing import Any
 from capsnet.errors import CapsnetError
 from capsnet.io import atomic_write_text
 from pipeline.paper import paper_number
-
-README_BEGIN = "<!-- results:begin -->"
-README_END = "<!-- results:end -->"
-
 
 # --- reading the evaluation -------------------------------------------------------------------
 
@@ -65,7 +60,7 @@ def cell_value(entry: dict, column: str) -> float | None:
     return found if isinstance(found, (int, float)) else None
 
 
-def _std(entry: dict, column: str) -> float | None:
+def std_value(entry: dict, column: str) -> float | None:
     std = entry.get("std") or {}
     if column.startswith("rotated-mnist@"):
         key = _angle_key(entry, float(column.split("@", 1)[1]))
@@ -90,70 +85,39 @@ def table_columns(results: dict, angle: float = 35.0) -> list[str]:
     return [c for c in candidates if any(cell_value(e, c) is not None for e in results.values())]
 
 
+#: Column titles of the result tables (the rest are computed or the dataset's name).
+TITLES = {
+    "mnist": "MNIST",
+    "expanded-mnist": "expanded MNIST",
+    "affnist-synth": "affNIST (synth stand-in)",
+    "multimnist": "MultiMNIST (strict)",
+    "smallnorb": "smallNORB",
+    "smallnorb-azimuth-novel": "smallNORB novel azimuths",
+    "smallnorb-elevation-novel": "smallNORB novel elevations",
+}
+
+
 def column_title(column: str, results: dict) -> str:
     if column.startswith("rotated-mnist@"):
         return f"rotated MNIST {column.split('@')[1]}°"
     if column == "affnist":
-        sources = {e["affnist"].get("source") for e in results.values() if "affnist" in e}
-        return "affNIST" if sources == {"affnist"} else "affNIST (synth stand-in)"
-    if column == "multimnist":
-        return "MultiMNIST (strict)"
-    return column
+        scored = [e["affnist"] for e in results.values() if cell_value(e, "affnist") is not None]
+        real = scored and all(s.get("source") == "affnist" for s in scored)
+        return "affNIST" if real else "affNIST (synth stand-in)"
+    return TITLES.get(column, column)
 
 
-def _pct(value: float | None, std: float | None = None) -> str:
+def percent(value: float | None, std: float | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     text = f"{100 * value:.2f}%"
     return text + (f" ± {100 * std:.2f}" if std else "")
 
 
-def _paper_metric(column: str, entry: dict) -> str:
+def paper_metric(column: str, entry: dict) -> str:
     if column == "affnist" and entry.get("affnist", {}).get("source") != "affnist":
         return ""  # the synthetic stand-in is never compared with the paper's affNIST
     return column
-
-
-# --- README -----------------------------------------------------------------------------------
-
-
-def readme_table(results: dict, angle: float = 35.0) -> str:
-    """A Markdown table: one row per entry, ours beside the paper's number in brackets."""
-    results = model_entries(results)
-    columns = table_columns(results, angle)
-    lines = [
-        "| model | checkpoint | " + " | ".join(column_title(c, results) for c in columns) + " |",
-        "|---|---|" + "---|" * len(columns),
-    ]
-    for name, entry in results.items():
-        cells = []
-        for column in columns:
-            ours = _pct(cell_value(entry, column), _std(entry, column))
-            paper = paper_number(_paper_metric(column, entry), entry.get("model", name))
-            cells.append(ours + (f" (paper {_pct(paper.accuracy)})" if paper else ""))
-        where = entry.get("checkpoint") or f"mean of {entry.get('seeds', '?')} seeds"
-        lines.append(f"| {entry.get('model', name)} | `{where}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def update_readme(
-    readme: str | os.PathLike, metrics: str | os.PathLike, figure: str | None = None
-) -> bool:
-    """Replace the text between README_BEGIN and README_END with the table from ``metrics``
-    (and a link to ``figure``); returns whether the file changed."""
-    readme = Path(readme)
-    text = readme.read_text()
-    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
-        raise CapsnetError(f"{readme}: needs one {README_BEGIN} and one {README_END} marker")
-    body = readme_table(load_results(metrics))
-    if figure:
-        body += f"\n\n![accuracy versus rotation]({figure})"
-    pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.DOTALL)
-    updated = pattern.sub(lambda _: f"{README_BEGIN}\n{body}\n{README_END}", text)
-    if updated == text:
-        return False
-    atomic_write_text(readme, updated)
-    return True
 
 
 # --- HTML ---------------------------------------------------------------------------------------
@@ -186,11 +150,11 @@ def _results_table(results: dict, angle: float) -> str:
     for name, entry in results.items():
         cells = []
         for column in columns:
-            ours = _pct(cell_value(entry, column), _std(entry, column))
-            paper = paper_number(_paper_metric(column, entry), entry.get("model", name))
+            ours = percent(cell_value(entry, column), std_value(entry, column))
+            paper = paper_number(paper_metric(column, entry), entry.get("model", name))
             extra = (
                 f'<br><span class="paper" title="{_e(paper.note)}">paper '
-                f"{_pct(paper.accuracy)}</span>"
+                f"{percent(paper.accuracy)}</span>"
                 if paper
                 else ""
             )
@@ -226,7 +190,7 @@ def _rotation_table(results: dict) -> str:
     rows = []
     for name, entry in entries.items():
         cells = "".join(
-            f"<td>{_pct(cell_value(entry, f'rotated-mnist@{a:g}'))}</td>" for a in angles
+            f"<td>{percent(cell_value(entry, f'rotated-mnist@{a:g}'))}</td>" for a in angles
         )
         rows.append(f"<tr><td>{_e(name)}</td>{cells}</tr>")
     return f'<table id="rotation"><tr><th>entry</th>{head}</tr>{"".join(rows)}</table>'
@@ -244,7 +208,7 @@ def _robustness_table(results: dict) -> str:
     head = "".join(f"<th>{a} ε={_e(k)}</th>" for a in ("FGSM", "BIM") for k in epsilons)
     rows = [
         f"<tr><td>{_e(n)}</td>"
-        + "".join(f"<td>{_pct(r[a].get(k))}</td>" for a in ("fgsm", "bim") for k in epsilons)
+        + "".join(f"<td>{percent(r[a].get(k))}</td>" for a in ("fgsm", "bim") for k in epsilons)
         + "</tr>"
         for n, r in entries.items()
     ]
@@ -275,14 +239,14 @@ def _viewpoints_table(section: Any) -> str:
             continue
         for role, m in entry.get("models", {}).items():
             paper = m.get("paper_novel_error")
-            extra = f'<br><span class="paper">paper {_pct(paper)}</span>' if paper else ""
+            extra = f'<br><span class="paper">paper {percent(paper)}</span>' if paper else ""
             match = "matched" if entry.get("matched") else "not matched"
             rows.append(
                 f"<tr><td>{_e(kind)}</td><td>{_e(role)}</td><td>{_e(m.get('model', ''))}</td>"
-                f"<td>{_e(m.get('epoch', ''))}</td><td>{_pct(m.get('familiar_error'))}</td>"
-                f"<td>{_pct(m.get('novel_error'))}{extra}</td>"
-                f"<td>{_pct(entry.get('target_familiar_error'))}</td>"
-                f"<td>{_pct(entry.get('gap'))} ({match})</td></tr>"
+                f"<td>{_e(m.get('epoch', ''))}</td><td>{percent(m.get('familiar_error'))}</td>"
+                f"<td>{percent(m.get('novel_error'))}{extra}</td>"
+                f"<td>{percent(entry.get('target_familiar_error'))}</td>"
+                f"<td>{percent(entry.get('gap'))} ({match})</td></tr>"
             )
     table = (
         '<table id="viewpoints"><tr><th>viewpoints</th><th>role</th><th>model</th>'

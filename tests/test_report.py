@@ -1,5 +1,5 @@
-"""report.html (self-contained, rendered by headless Chromium), the README table and the
-W&B publishing (offline)."""
+"""report.html (self-contained, rendered by headless Chromium) and the W&B publishing
+(offline); the README table is tested in test_readme.py."""
 
 from __future__ import annotations
 
@@ -75,20 +75,6 @@ def test_report_html_is_self_contained(eval_dir, tmp_path):
     assert '<table id="sweep">' in text and "0.9100" in text
     assert '<table id="robustness">' in text
     assert not list(eval_dir.glob(".*"))
-
-
-def test_readme_table_between_markers(eval_dir, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{report.README_BEGIN}\nold\n{report.README_END}\ntail\n")
-    assert report.update_readme(readme, eval_dir / "metrics.json", "eval/figures/rotation.png")
-    text = readme.read_text()
-    assert "old" not in text and text.endswith("tail\n")
-    assert "| capsnet-small | `models/capsnet-small.pt` | 97.00% (paper 99.37%) |" in text
-    assert "![accuracy versus rotation](eval/figures/rotation.png)" in text
-    assert not report.update_readme(readme, eval_dir / "metrics.json", "eval/figures/rotation.png")
-    readme.write_text("no markers\n")
-    with pytest.raises(CapsnetError, match="results:begin"):
-        report.update_readme(readme, eval_dir / "metrics.json")
 
 
 def test_load_results_errors(tmp_path):

@@ -337,7 +337,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
 
 
 def test_report_has_a_novel_viewpoint_table():
-    from pipeline import report
+    from pipeline import readme, report
 
     section = {
         "rule": viewpoints.RULE,
@@ -374,7 +374,7 @@ def test_report_has_a_novel_viewpoint_table():
     assert "(matched)" in table and "elevation: smallnorb is switched off" in page
     results_table = page[page.index('<table id="results">') : page.index("</table>")]
     assert "viewpoints" not in results_table  # the section is not a checkpoint row
-    assert "viewpoints" not in report.readme_table(results)
+    assert "| viewpoints |" not in readme.results_table(results)  # not a model row
     skipped = report.render_html({"lenet5": entry, "viewpoints": {"skipped": "not found"}})
     assert "Not run: not found" in skipped and '<table id="viewpoints">' not in skipped
     assert "Novel viewpoints" not in report.render_html({"lenet5": entry})

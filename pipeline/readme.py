@@ -1,0 +1,180 @@
+"""The README's results block, regenerated from eval/metrics.json by the publish stage.
+
+``results_table(metrics)`` is a pure function: one row per model, one column per test set,
+each cell from the checkpoint trained for that set (``models/<model>@expanded-mnist.pt``
+for expanded MNIST and affNIST, ``models/<model>.pt`` for MNIST, ...), the paper's number
+beside ours. ``update_readme`` rewrites the text between the two marker comments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from capsnet.errors import CapsnetError
+from capsnet.io import atomic_write_text
+from pipeline.paper import paper_number
+from pipeline.report import (
+    VIEWPOINTS_KEY,
+    cell_value,
+    column_title,
+    load_results,
+    model_entries,
+    paper_metric,
+    percent,
+    std_value,
+    table_columns,
+)
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+_BLOCK = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
+
+#: The training set a test column is scored for (the part after "@" in a checkpoint name;
+#: a checkpoint without one was trained on its model's own set).
+TRAINED_FOR = {
+    "expanded-mnist": "expanded-mnist",
+    "affnist": "expanded-mnist",
+    "affnist-synth": "expanded-mnist",
+    "multimnist": "multimnist",
+}
+
+
+def trained_on(name: str, entry: dict) -> str | None:
+    """The training set a checkpoint name announces (``lenet5@multimnist`` -> multimnist),
+    None for a checkpoint trained on its model's own set."""
+    paths = [entry.get("checkpoint"), *(entry.get("checkpoints") or [])]
+    stem = next((Path(p).stem for p in paths if p), name)
+    return stem.partition("@")[2] or None
+
+
+def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
+    """The entry of one model that fills ``column``: among those with a number for it, the
+    one trained for the column's set, then a seed mean over a single checkpoint, then the
+    first; None when no entry has a number."""
+    wanted = TRAINED_FOR.get(column)
+    found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
+    if not found:
+        return None
+
+    def rank(item: tuple[str, dict]) -> tuple[bool, bool]:
+        name, entry = item
+        return trained_on(name, entry) == wanted, "checkpoint" not in entry
+
+    best = max(rank(item) for item in found)
+    return next(item for item in found if rank(item) == best)
+
+
+def _cell(column: str, model: str, entry: dict) -> str:
+    ours = percent(cell_value(entry, column), std_value(entry, column))
+    paper = paper_number(paper_metric(column, entry), model)
+    return ours + (f" (paper {percent(paper.accuracy)})" if paper else "")
+
+
+def _source(model: str, entry: dict) -> str:
+    """Where a cell's number comes from, with the model's name as ``<model>``."""
+    if "checkpoint" in entry:
+        path = Path(entry["checkpoint"])
+        return f"`{path.with_name(path.name.replace(model, '<model>', 1)).as_posix()}`"
+    return f"the mean of {entry.get('seeds', '?')} seeds"
+
+
+def _sources_line(picks: dict[str, dict[str, tuple[str, dict]]], titles: dict[str, str]) -> str:
+    """One sentence naming, per group of columns, the checkpoint each cell comes from."""
+    groups: dict[str, list[str]] = {}
+    for column, title in titles.items():
+        sources = {_source(m, chosen[column][1]) for m, chosen in picks.items() if column in chosen}
+        groups.setdefault(" or ".join(sorted(sources)), []).append(title)
+    parts = [f"{' and '.join(columns)} from {source}" for source, columns in groups.items()]
+    return "Each cell is from the checkpoint trained for that set: " + "; ".join(parts) + "."
+
+
+def _test_sizes(picks: dict[str, dict[str, tuple[str, dict]]]) -> str:
+    sizes = {
+        e.get(c.split("@")[0], {}).get("n")
+        for chosen in picks.values()
+        for c, (_, e) in chosen.items()
+    }
+    sizes.discard(None)
+    if not sizes:
+        return ""
+    return "Test images per cell: " + ", ".join(f"{n:,}" for n in sorted(sizes)) + "."
+
+
+def _viewpoints_lines(section) -> list[str]:
+    """The smallNORB novel-viewpoint comparison (test error at matched familiar error)."""
+    if not isinstance(section, dict):
+        return []
+    if "skipped" in section:
+        return [f"Novel smallNORB viewpoints: not run: {str(section['skipped']).rstrip('.')}."]
+    lines = [
+        "| novel viewpoints | model | familiar error | novel error | familiar gap |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, entry in (section.get("kinds") or {}).items():
+        if "skipped" in entry:
+            lines.append(f"| {kind} | skipped: {entry['skipped']} | | | |")
+            continue
+        gap = percent(entry.get("gap")) + ("" if entry.get("matched") else " (not matched)")
+        for m in entry.get("models", {}).values():
+            paper = m.get("paper_novel_error")
+            novel = percent(m.get("novel_error")) + (f" (paper {percent(paper)})" if paper else "")
+            familiar = percent(m.get("familiar_error"))
+            lines.append(f"| {kind} | {m.get('model')} | {familiar} | {novel} | {gap} |")
+    return lines
+
+
+def results_table(metrics: dict, angle: float = 35.0) -> str:
+    """The README's results in Markdown: test accuracy per model and test set, the paper's
+    number in brackets, where each cell comes from, and the novel-viewpoint comparison."""
+    entries = model_entries(metrics)
+    columns = table_columns(entries, angle)
+    titles = {c: column_title(c, entries) for c in columns}
+    models: dict[str, dict[str, dict]] = {}
+    for name, entry in entries.items():
+        models.setdefault(entry["model"], {})[name] = entry
+    picks = {
+        model: {c: found for c in columns if (found := pick(group, c)) is not None}
+        for model, group in models.items()
+    }
+    lines = ["| model | " + " | ".join(titles.values()) + " |", "|---|" + "---|" * len(columns)]
+    for model, chosen in picks.items():
+        cells = [_cell(c, model, chosen[c][1]) if c in chosen else "–" for c in columns]
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    notes = [_sources_line(picks, titles), _test_sizes(picks)] if columns else []
+    text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
+    viewpoints = _viewpoints_lines(metrics.get(VIEWPOINTS_KEY))
+    return text.rstrip() + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
+
+
+def block(metrics: dict, figure: str | None = None) -> str:
+    """What stands between the markers: the results table and a link to ``figure``."""
+    body = results_table(metrics)
+    if figure:
+        body += f"\n\n![accuracy versus rotation]({figure})"
+    return f"{BEGIN}\n{body}\n{END}"
+
+
+def current_block(text: str, where: str | os.PathLike = "README") -> str:
+    """The marked block of ``text``; CapsnetError unless it has exactly one pair of markers."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise CapsnetError(f"{where}: needs one {BEGIN} line and, after it, one {END} line")
+    return _BLOCK.search(text).group(0)
+
+
+def update_readme(
+    readme: str | os.PathLike, metrics: str | os.PathLike, figure: str | None = None
+) -> bool:
+    """Rewrite ``readme``'s results block from ``metrics`` (atomically); whether it changed."""
+    readme = Path(readme)
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CapsnetError(f"{readme}: not found") from None
+    old = current_block(text, readme)
+    new = block(load_results(metrics), figure)
+    if new == old:
+        return False
+    atomic_write_text(readme, text.replace(old, new, 1))
+    return True

@@ -1,0 +1,245 @@
+"""The README results block: built from eval/metrics.json by a pure function, rewritten by
+the publish stage, and the committed README kept equal to the committed metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from capsnet import config
+from capsnet.errors import CapsnetError
+from pipeline import publish, readme
+
+
+def _entry(model: str, checkpoint: str, **sets) -> dict:
+    """A metrics.json entry: the given sets scored, every other MNIST set skipped."""
+    entry = {"model": model, "checkpoint": checkpoint}
+    for name in ("mnist", "rotated-mnist", "expanded-mnist", "affnist", "multimnist"):
+        entry[name] = {"skipped": "images do not fit the model"}
+    entry.update(sets)
+    return entry
+
+
+def _model(model: str, mnist: float, rot35: float, expanded: float, synth: float, multi: float):
+    return {
+        model: _entry(
+            model,
+            f"models/{model}.pt",
+            mnist={"accuracy": mnist, "n": 1000},
+            **{"rotated-mnist": {"n": 1000, "accuracy": {"0": mnist, "35": rot35}}},
+        ),
+        f"{model}@expanded-mnist": _entry(
+            model,
+            f"models/{model}@expanded-mnist.pt",
+            affnist={"source": "affnist-synth", "accuracy": synth, "n": 1000},
+            **{"expanded-mnist": {"accuracy": expanded, "n": 1000}},
+        ),
+        f"{model}@multimnist": _entry(
+            model,
+            f"models/{model}@multimnist.pt",
+            multimnist={"strict_accuracy": multi, "at_least_one": 0.9, "n": 1000},
+        ),
+    }
+
+
+METRICS = {
+    **_model("capsnet-small", 0.97, 0.66, 0.84, 0.51, 0.34),
+    **_model("lenet5", 0.955, 0.634, 0.558, 0.3265, 0.0605),
+    "viewpoints": {"skipped": "smallnorb is switched off"},
+}
+
+
+def _rows(table: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in table.splitlines()
+        if line.startswith("|")
+    ]
+
+
+def test_results_table_has_one_row_per_model_and_a_column_per_test_set():
+    table = readme.results_table(METRICS)
+    rows = _rows(table)
+    assert rows[0] == [
+        "model",
+        "MNIST",
+        "rotated MNIST 35°",
+        "expanded MNIST",
+        "affNIST (synth stand-in)",
+        "MultiMNIST (strict)",
+    ]
+    assert [r[0] for r in rows[2:]] == ["capsnet-small", "lenet5"]
+    assert rows[2][1:] == [
+        "97.00% (paper 99.37%)",
+        "66.00% (paper 84.09%)",
+        "84.00% (paper 99.20%)",
+        "51.00%",  # the synthetic stand-in is never set beside the paper's affNIST
+        "34.00% (paper 94.80%)",
+    ]
+    assert rows[3][1:] == [
+        "95.50% (paper 98.68%)",
+        "63.40% (paper 76.05%)",
+        "55.80% (paper 99.20%)",
+        "32.65%",
+        "6.05% (paper 91.90%)",
+    ]
+    assert (
+        "MNIST and rotated MNIST 35° from `models/<model>.pt`; expanded MNIST and affNIST "
+        "(synth stand-in) from `models/<model>@expanded-mnist.pt`; MultiMNIST (strict) from "
+        "`models/<model>@multimnist.pt`." in table
+    )
+    assert "Test images per cell: 1,000." in table
+    assert "Novel smallNORB viewpoints: not run: smallnorb is switched off." in table
+    assert readme.results_table(METRICS) == table  # pure: same input, same text
+
+
+def test_a_cell_comes_from_the_checkpoint_trained_for_its_set():
+    metrics = _model("capsnet-small", 0.97, 0.66, 0.84, 0.51, 0.34)
+    # the MNIST-trained checkpoint also scored on affNIST: the expanded-MNIST one still wins
+    metrics["capsnet-small"]["affnist"] = {"source": "affnist", "accuracy": 0.2, "n": 50}
+    metrics["capsnet-small@expanded-mnist"]["affnist"]["source"] = "affnist"
+    row = _rows(readme.results_table(metrics))[2]
+    assert row[4] == "51.00% (paper 79.00%)"  # the real affNIST beside the paper's number
+    assert "Test images per cell: 1,000." in readme.results_table(metrics)
+
+
+def test_a_seed_mean_fills_the_cell_with_its_deviation():
+    one = _entry("lenet5", "models/lenet5-s0.pt", mnist={"accuracy": 0.95, "n": 100})
+    two = _entry("lenet5", "models/lenet5-s1.pt", mnist={"accuracy": 0.97, "n": 100})
+    mean = {
+        "model": "lenet5",
+        "checkpoints": [one["checkpoint"], two["checkpoint"]],
+        "seeds": 2,
+        "mnist": {"accuracy": 0.96, "n": 100},
+        "std": {"mnist": {"accuracy": 0.0141}},
+    }
+    table = readme.results_table({"lenet5-s0": one, "lenet5-s1": two, "lenet5 (mean)": mean})
+    rows = _rows(table)
+    assert len(rows) == 3 and rows[2] == ["lenet5", "96.00% ± 1.41 (paper 98.68%)"]
+    assert "MNIST from the mean of 2 seeds." in table
+
+
+def test_missing_sets_are_dashes_and_viewpoints_are_a_table_when_run():
+    section = {
+        "kinds": {
+            "azimuth": {
+                "models": {
+                    "capsules": {
+                        "model": "em-capsnet-small",
+                        "familiar_error": 0.1,
+                        "novel_error": 0.15,
+                        "paper_novel_error": 0.135,
+                    },
+                    "cnn": {
+                        "model": "smallnorb-cnn",
+                        "familiar_error": 0.1,
+                        "novel_error": 0.2,
+                        "paper_novel_error": 0.2,
+                    },
+                },
+                "gap": 0.0,
+                "matched": True,
+            },
+            "elevation": {"skipped": "no test data"},
+        }
+    }
+    metrics = {
+        "lenet5": _entry("lenet5", "models/lenet5.pt", mnist={"accuracy": 0.9, "n": 10}),
+        "capsnet-small@multimnist": _model("capsnet-small", 0, 0, 0, 0, 0.5)[
+            "capsnet-small@multimnist"
+        ],
+        "viewpoints": section,
+    }
+    rows = _rows(readme.results_table(metrics))
+    assert rows[0] == ["model", "MNIST", "MultiMNIST (strict)"]
+    assert rows[2] == ["lenet5", "90.00% (paper 98.68%)", "–"]
+    assert rows[3] == ["capsnet-small", "–", "50.00% (paper 94.80%)"]
+    assert rows[4][0] == "novel viewpoints"
+    assert ["azimuth", "em-capsnet-small", "10.00%", "15.00% (paper 13.50%)", "0.00%"] in rows
+    assert ["elevation", "skipped: no test data", "", "", ""] in rows
+
+
+def test_update_readme_rewrites_only_the_block_atomically(tmp_path):
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps(METRICS))
+    path = tmp_path / "README.md"
+    path.write_text(f"# x\n\nintro\n{readme.BEGIN}\nold table\n{readme.END}\ntail\n")
+    assert readme.update_readme(path, metrics, "eval/figures/rotation.png")
+    text = path.read_text()
+    assert text.startswith("# x\n\nintro\n") and text.endswith(f"{readme.END}\ntail\n")
+    assert readme.current_block(text) == readme.block(METRICS, "eval/figures/rotation.png")
+    assert (
+        "old table" not in text and "![accuracy versus rotation](eval/figures/rotation.png)" in text
+    )
+    assert not readme.update_readme(path, metrics, "eval/figures/rotation.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "metrics.json"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no markers\n",
+        f"{readme.BEGIN}\n{readme.BEGIN}\n{readme.END}\n",
+        f"{readme.END}\n{readme.BEGIN}\n",
+    ],
+)
+def test_update_readme_needs_one_pair_of_markers(tmp_path, text):
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps(METRICS))
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    with pytest.raises(CapsnetError, match=r"README.md: needs one <!-- results:begin -->"):
+        readme.update_readme(path, metrics)
+    assert path.read_text() == text
+    with pytest.raises(CapsnetError, match=r"none\.md: not found"):
+        readme.update_readme(tmp_path / "none.md", metrics)
+
+
+def test_publish_command_regenerates_the_readme_block(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("eval").mkdir()
+    Path("eval/metrics.json").write_text(json.dumps(METRICS))
+    Path("docs").mkdir()
+    Path("docs/README.md").write_text(f"# t\n{readme.BEGIN}\n{readme.END}\n")
+    Path("params.yaml").write_text("publish:\n  mode: disabled\n")
+    calls = []
+
+    def fake_publish(params, metrics_path, fig_dir, log=None):
+        calls.append((metrics_path, fig_dir))
+        return {"runs": [], "html": "eval/report.html"}
+
+    monkeypatch.setattr(publish, "publish", fake_publish)
+    args = ["--params", "params.yaml", "--readme", "docs/README.md"]
+    result = CliRunner().invoke(publish.publish_command, args)
+    assert result.exit_code == 0, result.output
+    assert "docs/README.md: results table updated" in result.output
+    assert calls == [(Path("eval/metrics.json"), Path("eval/figures"))]
+    text = Path("docs/README.md").read_text()
+    assert readme.current_block(text) == readme.block(METRICS, "../eval/figures/rotation.png")
+    again = CliRunner().invoke(publish.publish_command, args)
+    assert "docs/README.md: results table unchanged" in again.output
+
+
+def test_the_publish_stage_rewrites_the_readme(repo_root):
+    stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["publish"]
+    assert stage["cmd"].split()[:2] == ["capsnet", "publish"]
+    assert "--readme README.md" in stage["cmd"]
+    assert "eval/metrics.json" in stage["deps"]
+
+
+def test_committed_readme_table_matches_committed_metrics(repo_root):
+    """The block in README.md is what the publish stage writes from eval/metrics.json."""
+    params = config.load(repo_root / "params.yaml")
+    out_dir = repo_root / params.evaluate.out_dir
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    figure = os.path.relpath(out_dir / "figures" / "rotation.png", repo_root)
+    committed = readme.current_block((repo_root / "README.md").read_text(), "README.md")
+    assert committed == readme.block(metrics, figure), (
+        "README.md's results table differs from eval/metrics.json: run "
+        "`capsnet publish --readme README.md` (or `dvc repro publish`)"
+    )
