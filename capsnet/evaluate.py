@@ -166,8 +166,8 @@ def adversarial_images(
 def robustness(
     model: nn.Module,
     dataset: Dataset,
-    epsilons=(0.05, 0.1, 0.2),
-    bim_steps: int = 10,
+    epsilons: tuple[float, ...],
+    bim_steps: int,
     batch_size: int = 200,
     device=None,
 ) -> dict:
