@@ -22,9 +22,9 @@ COMMANDS: dict[str, str] = {
     "evaluate-stage": "capsnet.eval_cli:evaluate_stage_command",
     "models": "capsnet.train_cli:models_command",
     "publish": "pipeline.publish:publish_command",
-    "sweep": "pipeline.cli:sweep_command",
+    "sweep": "pipeline.sweep_cli:sweep_command",
     "train": "capsnet.train_cli:train_command",
-    "train-final": "pipeline.cli:train_final_command",
+    "train-final": "pipeline.train_final_cli:train_final_command",
     "viewpoints": "capsnet.viewpoints_cli:viewpoints_command",
 }
 

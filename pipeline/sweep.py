@@ -379,15 +379,3 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
 
     saved = tune.Tuner.restore(experiment_path, trainable=trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors
-
-
-def smallnorb_disabled(params: Params, data_root) -> str | None:
-    """Why smallNORB cannot be used (switched off in params, or its prepared directory
-    holds only DISABLED.txt), or None when it is on."""
-    from capsnet.io import read_disabled
-
-    if not params.data.smallnorb.enabled:
-        return "data.smallnorb.enabled is false in params.yaml"
-    prepared = Path(data_root or "data") / "prepared" / "smallnorb"
-    why = read_disabled(prepared)
-    return None if why is None else f"{prepared} is switched off ({why})"

@@ -152,7 +152,7 @@ def write_params(path: Path, tmp_path: Path) -> Path:
 
 
 CLI = (
-    "import sys; from capsnet.cli import main; from pipeline.cli import sweep_command; "
+    "import sys; from capsnet.cli import main; from pipeline.sweep_cli import sweep_command; "
     "main.add_command(sweep_command); main()"
 )
 
