@@ -155,7 +155,8 @@ def load(
     (``angle`` degrees), affnist (real files; split ``test`` or ``test-centered``),
     affnist-synth (test only), smallnorb (``subset``: all or a viewpoint subset, see
     ``capsnet.data.smallnorb.SUBSETS``; ``options``: channels, standardize, augment),
-    multimnist (``options``: merge, redraw). Prepared files under ``root/prepared`` are used
+    multimnist (``options``: merge, redraw, components: items (image, target, each digit
+    alone (2, 1, S, S), the two labels (2,))). Prepared files under ``root/prepared`` are used
     when present; MNIST-derived sets are otherwise computed from the raw MNIST files
     (downloaded when ``download``).
     """
@@ -166,7 +167,7 @@ def load(
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     known = {
         "smallnorb": {"channels", "standardize", "augment", "crop", "brightness", "contrast"},
-        "multimnist": {"merge", "redraw"},
+        "multimnist": {"merge", "redraw", "components"},
     }.get(name, set())
     unknown = sorted(set(options) - known)
     if unknown:

@@ -67,20 +67,16 @@ def make_recipe(
     return Recipe(torch.stack([first, second], 1), shifts, shift, pad, seed)
 
 
-def render(
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    recipe: Recipe,
-    index: torch.Tensor | slice,
-    merge: str = "sum-clip",
+def render_parts(
+    images: torch.Tensor, labels: torch.Tensor, recipe: Recipe, index: torch.Tensor | slice
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Render the recipe rows ``index``: images uint8 (B, 1, S, S), S = 28 + 2 pad, and
-    multi-hot targets float (B, 10).
+    """Each digit of the recipe rows ``index`` alone on its shifted canvas: uint8
+    (B, 2, S, S), S = 28 + 2 pad, and the two labels int64 (B, 2), in recipe order.
 
     Each digit is placed with its top-left corner at (pad + dy, pad + dx); ink falling off the
-    canvas is clipped. Merge: min(a + b, 255) ("sum-clip", official) or max(a, b).
+    canvas is clipped.
     """
-    check_settings(recipe.shift, recipe.pad, merge)
+    check_settings(recipe.shift, recipe.pad)
     pairs = recipe.pairs[index]  # (B, 2)
     shifts = recipe.shifts[index].view(-1, 2, 2)  # (B, 2 digits, (dy, dx))
     batch = pairs.shape[0]
@@ -90,14 +86,35 @@ def render(
     windows = sources.unfold(1, side, 1).unfold(2, side, 1)  # view (2B, K, K, S, S), K = W-S+1
     origin = recipe.shift - shifts.reshape(-1, 2)  # (2B, 2) window corner (row, col)
     digits = windows[torch.arange(2 * batch), origin[:, 0], origin[:, 1]]  # (2B, S, S)
-    digits = digits.view(batch, 2, side, side)  # (B, 2, S, S)
+    return digits.view(batch, 2, side, side), labels[pairs].long()  # (B, 2, S, S), (B, 2)
+
+
+def merge_digits(digits: torch.Tensor, merge: str = "sum-clip") -> torch.Tensor:
+    """uint8 (B, 2, S, S) -> (B, S, S): min(a + b, 255) ("sum-clip", official) or max(a, b)."""
+    check_settings(0, 0, merge)
     if merge == "max":
-        merged = digits.amax(1)  # (B, S, S)
-    else:
-        merged = digits.sum(1, dtype=torch.int16).clamp_(max=255).to(torch.uint8)  # (B, S, S)
-    targets = torch.zeros(batch, 10)
-    targets.scatter_(1, labels[pairs].long(), 1.0)  # (B, 10) multi-hot
-    return merged.unsqueeze(1), targets
+        return digits.amax(1)  # (B, S, S)
+    return digits.sum(1, dtype=torch.int16).clamp_(max=255).to(torch.uint8)  # (B, S, S)
+
+
+def multi_hot(pair_labels: torch.Tensor) -> torch.Tensor:
+    """int (B, 2) labels -> float (B, 10) multi-hot targets."""
+    targets = torch.zeros(pair_labels.shape[0], 10)
+    return targets.scatter_(1, pair_labels, 1.0)  # (B, 10)
+
+
+def render(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    recipe: Recipe,
+    index: torch.Tensor | slice,
+    merge: str = "sum-clip",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Render the recipe rows ``index``: the merge of the two digits of ``render_parts``,
+    uint8 (B, 1, S, S), and multi-hot targets float (B, 10)."""
+    check_settings(recipe.shift, recipe.pad, merge)
+    digits, pair_labels = render_parts(images, labels, recipe, index)  # (B, 2, S, S), (B, 2)
+    return merge_digits(digits, merge).unsqueeze(1), multi_hot(pair_labels)
 
 
 def bounding_box_overlap(
@@ -105,17 +122,9 @@ def bounding_box_overlap(
 ) -> torch.Tensor:
     """Per rendered pair: intersection area of the two digits' ink bounding boxes divided by
     the area of the smaller box. float (B,)."""
-    pairs = recipe.pairs[index]
-    single = Recipe(
-        pairs.reshape(-1, 1).repeat(1, 2),
-        recipe.shifts[index].view(-1, 2).repeat(1, 2),
-        recipe.shift,
-        recipe.pad,
-        recipe.seed,
-    )
     labels = torch.zeros(images.shape[0], dtype=torch.long)
-    digits, _ = render(images, labels, single, slice(None), "max")  # (2B, 1, S, S)
-    ink = digits[:, 0] > 0  # (2B, S, S)
+    digits, _ = render_parts(images, labels, recipe, index)  # (B, 2, S, S)
+    ink = digits.flatten(0, 1) > 0  # (2B, S, S)
     rows, cols = ink.any(2), ink.any(1)  # (2B, S)
     ar = torch.arange(ink.shape[1])
     big = ink.shape[1] + 1
@@ -135,7 +144,9 @@ def bounding_box_overlap(
 
 
 class MultiMNIST(Dataset):
-    """(image float (1, S, S) in [0, 1], multi-hot target (10,)) rendered from a recipe.
+    """(image float (1, S, S) in [0, 1], multi-hot target (10,)) rendered from a recipe;
+    with ``components=True`` also each digit alone, float (2, 1, S, S), and the two labels
+    int64 (2,) in the same order (what the paper's reconstruction loss compares against).
 
     ``__getitems__`` renders a whole batch in one vectorised call (the DataLoader uses it).
     With ``redraw=True`` (training) ``set_epoch(e)`` draws a fresh recipe from seed + e.
@@ -150,8 +161,10 @@ class MultiMNIST(Dataset):
         pairs_per_digit: int = 1,
         redraw: bool = False,
         name: str = "multimnist",
+        components: bool = False,
     ):
         check_settings(recipe.shift, recipe.pad, merge)
+        self.components = components
         self.images = images  # (N, 28, 28) uint8
         self.labels = labels  # (N,) int64
         self.recipe = recipe
@@ -179,9 +192,14 @@ class MultiMNIST(Dataset):
         return render(self.images, self.labels, self.recipe, index, self.merge)
 
     def __getitems__(self, indices: list[int]):
-        images, targets = self.render(torch.as_tensor(indices, dtype=torch.long))
-        images = images.float().div_(255.0)
-        return list(zip(images, targets))
+        index = torch.as_tensor(indices, dtype=torch.long)
+        if not self.components:
+            images, targets = self.render(index)
+            return list(zip(images.float().div_(255.0), targets))
+        digits, pair_labels = render_parts(self.images, self.labels, self.recipe, index)
+        images = merge_digits(digits, self.merge).unsqueeze(1).float().div_(255.0)  # (B, 1, S, S)
+        parts = digits.unsqueeze(2).float().div_(255.0)  # (B, 2, 1, S, S)
+        return list(zip(images, multi_hot(pair_labels), parts, pair_labels))
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
@@ -244,9 +262,11 @@ def load(
     redraw: bool | None = None,
     shift: int = 4,
     pad: int = 4,
+    components: bool = False,
 ) -> MultiMNIST:
     """The MultiMNIST ``split``: the prepared recipe (and its settings) when present, else a
-    fresh recipe with one pair per digit from ``seed`` (default 0 train, 1 test)."""
+    fresh recipe with one pair per digit from ``seed`` (default 0 train, 1 test). With
+    ``components`` items also carry each digit's own image and the two labels."""
     from capsnet.data.store import load_prepared
 
     images, labels = mnist_split(split)
@@ -271,6 +291,7 @@ def load(
         recipe = make_recipe(labels, per_digit, shift, pad, seed)
     if redraw is None:
         redraw = split == "train"
+    name = f"multimnist-{split}"
     return MultiMNIST(
-        images, labels, recipe, merge or "sum-clip", per_digit, redraw, f"multimnist-{split}"
+        images, labels, recipe, merge or "sum-clip", per_digit, redraw, name, components
     )

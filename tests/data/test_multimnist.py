@@ -125,3 +125,49 @@ def test_mean_bounding_box_overlap_on_real_mnist(mnist_root):
     assert 0.65 < float(overlap.mean()) < 0.9
     labels = data.labels[data.recipe.pairs]
     assert (labels[:, 0] != labels[:, 1]).all()
+
+
+@pytest.mark.parametrize("merge", ["sum-clip", "max"])
+def test_components_merge_to_the_same_image_bitwise(tiny_root, merge):
+    plain = load("multimnist", "train", tiny_root, download=False, merge=merge)
+    parts = load("multimnist", "train", tiny_root, download=False, merge=merge, components=True)
+    assert not plain.components and parts.components
+    indices = list(range(len(parts)))
+    for (image, target), item in zip(plain.__getitems__(indices), parts.__getitems__(indices)):
+        merged, multi_hot, components, labels = item
+        assert merged.shape == (1, 36, 36) and multi_hot.shape == (10,)
+        assert components.shape == (2, 1, 36, 36) and components.dtype == torch.float32
+        assert labels.shape == (2,) and labels.dtype == torch.long
+        assert torch.equal(merged, image) and torch.equal(multi_hot, target)
+        ink = (components * 255).round().to(torch.uint8)  # (2, 1, 36, 36), exact
+        assert torch.equal(ink.float() / 255, components)
+        expected = ink.amax(0) if merge == "max" else (ink[0].int() + ink[1]).clamp(max=255)
+        assert torch.equal(expected.float() / 255, image)
+        assert (components > 0).flatten(1).any(1).all()  # each digit has ink of its own
+    assert len(parts[0]) == 4 and torch.equal(parts[0][0], plain[0][0])
+
+
+def test_component_labels_are_the_two_distinct_classes_in_recipe_order(tiny_root):
+    from capsnet.data import mnist
+
+    data = load("multimnist", "test", tiny_root, download=False, components=True)
+    _, source_labels = mnist.load_tensors(tiny_root, "test", download_missing=False)
+    for i in range(len(data)):
+        _, target, _, labels = data[i]
+        assert labels[0] != labels[1]
+        assert torch.equal(labels, source_labels[data.recipe.pairs[i]])
+        assert target.nonzero().flatten().tolist() == sorted(labels.tolist())
+    first = data.recipe.pairs[0, 0]
+    dy, dx = data.recipe.shifts[0, :2].tolist()
+    placed = torch.zeros(36, 36, dtype=torch.uint8)
+    images, _ = mnist.load_tensors(tiny_root, "test", download_missing=False)
+    placed[4 + dy : 32 + dy, 4 + dx : 32 + dx] = images[first]
+    assert torch.equal(data[0][2][0, 0], placed.float() / 255)
+
+
+def test_a_loader_batches_components_and_labels(tiny_root):
+    data = load("multimnist", "train", tiny_root, download=False, components=True)
+    images, targets, components, labels = next(iter(torch.utils.data.DataLoader(data, 8)))
+    assert images.shape == (8, 1, 36, 36) and targets.shape == (8, 10)
+    assert components.shape == (8, 2, 1, 36, 36) and labels.shape == (8, 2)
+    assert torch.equal(targets.sum(1), torch.full((8,), 2.0))
