@@ -1,10 +1,16 @@
-"""Atomic files and directories, and the DISABLED marker.
+"""Atomic files and directories, stale temporaries, a per-directory lock, the DISABLED marker.
 
-A file is written to a temporary sibling ``.<name>.<random>.tmp``, flushed, fsynced and
-renamed over the target, so a reader sees the old bytes or the new ones, never a part. The
-temporary file is created with mode ``0o666`` and the process umask applies, as for any new
-file (``tempfile.mkstemp`` would give ``0o600``). A directory is built in a temporary sibling
-and renamed into place only when everything in it was written.
+A file is written to a temporary sibling ``.<name>.<host>-<pid>-<random>.tmp``, flushed,
+fsynced and renamed over the target, so a reader sees the old bytes or the new ones, never a
+part. A directory is built in a temporary sibling of the same form and swapped in with one
+atomic exchange (Linux ``renameat2``); where that is missing the old one is first renamed
+aside to ``.<name>.<host>-<pid>-<random>.old``. Temporaries are created with mode ``0o666``
+(files) or ``0o777`` (directories) less the umask, like any new file.
+
+Every writer first calls ``remove_stale`` on its target: temporaries whose process is gone
+(a killed run) are removed, and an old copy renamed aside by a writer that died before its
+new directory was renamed in is put back. The host and pid in the names keep a live
+writer's temporaries safe. ``locked`` serialises the writers of one directory (``flock``).
 
 A stage whose input is switched off in params still has to produce its DVC outputs; its
 output directory then holds ``DISABLED.txt`` saying why.
@@ -13,16 +19,36 @@ output directory then holds ``DISABLED.txt`` saying why.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import socket
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from capsnet.errors import CapsnetError
+
 DISABLED_MARKER = "DISABLED.txt"
 TEMP_SUFFIX = ".tmp"
+OLD_SUFFIX = ".old"
+LOCK_NAME = ".capsnet.lock"
+LOCK_TIMEOUT_ENV = "CAPSNET_LOCK_TIMEOUT"
+#: A temporary made on another host is judged by its age alone: stale after a day.
+FOREIGN_STALE_SECONDS = 24 * 3600
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+#: ``.<target>.<host>-<pid>-<random>.tmp|.old``, or ``.<target>.<random>.tmp`` of older runs.
+_TEMP_RE = re.compile(
+    r"\.(?P<target>.+)\.(?:(?P<host>[0-9a-f]{6})-(?P<pid>[0-9]{1,10})-)?[0-9a-f]{8}"
+    r"(?P<kind>\.tmp|\.old)"
+)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -39,29 +65,96 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+def temp_name(path: str | os.PathLike, suffix: str = TEMP_SUFFIX) -> Path:
+    """A new temporary sibling name of ``path`` that ``remove_stale`` recognises."""
+    path = Path(path)
+    token = f"{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+    return path.with_name(f".{path.name}.{token}{suffix}")
 
 
-def _new_temp_file(path: Path) -> tuple[int, Path]:
-    """(fd, path) of a new empty sibling of ``path``, mode 0o666 less the umask."""
+def new_temp_file(path: str | os.PathLike) -> tuple[int, Path]:
+    """(fd, path) of a new empty temporary sibling of ``path``, mode 0o666 less the umask."""
     while True:
-        tmp = _temp_name(path)
+        tmp = temp_name(path)
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:
             continue
 
 
-def _new_temp_dir(path: Path) -> Path:
-    """A new empty sibling directory of ``path``, mode 0o777 less the umask."""
+def new_temp_dir(path: str | os.PathLike) -> Path:
+    """A new empty temporary sibling directory of ``path``, mode 0o777 less the umask."""
     while True:
-        tmp = _temp_name(path)
+        tmp = temp_name(path)
         try:
             os.mkdir(tmp, 0o777)
             return tmp
         except FileExistsError:
             continue
+
+
+def _owner_gone(entry: Path, host: str | None, pid: str | None) -> bool:
+    """Whether the process that made the temporary ``entry`` can no longer be writing it."""
+    if host is None:  # the older form without host and pid: no writer makes these now
+        return True
+    if host != _HOST:
+        try:
+            return time.time() - entry.lstat().st_mtime > FOREIGN_STALE_SECONDS
+        except FileNotFoundError:
+            return False
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
+def stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Temporaries in ``directory`` (of the target ``name``, or of any) whose writer is gone."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in names:
+        match = _TEMP_RE.fullmatch(entry)
+        if match is None or (name is not None and match["target"] != name):
+            continue
+        path = Path(directory) / entry
+        if _owner_gone(path, match["host"], match["pid"]):
+            found.append(path)
+    return sorted(found)
+
+
+def remove_stale(path: str | os.PathLike) -> list[Path]:
+    """Remove what killed writers of ``path`` left beside it; return what was removed.
+
+    When ``path`` is missing and a dead writer had renamed the old ``path`` aside, that old
+    copy is renamed back instead: the complete earlier output rather than none.
+    """
+    path = Path(path)
+    removed = []
+    stale = stale_temporaries(path.parent, path.name)
+    for old in [p for p in stale if p.suffix == OLD_SUFFIX]:
+        if not os.path.lexists(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(old, path)
+                stale.remove(old)
+    for leftover in stale:
+        _remove(leftover)
+        removed.append(leftover)
+    return removed
+
+
+def remove_stale_in(directory: str | os.PathLike) -> list[Path]:
+    """``remove_stale`` for every target in ``directory`` that a killed writer left debris of."""
+    directory = Path(directory)
+    targets = {_TEMP_RE.fullmatch(p.name)["target"] for p in stale_temporaries(directory)}
+    return [removed for t in sorted(targets) for removed in remove_stale(directory / t)]
 
 
 @contextlib.contextmanager
@@ -72,7 +165,8 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temp_file(path)
+    remove_stale(path)
+    fd, tmp = new_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
@@ -106,30 +200,60 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces ``path`` when the block succeeds.
 
-    An existing ``path`` is renamed aside, the new one renamed in, and the old one removed;
-    if the second rename fails the old one is put back. On any error in the block the
-    temporary directory is removed and ``path`` is left as it was.
+    The swap holds the lock of ``path``'s parent (``locked``) and is one exchange of the
+    two names where the system has one; otherwise the old ``path`` is renamed aside, the
+    new one renamed in (the old one put back if that fails) and the old one removed. On
+    any error in the block the temporary directory is removed and ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = _new_temp_dir(path)
+    remove_stale(path)
+    staging = new_temp_dir(path)
     try:
         yield staging
-        old = None
-        if path.exists() or path.is_symlink():
-            old = _temp_name(path)
-            os.replace(path, old)
+        with locked(path.parent):
+            remove_stale(path)
+            staging = _swap_in(staging, path)
+    finally:
+        _remove(staging)
+
+
+def _swap_in(staging: Path, path: Path) -> Path:
+    """Put ``staging`` at ``path`` atomically; return where the replaced content now is."""
+    if not os.path.lexists(path):
+        os.replace(staging, path)
+    elif not exchange(staging, path):
+        old = temp_name(path, OLD_SUFFIX)
+        os.replace(path, old)
         try:
             os.replace(staging, path)
         except BaseException:
-            if old is not None:
-                os.replace(old, path)
+            os.replace(old, path)
             raise
-        fsync_dir(path.parent)
-        if old is not None:
-            _remove(old)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = old
+    fsync_dir(path.parent)
+    return staging
+
+
+_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap the two existing paths ``a`` and ``b`` in one step (Linux ``renameat2`` with
+    RENAME_EXCHANGE); False where the system or the file system has no such call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _UNSUPPORTED:
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(b))
 
 
 def _remove(path: Path) -> None:
@@ -137,6 +261,103 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+_held: dict[str, int] = {}  # directories this process holds the lock of -> depth
+
+
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike, timeout: float | None = None) -> Iterator[Path]:
+    """Hold the exclusive lock of ``directory`` (``flock`` on ``<directory>/.capsnet.lock``).
+
+    A second process waits, saying so once on stderr, for up to ``timeout`` seconds (default:
+    $CAPSNET_LOCK_TIMEOUT, else without limit) and then fails with one line. The lock is
+    re-entrant within a process, released when the process dies, and its file is removed
+    on release. Yields the lock file's path.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock_path = directory / LOCK_NAME
+    key = os.path.realpath(directory)
+    if key in _held:
+        _held[key] += 1
+        try:
+            yield lock_path
+        finally:
+            _held[key] -= 1
+        return
+    fd = _acquire(lock_path, _lock_timeout(timeout))
+    _held[key] = 1
+    try:
+        yield lock_path
+    finally:
+        del _held[key]
+        if fd is not None:
+            lock_path.unlink(missing_ok=True)  # still held: a waiter on this file retries
+            os.close(fd)
+
+
+def _lock_timeout(timeout: float | None) -> float | None:
+    if timeout is not None:
+        return timeout
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise CapsnetError(f"${LOCK_TIMEOUT_ENV}={text!r}: expected seconds, a finite number >= 0")
+    return value
+
+
+def _acquire(lock_path: Path, timeout: float | None) -> int | None:
+    """An fd holding the flock of ``lock_path`` (None where the system has no flock)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    told = False
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _holder(lock_path)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise CapsnetError(
+                    f"{lock_path}: another capsnet command{holder} is still writing to "
+                    f"{lock_path.parent} after {timeout:g} s; wait for it to finish, then rerun"
+                ) from None
+            if not told:
+                print(f"waiting for {lock_path}: another capsnet command{holder} is writing to "
+                      f"{lock_path.parent}", file=sys.stderr, flush=True)  # fmt: skip
+                told = True
+            time.sleep(0.2)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)  # the holder removed the file as it released it: lock the new one
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        pid = lock_path.read_text().strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
 
 
 def write_marker(directory: str | os.PathLike, reason: str) -> Path:

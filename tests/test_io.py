@@ -1,14 +1,18 @@
-"""capsnet.io: atomic files and directories and the DISABLED marker."""
+"""capsnet.io: atomic files and directories, stale temporaries, the lock, the DISABLED marker."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
 from capsnet import io
+from capsnet.errors import CapsnetError
 
 
 @pytest.fixture
@@ -134,3 +138,175 @@ def test_write_marker_keeps_other_files(tmp_path):
     assert path == tmp_path / "DISABLED.txt"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["DISABLED.txt", "best.json"]
     assert io.read_disabled(tmp_path) == "switched off"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _temp_of(target, pid: int, suffix: str = ".tmp"):
+    return target.with_name(f".{target.name}.{io._HOST}-{pid}-0badf00d{suffix}")
+
+
+@pytest.mark.parametrize(
+    "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)]
+)
+def test_modes_under_common_umasks(tmp_path, umask, file_mode, dir_mode):
+    old = os.umask(umask)
+    try:
+        io.atomic_write_text(tmp_path / "a.txt", "x")
+        with io.atomic_directory(tmp_path / "d") as tmp:
+            io.atomic_write_text(tmp / "inner.txt", "y")
+            (tmp / "sub").mkdir()
+        with io.locked(tmp_path / "root") as lock_path:
+            lock_mode = _mode(lock_path)
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "a.txt") == file_mode
+    assert _mode(tmp_path / "d" / "inner.txt") == file_mode
+    assert _mode(tmp_path / "d") == _mode(tmp_path / "d" / "sub") == dir_mode
+    assert _mode(tmp_path / "root") == dir_mode and lock_mode == file_mode
+
+
+def test_stale_temporaries_of_dead_writers_removed_live_ones_kept(tmp_path):
+    target = tmp_path / "metrics.json"
+    dead = _temp_of(target, _dead_pid())
+    dead.write_text("half")
+    legacy = tmp_path / ".metrics.json.0123abcd.tmp"  # the older form, host and pid unknown
+    legacy.mkdir()
+    live = _temp_of(target, os.getppid())  # a running process: its write is in progress
+    live.write_text("being written")
+    foreign = target.with_name(".metrics.json.ffffff-1-0badf00d.tmp")  # another host, new
+    foreign.write_text("x")
+    user = [tmp_path / ".metrics.json.notes.tmp", tmp_path / "metrics.json.bak"]
+    for path in user:
+        path.write_text("user file")
+    io.atomic_write_json(target, {"a": 1})
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["metrics.json", live.name, foreign.name, *(p.name for p in user)])
+    old = time.time() - io.FOREIGN_STALE_SECONDS - 60
+    os.utime(foreign, (old, old))
+    assert io.remove_stale(target) == [foreign]
+
+
+def test_old_copy_of_a_writer_killed_between_renames_is_put_back(tmp_path):
+    """A dead writer renamed the old directory aside and never renamed the new one in."""
+    target = tmp_path / "out"
+    pid = _dead_pid()
+    old, staging = _temp_of(target, pid, ".old"), _temp_of(target, pid)
+    old.mkdir()
+    (old / "model.pt").write_text("old complete")
+    staging.mkdir()
+    (staging / "model.pt").write_text("new, maybe incomplete")
+    assert io.remove_stale(target) == [staging]
+    assert (target / "model.pt").read_text() == "old complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_old_copy_beside_a_new_directory_is_removed(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "new.txt").write_text("new")
+    old = _temp_of(target, _dead_pid(), ".old")
+    old.mkdir()
+    (old / "old.txt").write_text("old")
+    with io.atomic_directory(target) as tmp:
+        (tmp / "newer.txt").write_text("newer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in target.iterdir()) == ["newer.txt"]
+
+
+def test_remove_stale_in_cleans_every_target(tmp_path):
+    pid = _dead_pid()
+    for name in ("a.pt", "b"):
+        _temp_of(tmp_path / name, pid).write_text("x")
+    (tmp_path / "keep.txt").write_text("k")
+    removed = io.remove_stale_in(tmp_path)
+    assert sorted(p.name.split(".")[1] for p in removed) == ["a", "b"]
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("can_exchange", [True, False])
+def test_directory_swap_with_and_without_exchange(tmp_path, monkeypatch, can_exchange):
+    if not can_exchange:
+        monkeypatch.setattr(io, "exchange", lambda a, b: False)
+    target = tmp_path / "out"
+    for content in ("first", "second", "third"):
+        with io.atomic_directory(target) as tmp:
+            (tmp / "f").write_text(content)
+        assert (target / "f").read_text() == content
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_exchange_swaps_two_paths(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.write_text("file")
+    if not io.exchange(a, b):
+        pytest.skip("no renameat2 exchange on this system")
+    assert a.read_text() == "file" and b.is_dir()
+
+
+LOCK_HOLDER = """
+import sys, time
+from capsnet import io
+with io.locked(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _hold_lock(directory, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(directory), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_lock_waits_for_the_holder_and_says_so(tmp_path, capsys):
+    holder = _hold_lock(tmp_path, 1.0)
+    start = time.monotonic()
+    try:
+        with io.locked(tmp_path) as lock_path:
+            waited = time.monotonic() - start
+            assert lock_path == tmp_path / ".capsnet.lock"
+            assert lock_path.read_text() == f"{os.getpid()}\n"
+    finally:
+        holder.wait()
+    assert waited > 0.5
+    err = capsys.readouterr().err
+    assert f"waiting for {tmp_path / '.capsnet.lock'}" in err and f"pid {holder.pid}" in err
+    assert list(tmp_path.iterdir()) == []  # the lock file goes with its holder
+
+
+def test_lock_timeout_is_one_clear_error(tmp_path, monkeypatch):
+    holder = _hold_lock(tmp_path, 5.0)
+    try:
+        with pytest.raises(CapsnetError, match=r"still writing to .* after 0\.3 s"):
+            with io.locked(tmp_path, timeout=0.3):
+                pass
+        monkeypatch.setenv(io.LOCK_TIMEOUT_ENV, "0")
+        with pytest.raises(CapsnetError, match=r"after 0 s"), io.locked(tmp_path):
+            pass
+        monkeypatch.setenv(io.LOCK_TIMEOUT_ENV, "nan")
+        with pytest.raises(CapsnetError, match=r"CAPSNET_LOCK_TIMEOUT='nan'"), io.locked(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with io.locked(tmp_path, timeout=5):  # released by the killed holder's death
+        pass
+
+
+def test_lock_is_reentrant_and_serialises_swaps(tmp_path):
+    with io.locked(tmp_path), io.locked(tmp_path):
+        with io.atomic_directory(tmp_path / "out") as tmp:  # locks tmp_path again: no deadlock
+            (tmp / "x").write_text("1")
+        assert (tmp_path / ".capsnet.lock").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -2,8 +2,10 @@
 
 Every file is verified by the MD5 of its DECOMPRESSED content (so a faithful mirror that
 recompressed a file still verifies) and written atomically: data goes to a temporary file
-in the target directory, is fsynced, verified and only then renamed into place. A killed
-download therefore never leaves a file that looks complete, and a rerun starts clean.
+in the target directory (``capsnet.io`` names), is fsynced, verified and only then renamed
+into place. An archive is extracted into a temporary sibling of its directory, swapped in
+whole. A killed download or extraction therefore never leaves a file that looks complete,
+and the next run removes its temporaries before it starts.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import gzip
 import hashlib
 import os
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.errors import DataError
-from capsnet.io import fsync_dir
+from capsnet.io import atomic_directory, fsync_dir, new_temp_file, remove_stale
 
 MIRROR_ENV = "CAPSNET_MIRROR"
 CHUNK = 1 << 20
@@ -111,8 +112,7 @@ def _copy_to_temp(url: str, target: Path, timeout: float, progress: bool) -> Pat
     """Stream ``url`` into a temporary file next to ``target``; return its path."""
     from tqdm.auto import tqdm
 
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    tmp = Path(tmp_name)
+    fd, tmp = new_temp_file(target)
     try:
         stream, size = _open_source(url, timeout)
         with (
@@ -158,7 +158,8 @@ def fetch(
     target = directory / remote.filename
     if is_verified(target, remote):
         return target
-    for stale in directory.glob(f".{remote.filename}.*.part"):  # left by a killed download
+    remove_stale(target)  # what a killed download left
+    for stale in directory.glob(f".{remote.filename}.*.part"):  # the same, named by older runs
         stale.unlink(missing_ok=True)
     failures: list[str] = []
     for url in candidate_urls(remote, mirror):
@@ -210,44 +211,41 @@ def check_zip(path: Path) -> None:
 
 
 def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike) -> list[Path]:
-    """Extract every member of a zip under ``target``; refuse the whole archive when any
-    member would land outside it (``../``, absolute paths, drive letters, symlinks).
+    """Extract every member of a zip into the directory ``target``, replacing it whole;
+    refuse the archive when any member would land outside it (``../``, absolute paths,
+    drive letters, symlinks).
 
-    Members are extracted into a temporary directory beside ``target`` and moved into place
-    only when all succeeded, so a refused or corrupt archive leaves nothing behind.
+    Members are extracted into a temporary sibling of ``target`` that is swapped in only
+    when all succeeded (``capsnet.io.atomic_directory``), so a refused, corrupt or killed
+    extraction leaves the earlier ``target`` as it was, and its debris is removed next time.
     """
     archive_path, target = Path(archive_path), Path(target)
     check_zip(archive_path)
-    target.mkdir(parents=True, exist_ok=True)
-    root = target.resolve()
     with zipfile.ZipFile(archive_path) as archive:
         members = [m for m in archive.infolist() if not m.is_dir()]
-        for member in members:
-            name = member.filename.replace("\\", "/")
-            dest = (root / name).resolve()
-            is_link = (member.external_attr >> 16) & 0o170000 == 0o120000
-            if name.startswith("/") or ":" in name or is_link or not dest.is_relative_to(root):
-                raise DataError(
-                    f"{archive_path}: member {member.filename!r} would be extracted outside "
-                    f"{target}; refusing the archive"
-                )
-        staging = Path(tempfile.mkdtemp(prefix=f".{archive_path.name}.", dir=target))
-        written = []
+        names = [_member_path(archive_path, target, m) for m in members]
         try:
-            for member in members:
-                out = staging / member.filename
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(member) as fin, open(out, "wb") as fout:
-                    shutil.copyfileobj(fin, fout, CHUNK)
-            for member in members:
-                final = target / member.filename
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / member.filename, final)
-                written.append(final)
-        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-            for path in written:
-                path.unlink(missing_ok=True)
+            with atomic_directory(target) as staging:
+                for member, name in zip(members, names):
+                    out = staging / name
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(member) as fin, open(out, "wb") as fout:
+                        shutil.copyfileobj(fin, fout, CHUNK)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
             raise DataError(f"{archive_path}: corrupt zip ({exc})") from None
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return written
+    return [target / name for name in names]
+
+
+def _member_path(archive_path: Path, target: Path, member: zipfile.ZipInfo) -> str:
+    """The member's path relative to ``target``; DataError when it would land outside."""
+    name = member.filename.replace("\\", "/")
+    root = Path("/__capsnet_target__")
+    dest = Path(os.path.normpath(root / name))
+    is_link = (member.external_attr >> 16) & 0o170000 == 0o120000
+    inside = dest.is_relative_to(root) and dest != root
+    if name.startswith("/") or ":" in name or is_link or not inside:
+        raise DataError(
+            f"{archive_path}: member {member.filename!r} would be extracted outside "
+            f"{target}; refusing the archive"
+        )
+    return dest.relative_to(root).as_posix()

@@ -3,7 +3,9 @@
 Each stage reads its params section, calls one library function and writes one directory:
 ``<root>/raw/<dataset>`` (download) or ``<root>/prepared/<name>`` (prepare). A dataset
 switched off in params gets a directory holding only DISABLED.txt, because DVC needs every
-declared output to exist.
+declared output to exist. A stage holds the lock of its data root (``capsnet.io.locked``), so
+two commands writing into one root run one after the other, and first removes what killed
+runs left in the directory it writes to.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from capsnet.config import Params
 from capsnet.errors import DataError
-from capsnet.io import clear_disabled, read_disabled, write_disabled
+from capsnet.io import clear_disabled, locked, read_disabled, remove_stale_in, write_disabled
 
 DOWNLOADS = ("mnist", "affnist", "smallnorb")
 PREPARES = ("mnist", "affnist", "affnist-synth", "smallnorb", "multimnist")
@@ -26,14 +28,21 @@ def _root(params: Params, root: str | Path | None) -> Path:
 
 def download(name: str, params: Params, root=None, mirror=None, progress=False) -> Path:
     """Fetch and verify the raw files of ``name`` into ``<root>/raw/<name>``."""
-    from capsnet.data import affnist, mnist, smallnorb
-
     if name not in DOWNLOADS:
         raise DataError(
             f"unknown dataset {name!r} to download; choose one of {', '.join(DOWNLOADS)}"
         )
-    data = params.data
-    out = _root(params, root) / "raw" / name
+    root = _root(params, root)
+    out = root / "raw" / name
+    with locked(root):
+        remove_stale_in(out.parent)
+        remove_stale_in(out)
+        return _download(name, params.data, out, mirror, progress)
+
+
+def _download(name: str, data, out: Path, mirror, progress: bool) -> Path:
+    from capsnet.data import affnist, mnist, smallnorb
+
     if not getattr(data, name).enabled:
         return write_disabled(out, f"data.{name}.enabled is false in params.yaml")
     if name == "affnist" and data.affnist.source == "synth":
@@ -59,12 +68,17 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
 
 def prepare(name: str, params: Params, root=None) -> Path:
     """Build ``<root>/prepared/<name>`` from the raw files or the prepared MNIST."""
-    from capsnet.data import affnist, mnist, multimnist, smallnorb
-
     if name not in PREPARES:
         raise DataError(f"unknown dataset {name!r} to prepare; choose one of {', '.join(PREPARES)}")
-    data = params.data
     root = _root(params, root)
+    with locked(root):
+        remove_stale_in(root / "prepared")
+        return _prepare(name, params.data, root)
+
+
+def _prepare(name: str, data, root: Path) -> Path:
+    from capsnet.data import affnist, mnist, multimnist, smallnorb
+
     out = root / "prepared" / name
     section = "affnist" if name == "affnist-synth" else name
     if not getattr(data, section).enabled:

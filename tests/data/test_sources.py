@@ -158,7 +158,7 @@ def test_killed_download_restarts_cleanly(tmp_path):
     )
     try:
         for _ in range(600):
-            parts = list(raw.glob(".f.bin.gz.*.part")) if raw.exists() else []
+            parts = list(raw.glob(".f.bin.gz.*.tmp")) if raw.exists() else []
             if parts and parts[0].stat().st_size > 0:
                 break
             time.sleep(0.05)
@@ -167,7 +167,7 @@ def test_killed_download_restarts_cleanly(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-    assert not (raw / "f.bin.gz").exists()  # only a .part file: nothing looks complete
+    assert not (raw / "f.bin.gz").exists()  # only a temporary: nothing looks complete
     out = fetch(remote(tmp_path / "official"), raw, mirror="", progress=False)
     assert gzip.decompress(out.read_bytes()) == CONTENT
     assert [p.name for p in raw.iterdir()] == ["f.bin.gz"]
