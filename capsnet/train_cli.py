@@ -73,6 +73,12 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 )
 @click.option("--routing-iterations", type=click.IntRange(min=1), default=None)
 @click.option(
+    "--detach-inner/--no-detach-inner",
+    default=None,
+    help="Dynamic routing: stop gradients through the votes in all but the last "
+    "iteration (default: the model's, on).",
+)
+@click.option(
     "--augment",
     type=click.Choice(AUGMENT_STRATEGIES),
     default="shift",
@@ -117,6 +123,7 @@ def train_command(
     val_size,
     test_limit,
     routing_iterations,
+    detach_inner,
     shift_pixels,
     augment,
     seed,
@@ -133,13 +140,14 @@ def train_command(
     select_device(device)  # an unavailable device fails before any work
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    check_run_dir(out)
     spec = RunSpec(
         model=model_name,
         train=TrainConfig(
             epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, loss=loss,
             seed=seed, device=device, compile=compile_routing,
         ),
-        overrides=_model_overrides(model_name, routing_iterations),
+        overrides=_model_overrides(model_name, routing_iterations, detach_inner),
         dataset=dataset,
         subset=subset,
         train_size=train_limit,
@@ -173,16 +181,20 @@ def _report_epoch(record: dict, state, model) -> None:
     )
 
 
-def _model_overrides(model_name: str, routing_iterations: int | None) -> dict:
+def _model_overrides(
+    model_name: str, routing_iterations: int | None, detach_inner: bool | None
+) -> dict:
     from capsnet import models
 
-    if routing_iterations is None:
-        return {}
-    if "routing_iterations" not in models.config_fields(model_name):
-        raise click.BadParameter(
-            f"model {model_name!r} has no routing", param_hint="--routing-iterations"
-        )
-    return {"routing_iterations": routing_iterations}
+    given = {"routing_iterations": routing_iterations, "detach_inner": detach_inner}
+    overrides = {key: value for key, value in given.items() if value is not None}
+    for key in overrides:
+        if key not in models.config_fields(model_name):
+            raise click.BadParameter(
+                f"model {model_name!r} has no {key} setting",
+                param_hint="--" + key.replace("_", "-"),
+            )
+    return overrides
 
 
 def _augment_params(shift_pixels: int | None):
@@ -225,12 +237,33 @@ def _run_metrics(spec, result, test_limit: int | None) -> dict:
     }
 
 
-def _save(out: Path, result, metrics: dict) -> None:
-    from capsnet import checkpoint
-    from capsnet.io import atomic_write_json
+#: What ``capsnet train --out DIR`` writes: DIR is the run directory, replaced whole.
+RUN_FILES = ("model.pt", "metrics.json")
 
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint.save(
-        out / "model.pt", result.model, train_config=result.train_config.to_dict(), metrics=metrics
-    )
-    atomic_write_json(out / "metrics.json", metrics)
+
+def check_run_dir(out: Path) -> None:
+    """Refuse an ``--out`` that holds anything besides a run's files: it is replaced whole."""
+    from capsnet.io import foreign_entries
+
+    others = foreign_entries(out, RUN_FILES)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise click.BadParameter(
+            f"{out} holds files that are not a run's ({shown}); the run directory is "
+            f"replaced whole, so give a new or empty directory",
+            param_hint="--out",
+        )
+
+
+def _save(out: Path, result, metrics: dict) -> None:
+    """OUT/model.pt and OUT/metrics.json, published together: built in a temporary sibling
+    and swapped in for OUT in one step, so a kill leaves the old run or the new one."""
+    from capsnet import checkpoint
+    from capsnet.io import atomic_directory, atomic_write_json
+
+    check_run_dir(out)
+    with atomic_directory(out) as tmp:
+        model, metrics_file = (tmp / name for name in RUN_FILES)
+        train_config = result.train_config.to_dict()
+        checkpoint.save(model, result.model, train_config=train_config, metrics=metrics)
+        atomic_write_json(metrics_file, metrics)

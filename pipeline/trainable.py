@@ -24,7 +24,12 @@ from capsnet.run import RunSpec, Split
 #: Trial-config keys that are fields of TrainConfig (numbers).
 TRAIN_KEYS = ("lr", "m_plus", "m_minus", "lam", "recon_weight", "weight_decay")
 #: Trial-config keys that are model config fields, applied to models that have them.
-MODEL_KEYS = {"routing_iterations": int, "pose": str, "coordinate_addition": bool}
+MODEL_KEYS = {
+    "routing_iterations": int,
+    "pose": str,
+    "coordinate_addition": bool,
+    "detach_inner": bool,
+}
 CHECKPOINT_FILE = "trial.pt"
 
 

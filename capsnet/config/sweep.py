@@ -57,11 +57,19 @@ SEARCHABLE = (
     "coordinate_addition",
     "loss",
     "weight_decay",
+    "detach_inner",
 )
-#: The matrix-capsule ablation axes (EM paper, SPEC 1.3) and their neutral values: the
-#: model and TrainConfig defaults, so a sweep that leaves them there trains as before they
-#: existed (models without ``pose`` or ``coordinate_addition`` ignore those).
-ABLATION = {"pose": "matrix", "coordinate_addition": True, "loss": "auto", "weight_decay": 0.0}
+#: The ablation axes and their neutral values: the matrix-capsule axes of the EM paper
+#: (SPEC 1.3) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
+#: all but the last iteration), each at the model or TrainConfig default, so a sweep that
+#: leaves them there trains as before they existed (models without the field ignore it).
+ABLATION = {
+    "pose": "matrix",
+    "coordinate_addition": True,
+    "loss": "auto",
+    "weight_decay": 0.0,
+    "detach_inner": True,
+}
 #: Lower bounds (inclusive) of the numeric dimensions; ``lr`` must be > 0.
 _AT_LEAST = {
     "routing_iterations": 1,
@@ -93,6 +101,7 @@ class SearchSpace:
     coordinate_addition: Searched[bool] = ABLATION["coordinate_addition"]  # em-capsnet models
     loss: Searched[Loss] = ABLATION["loss"]  # auto: the model's default
     weight_decay: Searched[float] = ABLATION["weight_decay"]  # Adam weight decay
+    detach_inner: Searched[bool] = ABLATION["detach_inner"]  # dynamic-routing models
 
     def __post_init__(self):
         for name, low in _AT_LEAST.items():

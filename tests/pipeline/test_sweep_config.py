@@ -92,6 +92,26 @@ def test_mnist_sweep_records_the_ablation_axes_only_when_searched():
     assert SweepConfig.from_dict({"space": {"loss": "margin"}}).parameters()[-1] == "loss"
 
 
+def test_detach_inner_is_an_axis_whose_neutral_value_is_the_model_default():
+    from capsnet import models
+    from capsnet.config import ABLATION
+    from capsnet.run import RunSpec, build_model
+    from pipeline.trainable import run_spec
+
+    assert models.build("capsnet-small").config.detach_inner is ABLATION["detach_inner"]
+    assert "detach_inner" not in SweepConfig.from_dict({}).parameters()
+    searched = SweepConfig.from_dict({"space": {"detach_inner": {"grid": [True, False]}}})
+    assert searched.space.searched()[-1] == "detach_inner"
+    assert searched.parameters()[-1] == "detach_inner"
+    spec = run_spec({"model": "capsnet-small", "detach_inner": False}, RunSpec("capsnet-small"))
+    assert spec.overrides["detach_inner"] is False
+    assert build_model(spec, models.Shape(1, 28, 10)).config.detach_inner is False
+    assert "detach_inner" not in run_spec({"model": "lenet5", "detach_inner": False},
+                                          RunSpec("lenet5")).overrides  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sweep\.space\.detach_inner: expected true or false"):
+        SweepConfig.from_dict({"space": {"detach_inner": "no"}})
+
+
 def test_trainer_reads_the_loss_choices_from_the_config():
     from capsnet.config import LOSSES
     from capsnet.config.training import LOSSES as TRAIN_LOSSES
