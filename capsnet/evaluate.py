@@ -19,7 +19,8 @@ def _batches(dataset: Dataset, batch_size: int):
                 targets[start : start + batch_size],
             )
     else:
-        yield from DataLoader(dataset, batch_size=batch_size, shuffle=False)
+        for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            yield batch[0], batch[1]  # items may carry more (MultiMNIST digit components)
 
 
 @torch.no_grad()

@@ -34,8 +34,17 @@ def margin_loss(
 def reconstruction_loss(
     reconstruction: torch.Tensor, images: torch.Tensor, weight: float = 0.0005
 ) -> torch.Tensor:
-    """Sum of squared errors per image, averaged over the batch, scaled by ``weight``."""
-    diff = reconstruction.float() - images.float()  # (B, C, H, W)
+    """Sum of squared errors per example, averaged over the batch, scaled by ``weight``.
+
+    reconstruction and images (B, C, H, W), or (B, n, C, H, W) for n images per example
+    (MultiMNIST: each digit against its own image), whose errors are summed.
+    """
+    if reconstruction.shape != images.shape:
+        raise ValueError(
+            f"reconstruction_loss: reconstruction {tuple(reconstruction.shape)} and images "
+            f"{tuple(images.shape)} differ in shape"
+        )
+    diff = reconstruction.float() - images.float()  # (B, [n,] C, H, W)
     return weight * diff.pow(2).flatten(1).sum(dim=1).mean()
 
 

@@ -97,11 +97,24 @@ def load_split(spec: RunSpec, progress: bool = False) -> Split:
 
     if spec.dataset == "smallnorb":
         return _smallnorb_split(spec)
-    full = load(spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress)
+    options = {"components": True} if reconstructs_digits(spec) else {}
+    full = load(
+        spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
+    )
     if spec.val_size >= len(full):
         raise ConfigError(f"val_size {spec.val_size} >= {len(full)} {spec.dataset} images")
     train, val = split_tail(full, spec.val_size, spec.train_size)
     return Split(train, val)
+
+
+def reconstructs_digits(spec: RunSpec) -> bool:
+    """Whether ``spec`` trains a decoder on MultiMNIST: then each digit is reconstructed from
+    its own true-label capsule against its own image (paper section 6)."""
+    from capsnet import models
+
+    if spec.dataset != "multimnist":
+        return False
+    return bool(getattr(models.make_config(spec.model, **spec.overrides), "decoder", False))
 
 
 def _smallnorb_split(spec: RunSpec) -> Split:

@@ -57,14 +57,20 @@ def compute_loss(
     config: TrainConfig,
     step: int = 0,
     total_steps: int = 1,
+    components: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The training loss of ``output`` for ``targets`` under ``config.loss``."""
+    """The training loss of ``output`` for ``targets`` under ``config.loss``.
+
+    The reconstruction is compared with ``images``, or with ``components`` (B, n, C, H, W),
+    each digit of a MultiMNIST image alone, when the model was masked by the n true labels
+    (paper section 6: one reconstruction per digit, their squared errors summed)."""
     kind = config.loss if config.loss != "auto" else getattr(model, "default_loss", "cross-entropy")
     if kind == "margin":
         loss = losses.margin_loss(output.scores, targets, config.m_plus, config.m_minus, config.lam)
         if output.reconstruction is not None and config.recon_weight > 0:
+            truth = images if components is None else components  # (B, [n,] C, H, W)
             loss = loss + losses.reconstruction_loss(
-                output.reconstruction, images, config.recon_weight
+                output.reconstruction, truth, config.recon_weight
             )
         return loss
     if kind == "cross-entropy":
@@ -130,6 +136,20 @@ def _optimiser(model: nn.Module, config: TrainConfig, state: TrainState):
     return optimizer, scheduler
 
 
+def _component_batch(images, parts, config: TrainConfig, device, generator):
+    """(images, components (B, n, C, H, W), labels (B, n)) on ``device`` of a batch whose
+    items carry each digit alone and its label; a batch shift moves the digits with their
+    merge (one offset per example)."""
+    components, labels = (p.to(device, non_blocking=True) for p in parts)
+    if config.shift_pixels:
+        batch, n, channels, height, width = components.shape
+        stacked = torch.cat([images, components.flatten(1, 2)], 1)  # (B, C + n*C, H, W)
+        stacked = random_shift(stacked, config.shift_pixels, generator)  # (B, C + n*C, H, W)
+        images = stacked[:, :channels]  # (B, C, H, W)
+        components = stacked[:, channels:].view(batch, n, channels, height, width)
+    return images, components, labels
+
+
 def _train_epoch(model, train_data, config, device, generator, state, optimizer, scheduler):
     """One pass over ``train_data``; returns (images seen, summed loss, correct count)."""
     from tqdm.auto import tqdm
@@ -153,14 +173,19 @@ def _train_epoch(model, train_data, config, device, generator, state, optimizer,
         leave=False,
         unit="batch",
     )
-    for images, targets in bar:
+    for images, targets, *parts in bar:
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        if config.shift_pixels:
+        components, mask = None, (targets if targets.dim() == 1 else None)
+        if parts:
+            images, components, mask = _component_batch(images, parts, config, device, generator)
+        elif config.shift_pixels:
             images = random_shift(images, config.shift_pixels, generator)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            output = model(images, targets if targets.dim() == 1 else None)
-            loss = compute_loss(model, output, images, targets, config, state.step, total_steps)
+            output = model(images, mask)
+            loss = compute_loss(
+                model, output, images, targets, config, state.step, total_steps, components
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from capsnet.losses import cross_entropy, margin_loss, reconstruction_loss
@@ -34,3 +35,13 @@ def test_cross_entropy_matches_log_softmax():
     logits = torch.tensor([[2.0, 0.0, -1.0]])
     expected = -torch.log_softmax(logits, dim=1)[0, 0]
     torch.testing.assert_close(cross_entropy(logits, torch.tensor([0])), expected)
+
+
+def test_reconstruction_loss_sums_the_errors_of_several_images_per_example():
+    recon = torch.zeros(2, 2, 1, 2, 2)  # (B, n, C, H, W)
+    images = torch.ones(2, 2, 1, 2, 2)
+    images[1, 1] = 0.0
+    # example 0: 4 + 4 = 8; example 1: 4 + 0 = 4; mean 6
+    assert math.isclose(reconstruction_loss(recon, images, weight=1.0).item(), 6.0)
+    with pytest.raises(ValueError, match=r"reconstruction \(2, 2, 1, 2, 2\) and images"):
+        reconstruction_loss(recon, images[:, 0])

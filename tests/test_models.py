@@ -119,3 +119,18 @@ def test_routing_iterations_is_a_config_field():
     model = models.build("capsnet-small", routing_iterations=5)
     assert model.config.routing_iterations == 5
     assert model.classes.iterations == 5
+
+
+def test_reconstruct_decodes_one_image_per_label_column():
+    torch.manual_seed(0)
+    model = models.build("capsnet-small").eval()
+    with torch.no_grad():
+        poses = model(torch.rand(3, 1, 28, 28)).poses  # (3, 10, 16)
+        labels = torch.tensor([[1, 4], [0, 9], [7, 2]])
+        both = model.reconstruct(poses, labels)  # (3, 2, 1, 28, 28)
+        assert both.shape == (3, 2, 1, 28, 28)
+        for i in range(2):
+            torch.testing.assert_close(both[:, i], model.decoder(poses, labels[:, i]))
+        torch.testing.assert_close(model.reconstruct(poses, labels[:, 0]), both[:, 0])
+    with pytest.raises(ValueError, match="no decoder"):
+        models.build("capsnet-small", decoder=False).reconstruct(poses, labels)

@@ -100,14 +100,28 @@ class CapsNet(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
-        """x (B, C, H, W) in [0, 1]; target (B,) masks the decoder (else the prediction)."""
+        """x (B, C, H, W) in [0, 1]; target masks the decoder: labels (B,), or (B, n) for one
+        reconstruction per label (see ``reconstruct``); None masks by the prediction."""
         x = x.contiguous(memory_format=torch.channels_last)  # (B, C, H, W)
-        h = F.relu(self.conv1(x), inplace=True)  # (B, 256, 20, 20), channels_last
-        u = self.primary(h)  # (B, 1152, 8)
-        v, _ = self.classes(u)  # (B, 10, 16)
-        scores = safe_norm(v)  # (B, 10)
+        h = F.relu(self.conv1(x), inplace=True)  # (B, conv_channels, G, G), channels_last
+        u = self.primary(h)  # (B, n_primary, primary_dim)
+        v, _ = self.classes(u)  # (B, K, class_dim)
+        scores = safe_norm(v)  # (B, K)
         reconstruction = None
         if self.decoder is not None:
             mask_index = scores.argmax(dim=1) if target is None else target
-            reconstruction = self.decoder(v, mask_index)  # (B, 1, 28, 28)
+            reconstruction = self.reconstruct(v, mask_index)  # (B, [n,] C, H, W)
         return ModelOutput(scores, v, reconstruction)
+
+    def reconstruct(self, poses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's image of each labelled class capsule: poses (B, K, D) with labels
+        (B,) -> (B, C, H, W); with labels (B, n) -> (B, n, C, H, W), the i-th image decoded
+        from capsule labels[:, i] alone (MultiMNIST: one reconstruction per digit)."""
+        if self.decoder is None:
+            raise ValueError("reconstruct: this model has no decoder (decoder=False)")
+        if labels.dim() == 1:
+            return self.decoder(poses, labels)  # (B, C, H, W)
+        batch, n = labels.shape
+        repeated = poses.unsqueeze(1).expand(batch, n, *poses.shape[1:])  # (B, n, K, D)
+        images = self.decoder(repeated.flatten(0, 1), labels.flatten())  # (B*n, C, H, W)
+        return images.view(batch, n, *images.shape[1:])  # (B, n, C, H, W)
