@@ -50,6 +50,22 @@ def figures_for(name: str, fig_dir: Path) -> list[Path]:
     return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in shared or p.stem.endswith(slug)]
 
 
+def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[str, Any]:
+    """The rotation curve (a table and its line plot) and the figures of entry ``name``."""
+    import wandb
+
+    media: dict[str, Any] = {}
+    if points:
+        table = wandb.Table(columns=["angle", "accuracy"], data=[list(p) for p in points])
+        media["rotation_curve"] = table
+        media["rotation_plot"] = wandb.plot.line(
+            table, "angle", "accuracy", title=f"{name}: accuracy versus rotation"
+        )
+    for path in figures_for(name, fig_dir):
+        media[f"figures/{path.stem}"] = wandb.Image(str(path), caption=report.caption(path))
+    return media
+
+
 def publish_runs(
     results: dict,
     fig_dir: str | os.PathLike,
@@ -59,11 +75,11 @@ def publish_runs(
     mode: str,
     wandb_dir: str | os.PathLike,
 ) -> list[dict[str, Any]]:
-    """Log one eval run per checkpoint entry; returns [{name, run_id, mode, url}]."""
+    """Log one eval run per checkpoint entry; returns [{name, run_id, mode, url}]. A run's
+    id follows from the project, the experiment (``group``), the entry and its checkpoint
+    path, so publishing again reuses the same ids."""
     if mode == "disabled":
         return []
-    import wandb
-
     fig_dir = Path(fig_dir)
     published = []
     try:
@@ -78,21 +94,11 @@ def publish_runs(
                 wandb_dir,
                 {"model": entry["model"], "checkpoint": entry["checkpoint"], "entry": name},
                 job_type="eval",
+                run_id=tracking.run_id(project, group, name, entry["checkpoint"]),
             )
             metrics = flatten_metrics(entry)
-            payload: dict[str, Any] = dict(metrics)
             points = rotation_points(entry)
-            if points:
-                table = wandb.Table(columns=["angle", "accuracy"], data=[list(p) for p in points])
-                payload["rotation_curve"] = table
-                payload["rotation_plot"] = wandb.plot.line(
-                    table, "angle", "accuracy", title=f"{name}: accuracy versus rotation"
-                )
-            for path in figures_for(name, fig_dir):
-                payload[f"figures/{path.stem}"] = wandb.Image(
-                    str(path), caption=report.caption(path)
-                )
-            run.log(payload)
+            run.log({**metrics, **_media(name, points, fig_dir)})
             for angle, accuracy in points:  # one row per angle: a line plot against "angle"
                 run.log({"angle": angle, "rotated_accuracy": accuracy})
             run.summary.update(metrics)

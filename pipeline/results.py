@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.config import SweepConfig
-from capsnet.io import atomic_write_text, clear_disabled, write_marker
+from capsnet.io import atomic_directory, atomic_write_text, clear_disabled, write_marker
 from pipeline.trainable import applies
 
 #: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial
@@ -28,8 +28,9 @@ def _first_line(error: BaseException | None) -> str:
 
 
 def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
-    """One row per trial: id, status, node, the searched parameters, final and best
-    metrics, epochs run and seconds."""
+    """One row per trial: id, status, node, the device it trained on (``cpu``, ``mps`` or
+    the CUDA device's name), the searched parameters, final and best metrics, epochs run
+    and seconds."""
     rows = []
     for result in results:
         metrics = result.metrics or {}
@@ -38,6 +39,7 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
             "trial_id": metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_"),
             "status": "ERROR" if result.error else "TERMINATED",
             "node": metrics.get("node", ""),
+            "device": metrics.get("device", ""),
         }
         for name in sweep.parameters():
             row[name] = result.config.get(name)
@@ -137,9 +139,9 @@ def ablation_rows(rows: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[s
 
 
 def result_columns(sweep: SweepConfig) -> list[str]:
-    """results.csv's columns: id, status, node, the recorded parameters, final and best
-    metrics, epochs, early stopping, seconds and the error."""
-    columns = ["trial_id", "status", "node", *sweep.parameters()]
+    """results.csv's columns: id, status, node, device, the recorded parameters, final and
+    best metrics, epochs, early stopping, seconds and the error."""
+    columns = ["trial_id", "status", "node", "device", *sweep.parameters()]
     columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in sweep.metrics()]
     return [*columns, "epochs", "early_stopped", "seconds", "error"]
 
@@ -160,20 +162,25 @@ PLOTS = ("by_routing", "by_augment")
 
 
 def write_outputs(out_dir, rows, best, sweep: SweepConfig) -> dict[str, str]:
-    """<out>/results.csv, best.json and plots/ (``output_paths``)."""
+    """<out>/plots/ (swapped in whole), results.csv, then best.json last: the train stage
+    reads best.json, so a new one means the set is new. Without a best trial an earlier
+    best.json is removed rather than left beside the new results (``output_paths``)."""
     paths = output_paths(out_dir, sweep)
+    metrics = sweep.metrics()
+    with atomic_directory(Path(out_dir) / "plots") as plots:
+        for name, key in (("by_routing", "routing_iterations"), ("by_augment", "augment")):
+            if name in paths:
+                text = _csv(plot_rows(rows, key, metrics), [key, *metrics])
+                atomic_write_text(plots / paths[name].name, text)
+        if "ablation" in paths:
+            text = _csv(ablation_rows(rows, sweep), ABLATION_COLUMNS)
+            atomic_write_text(plots / paths["ablation"].name, text)
     atomic_write_text(paths["results"], _csv(rows, result_columns(sweep)))
+    clear_disabled(out_dir)  # left by an earlier run with the data off
     if best is not None:
         atomic_write_text(paths["best"], json.dumps(best, indent=2) + "\n")
     else:
-        paths.pop("best")
-    metrics = sweep.metrics()
-    for name, key in (("by_routing", "routing_iterations"), ("by_augment", "augment")):
-        if name in paths:
-            atomic_write_text(paths[name], _csv(plot_rows(rows, key, metrics), [key, *metrics]))
-    if "ablation" in paths:
-        atomic_write_text(paths["ablation"], _csv(ablation_rows(rows, sweep), ABLATION_COLUMNS))
-    clear_disabled(out_dir)  # left by an earlier run with the data off
+        paths.pop("best").unlink(missing_ok=True)
     return {k: str(v) for k, v in paths.items()}
 
 

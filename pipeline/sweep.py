@@ -253,7 +253,9 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def _new_tuner(sweep: SweepConfig, trainable, name: str, storage: str, callbacks, mode: str):
+def _new_tuner(
+    sweep: SweepConfig, trainable, name: str, storage: str, callbacks, mode: str, shared=None
+):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -266,7 +268,9 @@ def _new_tuner(sweep: SweepConfig, trainable, name: str, storage: str, callbacks
             reduction_factor=sweep.asha.reduction_factor,
         )
     callbacks = list(callbacks or [])
-    wandb_callback = tracking.sweep_callback(sweep.wandb.project, sweep.name, mode, sweep.wandb.dir)
+    wandb_callback = tracking.sweep_callback(
+        sweep.wandb.project, sweep.name, mode, sweep.wandb.dir, shared
+    )
     if wandb_callback is not None:
         callbacks.append(wandb_callback)
     return tune.Tuner(
@@ -330,7 +334,8 @@ def run_sweep(
                 experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True
             )
         else:
-            tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode)
+            shared = tracking.sweep_run_config(sweep, base, data.split)
+            tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode, shared)
         fitted = tuner.fit()
         expected = expected_trials(sweep.space, sweep.num_samples)
         unfinished = _unfinished_trials(experiment_path, trainable, expected)

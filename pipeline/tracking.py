@@ -5,7 +5,11 @@ entry in ~/.netrc) or ``wandb.mode`` says otherwise. The mode is exported as WAN
 the driver's environment before Ray starts (Ray's own W&B integration demands an API key
 unless it sees WANDB_MODE=offline there, and Ray's processes inherit it) and passed to
 every ``wandb.init``. Trial runs are logged from the driver by a Tune callback, so worker
-nodes need neither W&B settings nor network.
+nodes need neither W&B settings nor network. Each trial run's config holds the trial's
+sampled settings and what all trials share (``sweep_run_config``: epochs, batch size, data
+sizes, seed, resources), plus the node and device the trial reported. Eval runs get ids
+derived from their experiment and checkpoint (``run_id``), so publishing again updates the
+same runs instead of adding new ones.
 
 Offline runs in W&B 0.31 write no wandb-summary.json; ``read_history`` reads the logged
 rows back from a run's ``.wandb`` file (a block-structured log of protobuf records).
@@ -13,6 +17,7 @@ rows back from a run's ``.wandb`` file (a block-structured log of protobuf recor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import netrc
 import os
@@ -92,7 +97,34 @@ def _settings():
     )
 
 
-def _trial_run(project: str, group: str, mode: str, directory: Path, trial):
+#: Per-trial facts a trial reports with its results, copied into its run's config.
+TRIAL_FACTS = ("node", "device")
+
+
+def run_id(*parts: str) -> str:
+    """A W&B run id derived from ``parts`` (project, experiment, entry, checkpoint): the
+    same parts always name the same run."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def sweep_run_config(sweep, base, split) -> dict[str, Any]:
+    """What every trial of ``sweep`` shares, for its W&B run's config: the dataset, epochs,
+    batch size and seed of the base RunSpec, the data sizes actually loaded and the
+    resources a trial asks for."""
+    return {
+        "sweep": sweep.name,
+        "dataset": base.dataset,
+        "epochs": base.train.epochs,
+        "batch_size": base.train.batch_size,
+        "seed": base.train.seed,
+        "train_size": len(split.train),
+        "val_size": len(split.val) if split.val is not None else 0,
+        "cpus_per_trial": sweep.resources.cpus_per_trial,
+        "gpus_per_trial": sweep.resources.gpus_per_trial,
+    }
+
+
+def _trial_run(project: str, group: str, mode: str, directory: Path, trial, shared: dict):
     """The W&B run of one Tune trial: id = trial id, group = sweep, job_type "sweep"."""
     import wandb
 
@@ -105,15 +137,33 @@ def _trial_run(project: str, group: str, mode: str, directory: Path, trial):
         name=f"{group}-{trial.trial_id}",
         mode=mode,
         dir=str(directory),
-        config={**trial.config, "trial_id": trial.trial_id},
+        config={**shared, **trial.config, "trial_id": trial.trial_id},
         reinit="create_new",
         settings=_settings(),
     )
 
 
-def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.PathLike):
+def log_trial_result(run, result: dict) -> None:
+    """One epoch's TRIAL_KEYS as a history row at step = epoch; the TRIAL_FACTS (node,
+    device) into the run's config the first time they appear."""
+    facts = {k: result[k] for k in TRIAL_FACTS if result.get(k) and k not in run.config}
+    if facts:
+        run.config.update(facts, allow_val_change=True)
+    row = {k: result[k] for k in TRIAL_KEYS if isinstance(result.get(k), (int, float))}
+    run.log(row, step=int(result.get("epoch", 0)))
+
+
+def sweep_callback(
+    project: str,
+    group: str,
+    mode: str,
+    wandb_dir: str | os.PathLike,
+    shared: dict[str, Any] | None = None,
+):
     """A Tune callback logging one W&B run per trial (id = trial id, group = sweep name,
-    job_type "sweep") from the driver; None when W&B is disabled."""
+    job_type "sweep") from the driver, its config the trial's settings over ``shared``
+    (``sweep_run_config``) plus the node and device of its first result; None when W&B
+    is disabled."""
     if mode == "disabled":
         return None
     from ray.tune import Callback
@@ -124,15 +174,16 @@ def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.Path
 
         def __init__(self):
             self.directory = Path(wandb_dir).resolve()
+            self.shared = dict(shared or {})
             self.runs: dict[str, Any] = {}
 
         def __getstate__(self):  # Tune pickles callbacks with the experiment
-            return {"directory": self.directory, "runs": {}}
+            return {"directory": self.directory, "shared": self.shared, "runs": {}}
 
         def _run(self, trial):
             run = self.runs.get(trial.trial_id)
             if run is None:
-                run = _trial_run(project, group, mode, self.directory, trial)
+                run = _trial_run(project, group, mode, self.directory, trial, self.shared)
                 self.runs[trial.trial_id] = run
             return run
 
@@ -140,8 +191,7 @@ def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.Path
             self._run(trial)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            row = {k: result[k] for k in TRIAL_KEYS if isinstance(result.get(k), (int, float))}
-            self._run(trial).log(row, step=int(result.get("epoch", 0)))
+            log_trial_result(self._run(trial), result)
 
         def _finish(self, trial):
             run = self.runs.pop(trial.trial_id, None)
@@ -162,10 +212,18 @@ def sweep_callback(project: str, group: str, mode: str, wandb_dir: str | os.Path
 
 
 def start_run(
-    project: str, group: str, name: str, mode: str, wandb_dir, config: dict, job_type="train"
+    project: str,
+    group: str,
+    name: str,
+    mode: str,
+    wandb_dir,
+    config: dict,
+    job_type="train",
+    run_id: str | None = None,
 ):
     """A W&B run for one final training (job_type "train", or an evaluation: "eval");
-    None when disabled."""
+    None when disabled. With ``run_id`` an existing run of that id is continued online
+    (``resume="allow"``) and an offline run syncs into it, never beside it."""
     if mode == "disabled":
         return None
     import wandb
@@ -180,6 +238,8 @@ def start_run(
         mode=mode,
         dir=str(directory),
         config=config,
+        id=run_id,
+        resume="allow" if run_id is not None and mode == "online" else None,
         settings=_settings(),
     )
 

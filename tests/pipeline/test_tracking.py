@@ -56,3 +56,104 @@ def test_a_foreign_file_is_not_read_as_a_run(tmp_path):
     (run_dir / "run-x.wandb").write_bytes(b"not a wandb log at all")
     with pytest.raises(ValueError, match="not a W&B transaction log"):
         tracking.read_history(run_dir)
+
+
+RESULTS = {
+    "capsnet-small": {
+        "model": "capsnet-small",
+        "checkpoint": "models/capsnet-small.pt",
+        "mnist": {"accuracy": 0.97, "n": 1000},
+    },
+    "lenet5@multimnist": {
+        "model": "lenet5",
+        "checkpoint": "models/lenet5@multimnist.pt",
+        "mnist": {"accuracy": 0.9, "n": 1000},
+    },
+}
+
+
+def _publish(tmp_path, group="exp-1"):
+    from pipeline import publish
+
+    return publish.publish_runs(
+        RESULTS,
+        tmp_path / "figures",
+        project="capsnet-test",
+        group=group,
+        mode="offline",
+        wandb_dir=tmp_path / "runs",
+    )
+
+
+def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
+    second = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
+    assert first == second and len(set(first.values())) == 2
+    assert first["capsnet-small"] == tracking.run_id(
+        "capsnet-test", "exp-1", "capsnet-small", "models/capsnet-small.pt"
+    )
+    # each publish wrote its own offline run under the same id: `wandb sync` of both
+    # lands in one W&B run per checkpoint
+    written = [p.name.rsplit("-", 1)[-1] for p in (tmp_path / "runs").glob("wandb/offline-run-*")]
+    assert sorted(written) == sorted([*first.values(), *first.values()])
+    for run_dir in (tmp_path / "runs").glob("wandb/offline-run-*"):
+        info = tracking.read_run_info(run_dir)
+        assert info["run_id"] in first.values() and info["job_type"] == "eval"
+    # another experiment gets other runs
+    other = {r["name"]: r["run_id"] for r in _publish(tmp_path, group="exp-2")}
+    assert not set(other.values()) & set(first.values())
+
+
+def test_run_ids_are_valid_wandb_ids():
+    ids = {tracking.run_id("p", "g", name, f"models/{name}.pt") for name in ("a", "b", "a@x")}
+    assert len(ids) == 3
+    assert all(len(i) == 24 and i.isalnum() and i.islower() for i in ids)
+
+
+def test_sweep_run_config_holds_what_every_trial_shares():
+    from types import SimpleNamespace
+
+    from capsnet.config import SweepConfig
+    from pipeline.sweep import base_spec
+
+    sweep = SweepConfig.from_dict(
+        {"name": "s", "epochs": 3, "batch_size": 32, "seed": 7, "train_size": 300}
+    )
+    split = SimpleNamespace(train=[0] * 300, val=[0] * 120)
+    shared = tracking.sweep_run_config(sweep, base_spec(sweep), split)
+    assert shared == {
+        "sweep": "s",
+        "dataset": "mnist",
+        "epochs": 3,
+        "batch_size": 32,
+        "seed": 7,
+        "train_size": 300,
+        "val_size": 120,
+        "cpus_per_trial": sweep.resources.cpus_per_trial,
+        "gpus_per_trial": sweep.resources.gpus_per_trial,
+    }
+
+
+def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
+    from types import SimpleNamespace
+
+    shared = {"epochs": 2, "batch_size": 64, "train_size": 256, "val_size": 128, "seed": 0}
+    callback = tracking.sweep_callback("capsnet-test", "tiny", "offline", tmp_path, shared)
+    trial = SimpleNamespace(trial_id="abc12_00000", config={"model": "capsnet-small", "lr": 0.01})
+    callback.on_trial_start(0, [trial], trial)
+    for epoch in (1, 2):
+        result = {"epoch": epoch, "val_accuracy": epoch / 4, "node": "n1", "device": "cpu"}
+        callback.on_trial_result(0, [trial], trial, result)
+    callback.on_trial_complete(0, [trial], trial)
+    callback.on_experiment_end([trial])
+
+    (run_dir,) = tracking.offline_runs(tmp_path).values()
+    info = tracking.read_run_info(run_dir)
+    assert info["run_id"] == "abc12_00000" and info["group"] == "tiny"
+    assert {k: info["config"][k] for k in shared} == shared
+    assert info["config"]["model"] == "capsnet-small" and info["config"]["lr"] == 0.01
+    assert (info["config"]["node"], info["config"]["device"]) == ("n1", "cpu")
+    history = tracking.read_history(run_dir)
+    assert [(h["epoch"], h["val_accuracy"]) for h in history] == [(1, 0.25), (2, 0.5)]
+    assert all("node" not in h and "device" not in h for h in history)
