@@ -123,3 +123,35 @@ def test_models_without_a_decoder_get_plain_multimnist_items(spec):
     assert len(load_split(spec).train[0]) == 2
     spec.model, spec.overrides = "lenet5", {}
     assert len(load_split(spec).train[0]) == 2
+
+
+def test_figure_shows_each_predicted_and_each_true_digit_beside_the_input(tmp_path, monkeypatch):
+    from capsnet import figures
+    from capsnet.data.datasets import TensorImageDataset
+    from capsnet.eval.figures import multimnist_figure
+
+    torch.manual_seed(0)
+    model = models.build("capsnet-small", input_size=36).eval()
+    images, targets, _, labels = _pair_batch()
+    data = TensorImageDataset((images * 255).round().to(torch.uint8), targets)
+    drawn = {}
+    real = figures.image_grid
+
+    def spy(rows, path, **kwargs):
+        drawn.update(rows=rows, **kwargs)
+        return real(rows, path, **kwargs)
+
+    monkeypatch.setattr(figures, "image_grid", spy)
+    path = multimnist_figure(model, data, 2, tmp_path / "mm.png", "caps36", "cpu")
+    assert path.is_file() and path.stat().st_size > 0
+    assert drawn["row_labels"][0] == "input" and len(drawn["rows"]) == 6
+    with torch.no_grad():
+        x = data.tensors[0].float() / 255
+        out = model(x)
+        top2 = out.scores.topk(2, dim=1).indices  # (2, 2)
+        torch.testing.assert_close(drawn["rows"][1], model.reconstruct(out.poses, top2[:, 0]))
+        ascending = labels.sort(dim=1).values  # (2, 2)
+        for i in range(2):
+            expected = model.reconstruct(out.poses, ascending[:, i])  # (2, 1, 36, 36)
+            torch.testing.assert_close(drawn["rows"][4 + i], expected)
+    assert drawn["col_labels"][0].startswith("true 3,7")

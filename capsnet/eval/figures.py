@@ -1,8 +1,9 @@
 """The evaluation's PNG figures, drawn while each model is loaded for its evaluation.
 
 Per model: the confusion matrix on MNIST rotated by ``confusion_angle``, the pose
-perturbation grid and, for MultiMNIST, the two reconstructed digits. Across models, drawn
-once all are evaluated: the rotation curve, the equivariance plot and the reconstructions.
+perturbation grid and, for MultiMNIST, each digit reconstructed from its own capsule (the
+two predicted and the two true ones). Across models, drawn once all are evaluated: the
+rotation curve, the equivariance plot and the reconstructions.
 File names: rotation.png, equivariance.png, reconstructions.png, confusion-<name>.png,
 perturbation-<name>.png, multimnist-<name>.png.
 """
@@ -132,21 +133,24 @@ def reconstruct(model, images: torch.Tensor, device) -> torch.Tensor:
 
 @torch.no_grad()
 def multimnist_figure(model, dataset, k: int, path: Path, name: str, device) -> Path:
-    """Rows: the overlaid inputs, the reconstruction from each of the two highest capsules."""
+    """Rows: the overlaid inputs; the reconstruction from each of the two highest capsules
+    and their merge; the reconstruction of each true digit from its own capsule (what
+    training compares with that digit's image)."""
     images, targets = dataset.tensors  # (N, 1, S, S) uint8, (N, 10) multi-hot
     x = images[:k].float().div(255).to(device)  # (k, 1, S, S)
     out = model(x)
     top2 = out.scores.topk(2, dim=1).indices  # (k, 2)
-    first = model.decoder(out.poses, top2[:, 0]).float().cpu()  # (k, 1, S, S)
-    second = model.decoder(out.poses, top2[:, 1]).float().cpu()  # (k, 1, S, S)
-    truth = [tuple(int(c) for c in t.nonzero().flatten()) for t in targets[:k]]
+    truth = targets[:k].topk(2, dim=1).indices.sort(dim=1).values  # (k, 2) ascending classes
+    predicted = model.reconstruct(out.poses, top2).float().cpu()  # (k, 2, 1, S, S)
+    true = model.reconstruct(out.poses, truth.to(device)).float().cpu()  # (k, 2, 1, S, S)
     labels = [
-        f"true {a},{b}\npred {int(p)},{int(q)}" for (a, b), (p, q) in zip(truth, top2.tolist())
+        f"true {a},{b}\npred {p},{q}" for (a, b), (p, q) in zip(truth.tolist(), top2.tolist())
     ]
+    both = predicted.sum(1).clamp(0, 1)  # (k, 1, S, S)
     return draw.image_grid(
-        [x.cpu(), first, second, torch.clamp(first + second, 0, 1)],
+        [x.cpu(), predicted[:, 0], predicted[:, 1], both, true[:, 0], true[:, 1]],
         path,
-        row_labels=["input", "1st digit", "2nd digit", "both"],
+        row_labels=["input", "1st pred", "2nd pred", "both pred", "1st true", "2nd true"],
         col_labels=labels,
-        title=f"{name}: MultiMNIST, the two predicted digits reconstructed",
+        title=f"{name}: MultiMNIST, each digit reconstructed from its own capsule",
     )
