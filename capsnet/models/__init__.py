@@ -23,7 +23,8 @@ class ModelOutput(NamedTuple):
 
     scores: (B, classes): capsule lengths / activations for capsule models, logits otherwise.
     poses: (B, classes, D) class capsule poses, or None.
-    reconstruction: (B, C, H, W) decoder output, or None.
+    reconstruction: (B, C, H, W) decoder output ((B, n, C, H, W) when masked by n labels per
+        example), or None.
     """
 
     scores: torch.Tensor
