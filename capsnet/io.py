@@ -389,3 +389,14 @@ def is_disabled(path: str | os.PathLike) -> bool:
 def clear_disabled(path: str | os.PathLike) -> None:
     """Remove ``<path>/DISABLED.txt`` left by an earlier run with the input switched off."""
     (Path(path) / DISABLED_MARKER).unlink(missing_ok=True)
+
+
+def foreign_entries(directory: str | os.PathLike, own: tuple[str, ...] | set[str]) -> list[str]:
+    """Sorted names in ``directory`` other than ``own``, the lock and this module's
+    temporaries: what replacing the directory whole would destroy. [] when it is missing."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    ours = set(own) | {LOCK_NAME}
+    return sorted(n for n in names if n not in ours and _TEMP_RE.fullmatch(n) is None)

@@ -3,10 +3,14 @@
 
 Every run is a RunSpec built the way a trial builds its own (``pipeline.trainable.run_spec``
 over the base of ``final_base``) and trained by ``capsnet.run.train_run``; each writes
-``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` (atomic) and logs a W&B run
+``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` and logs a W&B run
 (job_type "train"). MNIST runs are scored on the validation images rotated by the sweep's
 angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 ``<model>@<dataset>.pt``, and smallNORB runs are scored on the centre-cropped test set.
+
+``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
+(``capsnet.io.atomic_directory``), metrics.json included when it lies inside: a failed or
+killed stage leaves the earlier directory, never a mix of old and new checkpoints.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.io import atomic_write_json, clear_disabled
+from capsnet.io import atomic_directory, atomic_write_json, write_marker
 from capsnet.run import RunSpec, Split
 from capsnet.train import TrainConfig
 from pipeline import tracking
@@ -62,19 +66,26 @@ def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, 
 
 
 def write_disabled(out_dir, reason: str, metrics_path=None) -> Path:
-    """A final-training output directory for a dataset switched off: DISABLED.txt saying
-    why and, with ``metrics_path``, metrics ``{"disabled": reason}``; no checkpoint (any
-    from an earlier run with the data on is removed, so none looks current)."""
-    from capsnet.io import write_marker
-
+    """A final-training output directory for a dataset switched off, swapped in whole:
+    DISABLED.txt saying why and, with ``metrics_path``, metrics ``{"disabled": reason}``;
+    no checkpoint (none from an earlier run with the data on is kept, so none looks current)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.pt"):
-        stale.unlink()
-    write_marker(out, reason)
-    if metrics_path is not None:
+    inside = _inside(metrics_path, out)
+    with atomic_directory(out) as tmp:
+        write_marker(tmp, reason)
+        if inside is not None:
+            atomic_write_json(tmp / inside, {"disabled": reason})
+    if metrics_path is not None and inside is None:
         atomic_write_json(Path(metrics_path), {"disabled": reason})
     return out
+
+
+def _inside(path, directory: Path) -> Path | None:
+    """``path`` relative to ``directory`` when it lies inside, else None."""
+    if path is None:
+        return None
+    path, directory = Path(path).resolve(), directory.resolve()
+    return path.relative_to(directory) if path.is_relative_to(directory) else None
 
 
 def final_base(
@@ -126,15 +137,20 @@ def train_final(
     specs = [run_spec(run, base) for run in final_runs(best, final)]
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
-    trainer = _Trainer(final, sweep, best, log)
-    if sweep.dataset == "smallnorb":
-        results = _train_smallnorb(trainer, base, specs, final)
-    else:
-        angle = float(best.get("rotation_angle", sweep.rotation_angle))
-        results = _train_mnist(trainer, base, specs, angle)
-        for dataset in final.extra_datasets:
-            results.update(_train_extra_set(trainer, base, specs, dataset, final))
-    if metrics_path is not None:
+    inside = _inside(metrics_path, Path(final.out_dir))
+    with atomic_directory(final.out_dir) as staging:
+        trainer = _Trainer(final, sweep, best, log, staging)
+        if sweep.dataset == "smallnorb":
+            results = _train_smallnorb(trainer, base, specs, final)
+        else:
+            angle = float(best.get("rotation_angle", sweep.rotation_angle))
+            results = _train_mnist(trainer, base, specs, angle)
+            for dataset in final.extra_datasets:
+                results.update(_train_extra_set(trainer, base, specs, dataset, final))
+        if inside is not None:
+            atomic_write_json(staging / inside, results)
+    log(f"wrote {final.out_dir}: {len(results)} checkpoint(s)")
+    if metrics_path is not None and inside is None:  # after the checkpoints: the manifest
         atomic_write_json(Path(metrics_path), results)
     return results
 
@@ -193,7 +209,6 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
 
     split = load_split(base)
     test = load_test(base, final.test_size)
-    clear_disabled(final.out_dir)  # left by an earlier run with smallNORB off
 
     def score(model, spec: RunSpec) -> dict[str, Any]:
         scored = evaluate.accuracy(model, test, spec.train.eval_batch_size)
@@ -211,10 +226,12 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
 
 class _Trainer:
     """Trains one final run (a log line and a W&B step per epoch), scores it and writes
-    its checkpoint with the metrics, the run config and where it came from."""
+    its checkpoint with the metrics, the run config and where it came from into
+    ``staging``, the directory that becomes ``final.out_dir``."""
 
-    def __init__(self, final: FinalTrainConfig, sweep: SweepConfig, best: dict, log):
+    def __init__(self, final: FinalTrainConfig, sweep: SweepConfig, best: dict, log, staging):
         self.out_dir, self.sweep, self.best, self.log = Path(final.out_dir), sweep, best, log
+        self.staging = Path(staging)
         self.mode = tracking.prepare_environment(sweep.wandb.mode)
 
     def fit_and_save(
@@ -258,11 +275,11 @@ class _Trainer:
         extra |= {"sweep_trial": self.best.get("trial_id")}
         if role is not None:
             extra["role"] = role
-        saved = checkpoint.save(
-            self.out_dir / f"{key}.pt", result.model, train_config=result.train_config.to_dict(),
+        checkpoint.save(
+            self.staging / f"{key}.pt", result.model, train_config=result.train_config.to_dict(),
             metrics={**metrics, "history": result.history}, extra=extra,
         )  # fmt: skip
-        self.log(f"wrote {saved}")
+        self.log(f"saved {key}.pt (into {self.out_dir} once every run is done)")
         return metrics
 
     def _reporter(self, wandb_run, name: str):

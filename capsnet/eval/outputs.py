@@ -54,12 +54,12 @@ def rotation_csv(results: dict) -> str:
 
 
 def write_outputs(results: dict, out_dir: str | Path) -> dict[str, Path]:
-    """``out_dir``/metrics.json and rotation.csv, each atomically; {output name: path}."""
+    """``out_dir``/rotation.csv then metrics.json (the manifest, last), each atomically;
+    {output name: path}."""
     out = Path(out_dir)
-    return {
-        "metrics": atomic_write_text(out / "metrics.json", metrics_json(results)),
-        "rotation_csv": atomic_write_text(out / "rotation.csv", rotation_csv(results)),
-    }
+    rotation = atomic_write_text(out / "rotation.csv", rotation_csv(results))
+    metrics = atomic_write_text(out / "metrics.json", metrics_json(results))
+    return {"metrics": metrics, "rotation_csv": rotation}
 
 
 def summary_lines(results: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """The DVC ``evaluate`` stage: every checkpoint of ``evaluate.models_dir`` (and of the usable
 ``extra_models_dirs``) with params.yaml's settings, plus the novel-viewpoint section, written
-to ``evaluate.out_dir`` (metrics.json, rotation.csv, figures/)."""
+to ``evaluate.out_dir``: figures/ swapped in whole, then rotation.csv, then metrics.json last,
+so a new metrics.json means the whole set is new."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.outputs import write_outputs
 from capsnet.eval.request import EvalRequest
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, evaluate_viewpoints
-from capsnet.io import read_disabled
+from capsnet.io import atomic_directory, read_disabled
 
 
 def stage_checkpoints(settings, log=None) -> tuple[list[Path], list[str]]:
@@ -57,8 +58,10 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
         log=log,
     )
     out = Path(settings.out_dir)
-    drawer = FigureDrawer(out / "figures")
-    results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
-    if settings.viewpoints_dir:
-        results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request)
-    return {**write_outputs(results, out), **drawer.written}
+    with atomic_directory(out / "figures") as staging:
+        drawer = FigureDrawer(staging)
+        results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
+        if settings.viewpoints_dir:
+            results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request)
+    figures = {name: out / "figures" / path.name for name, path in drawer.written.items()}
+    return {**write_outputs(results, out), **figures}
