@@ -1,10 +1,18 @@
 import os
+import pickle
+import time
+import warnings
+import zipfile
 
+import numpy as np
 import pytest
 import torch
+from clihelpers import assert_one_line_error, run_cli
+from torch import nn
 
 from capsnet import checkpoint, models
-from capsnet.errors import CheckpointError
+from capsnet.errors import CapsnetError, CheckpointError
+from capsnet.models.capsnet import CapsNet
 
 
 def test_round_trip_carries_config_and_metadata(tmp_path):
@@ -63,12 +71,76 @@ def test_missing_file(tmp_path):
         checkpoint.load(tmp_path / "nope.pt")
 
 
-def test_truncated_file(tmp_path):
+@pytest.mark.parametrize("fraction", [0.001, 0.5, 0.99])
+def test_truncated_file(tmp_path, fraction):
     path = checkpoint.save(tmp_path / "t.pt", models.build("lenet5"))
     data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="truncated or not a PyTorch checkpoint"):
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(CheckpointError, match=r"t\.pt: truncated: the zip archive ends"):
         checkpoint.load(path)
+
+
+def test_truncated_legacy_format(tmp_path):
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.zeros(100)}, path, _use_new_zipfile_serialization=False)
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(CheckpointError, match=r"legacy\.pt: truncated: the file ends early"):
+        checkpoint.load(path)
+
+
+def test_damaged_member_fails_its_crc(tmp_path):
+    path = checkpoint.save(tmp_path / "d.pt", models.build("lenet5"))
+    with zipfile.ZipFile(path) as archive:
+        biggest = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    start = biggest.header_offset + 30 + len(biggest.filename.encode()) + len(biggest.extra)
+    data[start + biggest.file_size // 2] ^= 0xFF  # one bit pattern flipped inside the weights
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"damaged: member {biggest.filename} fails"):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (bytes(range(7, 256)) * 20, "unknown bytes, neither a zip archive nor a pickle"),
+        (b"model: capsnet\nepochs: 3\n", "a text file"),
+        (b"", "an empty file"),
+        (b"\x80\x00" + bytes(100), "unknown bytes"),
+    ],
+    ids=["random", "text", "empty", "pickle-like"],
+)
+def test_not_a_checkpoint_at_all(tmp_path, content, reason):
+    path = tmp_path / "x.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path)
+    assert str(info.value).startswith(f"{path}: not a capsnet checkpoint: {reason}")
+    assert "Python objects" not in str(info.value)
+
+
+class _Scripted(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def test_torchscript_archive_is_foreign_without_torch_hint(tmp_path):
+    path = tmp_path / "scripted.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated; its archives still exist
+        torch.jit.save(torch.jit.script(_Scripted()), path)
+    with pytest.raises(CheckpointError, match="not a capsnet checkpoint: a TorchScript") as info:
+        checkpoint.load(path)
+    assert "weights_only" not in str(info.value)
+
+
+def test_numpy_files_are_foreign(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    np.savez(tmp_path / "b.npz", a=np.zeros(3))
+    with pytest.raises(CheckpointError, match=r"not a capsnet checkpoint: a NumPy \.npy array"):
+        checkpoint.load(tmp_path / "a.npy")
+    with pytest.raises(CheckpointError, match=r"not a capsnet checkpoint: a NumPy \.npz archive"):
+        checkpoint.load(tmp_path / "b.npz")
 
 
 class _Payload:
@@ -85,7 +157,30 @@ def test_pickle_payload_is_refused_without_running_it(tmp_path):
     _Payload.marker = marker
     path = tmp_path / "evil.pt"
     torch.save({"format": "capsnet-checkpoint", "evil": _Payload()}, path)
-    with pytest.raises(CheckpointError, match="refused to load"):
+    with pytest.raises(CheckpointError, match="refused: it carries Python objects"):
+        checkpoint.load(path)
+    assert not marker.exists()
+
+
+class _Custom:
+    """A harmless class: still refused, since a checkpoint holds no Python objects."""
+
+
+def test_custom_class_is_refused(tmp_path):
+    path = checkpoint.save(tmp_path / "c.pt", models.build("lenet5"))
+    payload = torch.load(path, weights_only=True)
+    payload["metrics"] = {"mnist": _Custom()}
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=r"refused: it carries Python objects \(.*_Custom\)"):
+        checkpoint.load(path)
+
+
+def test_plain_python_pickle_is_never_unpickled(tmp_path):
+    marker = tmp_path / "payload-ran"
+    _Payload.marker = marker
+    path = tmp_path / "plain.pkl"
+    path.write_bytes(pickle.dumps({"evil": _Payload()}, protocol=4))
+    with pytest.raises(CheckpointError, match="not a capsnet checkpoint: a plain Python pickle"):
         checkpoint.load(path)
     assert not marker.exists()
 
@@ -96,14 +191,21 @@ def test_foreign_architecture(tmp_path):
     payload["model_name"] = "capsnet-small"
     payload["model_config"] = models.make_config("capsnet-small").__dict__
     torch.save(payload, path)
-    with pytest.raises(CheckpointError, match="weights do not fit model 'capsnet-small'"):
+    with pytest.raises(CheckpointError, match="asks model 'capsnet-small' for 1,280,720 weights"):
         checkpoint.load(path)
 
 
 def test_plain_state_dict_is_not_a_capsnet_checkpoint(tmp_path):
     path = tmp_path / "plain.pt"
     torch.save(models.build("lenet5").state_dict(), path)
-    with pytest.raises(CheckpointError, match="not a capsnet checkpoint"):
+    with pytest.raises(CheckpointError, match="not a capsnet checkpoint: a plain state_dict of 10"):
+        checkpoint.load(path)
+
+
+def test_other_programs_checkpoint(tmp_path):
+    path = tmp_path / "other.pt"
+    torch.save({"epoch": 3, "state_dict": models.build("lenet5").state_dict()}, path)
+    with pytest.raises(CheckpointError, match="no 'capsnet-checkpoint' header; keys: epoch"):
         checkpoint.load(path)
 
 
@@ -114,3 +216,163 @@ def test_unknown_model_name_in_checkpoint(tmp_path):
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="unknown model 'resnet-9000'"):
         checkpoint.load(path)
+
+
+def _edited(tmp_path, name="lenet5", **changes):
+    """A saved checkpoint of ``name`` with header entries replaced by ``changes``."""
+    path = checkpoint.save(tmp_path / "e.pt", models.build(name))
+    payload = torch.load(path, weights_only=True)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(payload.get(key), dict):
+            payload[key] = {**payload[key], **value}
+        else:
+            payload[key] = value
+    torch.save(payload, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"model_name": 5}, "model_name is a int, expected a string"),
+        ({"format_version": "1"}, "format version '1' is not supported"),
+        ({"model_config": [1, 2]}, "'model_config' is a list, expected a dict"),
+        ({"metrics": [0.5]}, "'metrics' is a list, expected a dict"),
+        ({"train_config": "epochs=3"}, "'train_config' is a str, expected a dict"),
+        ({"capsnet_version": 1}, "'capsnet_version' is a int, expected a str"),
+        ({"metrics": {"w": torch.zeros(2)}}, "'metrics' holds values other than"),
+        (
+            {"model_config": {"input_size": "28"}},
+            "model_config.input_size = '28' is not a valid int",
+        ),
+        (
+            {"model_config": {"input_size": 28.0}},
+            "model_config.input_size = 28.0 is not a valid int",
+        ),
+        ({"model_config": {"num_classes": True}}, "model_config.num_classes = True is not a valid"),
+        ({"model_config": {"input_size": 2**70}}, "model_config.input_size = 11805916"),
+        ({"model_config": {"depth": 3}}, "has no config field(s) depth"),
+        ({"state_dict": {"fc3.bias": [0.0] * 10}}, "state_dict entry 'fc3.bias' is a list"),
+    ],
+)
+def test_badly_typed_header(tmp_path, changes, message):
+    path = _edited(tmp_path, **changes)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path)
+    assert str(info.value).startswith(f"{path}: "), info.value
+    assert message in str(info.value)
+
+
+def test_non_finite_config_float_is_refused(tmp_path):
+    path = _edited(tmp_path, "baseline-cnn", model_config={"dropout": float("nan")})
+    with pytest.raises(CheckpointError, match=r"model_config.dropout = nan is not a valid float"):
+        checkpoint.load(path)
+
+
+def test_config_rejected_by_its_dataclass(tmp_path):
+    path = _edited(tmp_path, model_config={"input_size": 4})
+    with pytest.raises(CheckpointError, match="input_size must be >= 12 for LeNet5"):
+        checkpoint.load(path)
+
+
+@pytest.fixture
+def no_real_capsnet(monkeypatch):
+    """CapsNet may be built on the meta device only: a real build fails the test."""
+    init = CapsNet.__init__
+
+    def guarded(self, config):
+        assert torch.get_default_device().type == "meta", "a CapsNet was built for real"
+        init(self, config)
+
+    monkeypatch.setattr(CapsNet, "__init__", guarded)
+
+
+def test_huge_config_with_tiny_weights_fails_fast_without_building(tmp_path, no_real_capsnet):
+    with torch.device("meta"):
+        model = models.build("capsnet-small")
+    payload = {
+        "format": checkpoint.FORMAT,
+        "format_version": checkpoint.FORMAT_VERSION,
+        "model_name": "capsnet-small",
+        "model_config": {**vars(model.config), "conv_channels": 10**6, "primary_types": 10**4},
+        "state_dict": {"conv1.weight": torch.zeros(4, 1, 9, 9)},
+    }
+    path = tmp_path / "huge.pt"
+    torch.save(payload, path)
+    assert path.stat().st_size < 4096
+    start = time.perf_counter()
+    with pytest.raises(
+        CheckpointError, match=r"asks model 'capsnet-small' for [\d,]{17,} weights "
+    ):
+        checkpoint.load(path)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_config_too_big_for_torch_is_one_error(tmp_path, request):
+    path = _edited(tmp_path, "capsnet-small", model_config={"conv_channels": 2**62})
+    request.getfixturevalue("no_real_capsnet")
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path)
+    assert "capsnet-small" in str(info.value)
+
+
+def test_missing_and_mismatched_weights_are_named(tmp_path):
+    path = checkpoint.save(tmp_path / "w.pt", models.build("lenet5"))
+    payload = torch.load(path, weights_only=True)
+    payload["state_dict"]["fc3.weight"] = torch.zeros(84, 10)
+    payload["state_dict"]["extra.weight"] = torch.zeros(5000)
+    del payload["state_dict"]["fc3.bias"]
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path)
+    message = str(info.value)
+    assert "missing fc3.bias" in message
+    assert "unexpected extra.weight" in message
+    assert "shape mismatch in fc3.weight" in message
+
+
+def test_dtype_mismatch_is_named(tmp_path):
+    path = checkpoint.save(tmp_path / "w.pt", models.build("lenet5"))
+    payload = torch.load(path, weights_only=True)
+    payload["state_dict"]["fc3.bias"] = payload["state_dict"]["fc3.bias"].double()
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=r"dtype mismatch in fc3\.bias"):
+        checkpoint.load(path)
+
+
+def test_expanded_view_cannot_claim_more_than_it_stores(tmp_path):
+    path = checkpoint.save(tmp_path / "v.pt", models.build("lenet5"))
+    payload = torch.load(path, weights_only=True)
+    payload["state_dict"]["fc1.weight"] = torch.zeros(1).expand(120, 400)  # stride (0, 0)
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=r"weight fc1\.weight claims 48,000 values"):
+        checkpoint.load(path)
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    model = models.build("lenet5")
+    with torch.no_grad():
+        model.fc2.bias[3] = float("nan")
+    path = checkpoint.save(tmp_path / "n.pt", model)
+    with pytest.raises(CheckpointError, match=r"weight fc2\.bias holds NaN or infinite values"):
+        checkpoint.load(path)
+
+
+def test_every_error_is_a_capsnet_error_naming_the_file(tmp_path):
+    path = tmp_path / "x.pt"
+    path.write_bytes(b"\x00" * 64)
+    with pytest.raises(CapsnetError, match=f"^{path}: "):
+        checkpoint.load(path)
+
+
+def test_cli_eval_bad_checkpoints_one_line_exit_1(tmp_path):
+    scripted = tmp_path / "scripted.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(_Scripted()), scripted)
+    huge = _edited(tmp_path, "lenet5", model_config={"input_size": 10**6})
+    for path, fragment in ((scripted, "TorchScript"), (huge, "weights but the file holds")):
+        result = run_cli("eval", str(path), cwd=tmp_path)
+        assert_one_line_error(result, path.name, fragment)
+        assert result.returncode == 1
+        assert "weights_only" not in result.stderr
