@@ -8,12 +8,18 @@ imports pipeline/: the strings below are its only mention.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
+from capsnet.cli_errors import user_error
 from capsnet.errors import CapsnetError
+
+DEBUG_ENV = "CAPSNET_DEBUG"
 
 COMMANDS: dict[str, str] = {
     "bench": "benchmarks.throughput:throughput_command",
@@ -111,7 +117,8 @@ def load_command(name: str) -> click.Command:
 
 
 class LazyGroup(click.Group):
-    """A click group over ``COMMANDS``; user errors end as one line on stderr."""
+    """A click group over ``COMMANDS``. Every error a user, the file system or the machine
+    causes ends as one line on stderr (capsnet.cli_errors); a bug keeps its traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -131,35 +138,60 @@ class LazyGroup(click.Group):
         return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def main(self, args=None, prog_name=None, **extra):
+        words = sys.argv[1:] if args is None else [str(a) for a in args]
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            click.echo(f"Error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
+            _fail(f"Error: {exc.format_message()}", exc.exit_code, words)
         except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo("Interrupted.", err=True)
-            sys.exit(130)
+            _fail("Interrupted.", 130, words)
         except CapsnetError as exc:
-            click.echo(f"Error: {exc}", err=True)
-            sys.exit(1)
+            _fail(f"Error: {exc}", 1, words)
         except ModuleNotFoundError as exc:
-            missing = _missing(_invoked(args), exc)
+            missing = _missing(_invoked(words), exc)
             if missing is None:
                 raise
-            click.echo(f"Error: {missing}", err=True)
-            sys.exit(1)
+            _fail(f"Error: {missing}", 1, words)
+        except Exception as exc:
+            line = user_error(exc, words)
+            if line is None:
+                raise  # a programming error: its traceback is the report
+            _fail(f"Error: {line}", 1, words)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _invoked(args) -> str:
-    """The command name in ``args`` (default: the process's arguments)."""
-    words = sys.argv[1:] if args is None else list(args)
+def debug_requested(words: list[str]) -> bool:
+    """``--debug`` before the command name, or $CAPSNET_DEBUG set to a true value."""
+    if os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    command = next((i for i, w in enumerate(words) if w in COMMANDS), len(words))
+    return "--debug" in words[:command]
+
+
+def _fail(line: str, code: int, words: list[str]) -> NoReturn:
+    """Print ``line`` (after the traceback under --debug) and exit with ``code``."""
+    if debug_requested(words) and sys.exc_info()[1] is not None:
+        traceback.print_exc()
+    click.echo(" ".join(line.splitlines()), err=True)
+    sys.exit(code)
+
+
+def _invoked(words: list[str]) -> str:
+    """The command name in ``words``."""
     return next((w for w in words if w in COMMANDS), "")
 
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="capsnet-pipeline")
-def main() -> None:
-    """Capsule networks: train, evaluate and benchmark models, prepare data."""
+@click.option(
+    "--debug",
+    is_flag=True,
+    help=f"Show the traceback of every error before its one-line message (also ${DEBUG_ENV}=1).",
+)
+def main(debug: bool) -> None:
+    """Capsule networks: train, evaluate and benchmark models, prepare data.
+
+    Errors end as one line on stderr: exit 2 for a usage error, 1 for anything else,
+    130 for Ctrl+C."""

@@ -11,12 +11,26 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import click
 
+from capsnet.errors import ConfigError
+
 DATA_ENV = "CAPSNET_DATA"
 MIRROR_ENV = "CAPSNET_MIRROR"
+
+#: Largest count (epochs, batch size, image limits) an option accepts: torch indexes with
+#: 64-bit integers, so a bounded count never overflows in it.
+MAX_COUNT = 2**31 - 1
+#: Seeds: numpy's range, which the augmentation draws use.
+SEED = click.IntRange(0, 2**32 - 1)
+
+
+def count(low: int = 1, high: int = MAX_COUNT) -> click.IntRange:
+    """A count option's type: ``low <= n <= high``."""
+    return click.IntRange(low, high)
 
 
 def field_default(cls, name: str):
@@ -136,3 +150,70 @@ def resolve_mirror(mirror: str | None, params=None) -> str | None:
     if mirror:
         return mirror
     return (params.data.mirror if params is not None else "") or None
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+#: How a command writes an output path: "file" (a file renamed into place), "dir" (a
+#: directory swapped in whole from a sibling) or "root" (a directory written inside).
+OUTPUT_KINDS = ("file", "dir", "root")
+
+
+def output_problem(path: str | os.PathLike, kind: str = "root") -> str | None:
+    """Why ``path`` cannot be written as a ``kind`` output (OUTPUT_KINDS), or None.
+
+    Checked before any work: names too long, the path's type, a file among its parents,
+    and write permission (or a read-only file system) where the new entries are created."""
+    path = Path(os.path.abspath(path))
+    limit = _name_max(Path(path.anchor))
+    if any(len(os.fsencode(part)) > limit for part in path.parts):
+        return f"a name in it is longer than {limit} bytes; use a shorter path"
+    try:
+        return _placement_problem(path, kind)
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc})"
+
+
+def _placement_problem(path: Path, kind: str) -> str | None:
+    if path.exists():
+        if kind != "file" and not path.is_dir():
+            return "exists and is not a directory"
+        if kind == "file" and path.is_dir():
+            return "is a directory; give the path of a file"
+    existing = path if kind == "root" and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory; choose a path that is not under a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            return f"{existing} is on a read-only file system; write elsewhere"
+        return f"{existing} is not writable; choose a path you may write"
+    return None
+
+
+def check_output(path: str | os.PathLike, name: str, kind: str = "root") -> None:
+    """Refuse an output ``path`` before any work: a usage error naming the option ``name``
+    (``--out``), or a ConfigError naming the params key (``params.yaml: train.out_dir``)."""
+    problem = output_problem(path, kind)
+    if problem is None:
+        return
+    if name.startswith("--"):
+        raise click.BadParameter(f"{path}: {problem}", param_hint=f"'{name}'")
+    raise ConfigError(f"{name}: {path}: {problem}")
+
+
+def output_option_check(kind: str = "root"):
+    """A click callback that runs ``check_output`` on an option's value (None passes)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value is not None:
+            check_output(value, param.opts[0], kind)
+        return value
+
+    return callback

@@ -11,10 +11,13 @@ import click
 from capsnet.cli_options import (
     FiniteFloat,
     FloatList,
+    check_output,
+    count,
     data_root_option,
     field_default,
     format_floats,
     mirror_option,
+    output_option_check,
     params_option,
     resolve_mirror,
 )
@@ -44,13 +47,13 @@ def _stderr_log(line: str) -> None:
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=count(),
     default=field_default(EvaluateParams, "limit"),
     help="Evaluate on the first N test images of each set only.",
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1),
+    type=count(),
     default=field_default(EvaluateParams, "batch_size"),
     show_default=True,
 )
@@ -71,13 +74,13 @@ def _stderr_log(line: str) -> None:
 )
 @click.option(
     "--bim-steps",
-    type=click.IntRange(min=2),
+    type=count(2),
     default=field_default(RobustnessParams, "bim_steps"),
     show_default=True,
 )
 @click.option(
     "--robustness-limit",
-    type=click.IntRange(min=1),
+    type=count(),
     default=field_default(RobustnessParams, "limit"),
     show_default=True,
     help="Attack the first N MNIST test images.",
@@ -92,6 +95,7 @@ def _stderr_log(line: str) -> None:
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
+    callback=output_option_check("file"),
     help="Write the results as JSON here.",
 )
 @click.option(
@@ -99,6 +103,7 @@ def _stderr_log(line: str) -> None:
     "figures_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
+    callback=output_option_check("root"),
     help="Write the PNG figures (rotation curve, reconstructions, ...) here.",
 )
 def eval_command(
@@ -125,8 +130,6 @@ def eval_command(
     from capsnet.io import atomic_write_text
     from capsnet.train import select_device
 
-    if out is not None and out.is_dir():
-        raise click.BadParameter(f"{out} is a directory", param_hint="--out")
     datasets = list(dict.fromkeys(datasets or ("mnist",)))
     if angles and "rotated-mnist" not in datasets:
         datasets.append("rotated-mnist")
@@ -168,6 +171,7 @@ def evaluate_stage_command(params_path, data_root, mirror):
     from capsnet import eval as evaluation
 
     params = config.load(params_path)
+    check_output(params.evaluate.out_dir, f"{params_path.name}: evaluate.out_dir")
     mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
     import json

@@ -19,13 +19,30 @@ from capsnet.evaluate import accuracy
 
 
 def select_device(name: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu for "auto"; otherwise the named device (checked)."""
+    """cuda, then mps, then cpu for "auto"; otherwise the named device, checked by running
+    one small tensor operation on it (a ConfigError naming --device when it cannot run)."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+            device = torch.device("cuda")
+        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            device = torch.device("mps")
+        else:
+            return torch.device("cpu")
+    else:
+        device = _named_device(name)
+    try:
+        probe = torch.ones(2, device=device)  # (2,)
+        float((probe + probe).sum().cpu())
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"--device {name}: torch cannot run on {device} ({first}); choose auto or cpu"
+        ) from None
+    return device
+
+
+def _named_device(name: str) -> torch.device:
+    """``torch.device(name)`` for a device type this torch has and this machine offers."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -34,8 +51,14 @@ def select_device(name: str = "auto") -> torch.device:
         ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"--device {name}: MPS is not available on this machine")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {name}: training runs on cpu, cuda or mps")
     return device
 
 

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import FiniteFloat, data_root_option, mirror_option, train_default
+from capsnet.cli_options import (
+    SEED,
+    FiniteFloat,
+    count,
+    data_root_option,
+    mirror_option,
+    output_option_check,
+    train_default,
+)
 
 
 @click.command("models")
@@ -42,8 +50,8 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     show_default=True,
     help="smallNORB viewpoint subset to train on (e.g. azimuth-familiar).",
 )
-@click.option("--epochs", type=click.IntRange(min=1), **train_default("epochs"))
-@click.option("--batch-size", type=click.IntRange(min=1), **train_default("batch_size"))
+@click.option("--epochs", type=count(), **train_default("epochs"))
+@click.option("--batch-size", type=count(), **train_default("batch_size"))
 @click.option("--lr", type=FiniteFloat(0, low_open=True), **train_default("lr"))
 @click.option("--weight-decay", type=FiniteFloat(0), **train_default("weight_decay"))
 @click.option(
@@ -54,24 +62,24 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 )
 @click.option(
     "--train-limit",
-    type=click.IntRange(min=1),
+    type=count(),
     default=None,
     help="Train on the first N training images only.",
 )
 @click.option(
     "--val-size",
-    type=click.IntRange(min=0),
+    type=count(0),
     default=5000,
     show_default=True,
     help="Images held out from the end of the training set for validation.",
 )
 @click.option(
     "--test-limit",
-    type=click.IntRange(min=1),
+    type=count(),
     default=None,
     help="Test on the first N test images only.",
 )
-@click.option("--routing-iterations", type=click.IntRange(min=1), default=None)
+@click.option("--routing-iterations", type=count(), default=None)
 @click.option(
     "--detach-inner/--no-detach-inner",
     default=None,
@@ -92,7 +100,7 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     default=None,
     help="Pixels of the shift strategy (default: params.yaml augment.shift.pixels, 2).",
 )
-@click.option("--seed", type=int, **train_default("seed"))
+@click.option("--seed", type=SEED, **train_default("seed"))
 @click.option("--device", **train_default("device"), help="auto, cpu, cuda, cuda:N, mps.")
 @click.option(
     "--compile/--no-compile",
@@ -108,6 +116,7 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
+    callback=output_option_check("dir"),
     help="Directory for model.pt and metrics.json.",
 )
 def train_command(
@@ -138,8 +147,6 @@ def train_command(
     from capsnet.train import TrainConfig, select_device
 
     select_device(device)  # an unavailable device fails before any work
-    if out.exists() and not out.is_dir():
-        raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
     check_run_dir(out)
     spec = RunSpec(
         model=model_name,

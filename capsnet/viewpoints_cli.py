@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capsnet.cli_options import data_root_option, params_option
+from capsnet.cli_options import check_output, data_root_option, params_option
 
 
 def _stderr_log(line: str) -> None:
@@ -21,6 +21,9 @@ def viewpoints_command(params_path, data_root):
     from capsnet import config, viewpoints
 
     params = config.load(params_path)
+    where = f"{params_path.name}: viewpoints.out_dir"
+    check_output(params.viewpoints.out_dir, where)
+    check_output(f"{params.viewpoints.out_dir}.csv", where, "file")
     result = viewpoints.run(params, data_root, log=_stderr_log)
     out = params.viewpoints.out_dir
     if "disabled" in result:

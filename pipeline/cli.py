@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capsnet.cli_options import data_root_option, params_option
+from capsnet.cli_options import check_output, data_root_option, params_option
 
 PARAMS_OPTION = params_option("sections sweep, train, smallnorb_sweep, smallnorb_train")
 DATA_ROOT_OPTION = data_root_option()
@@ -40,3 +40,11 @@ def disabled_reason(params, sweep, data_root) -> str | None:
     prepared = Path(data_root or "data") / "prepared" / "smallnorb"
     why = read_disabled(prepared)
     return None if why is None else f"{prepared} is switched off ({why})"
+
+
+def check_sweep_outputs(params_path: Path, section: str, sweep) -> None:
+    """The sweep section's local storage and W&B directories are writable (before any work)."""
+    name = Path(params_path).name
+    if "://" not in sweep.storage_path:
+        check_output(sweep.storage_path, f"{name}: {section}.storage_path")
+    check_output(sweep.wandb.dir, f"{name}: {section}.wandb.dir")

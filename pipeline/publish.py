@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from capsnet.cli_options import params_option
+from capsnet.cli_options import check_output, params_option
 from pipeline import readme, report, tracking
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
@@ -236,6 +236,10 @@ def publish_command(params_path, metrics_path, readme_path):
     params = config.load(params_path)
     out_dir = Path(params.evaluate.out_dir)
     metrics_path = metrics_path or out_dir / "metrics.json"
+    check_output(params.publish.html, f"{params_path.name}: publish.html", "file")
+    check_output(params.publish.dir, f"{params_path.name}: publish.dir")
+    if readme_path is not None:
+        check_output(readme_path, "--readme", "file")
     summary = publish(params, metrics_path, out_dir / "figures", log=lambda s: click.echo(s))
     if readme_path is not None:
         figure = os.path.relpath(

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import mirror_option, resolve_mirror
+from capsnet.cli_options import check_output, count, mirror_option, resolve_mirror
 from pipeline.cli import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,
     SWEEP_SECTIONS,
+    check_sweep_outputs,
     disabled_reason,
     load_params,
 )
@@ -44,7 +45,7 @@ from pipeline.cli import (
 )
 @click.option(
     "--num-cpus",
-    type=click.IntRange(min=1),
+    type=count(),
     default=None,
     help="CPUs of a local Ray instance (default: all).",
 )
@@ -58,12 +59,14 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
     params = load_params(params_path)
     sweep = getattr(params, section)
     out_dir = out_dir or SWEEP_OUT[section]
+    check_output(out_dir, "--out")
     reason = disabled_reason(params, sweep, data_root)
     if reason is not None:
         outputs = write_disabled(out_dir, sweep, reason)
         click.echo(f"{section}: not run, {reason}")
         click.echo("wrote " + ", ".join(outputs.values()) + " (marked disabled)")
         return
+    check_sweep_outputs(params_path, section, sweep)
     base = base_spec(sweep, params, data_root, resolve_mirror(mirror, params))
     outcome = run_sweep(sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus)
     verb = "resumed" if outcome.restored else "ran"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import mirror_option, resolve_mirror
+from capsnet.cli_options import check_output, mirror_option, resolve_mirror
 from pipeline.cli import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
@@ -63,6 +63,9 @@ def train_final_command(
         sweep_section = "smallnorb_sweep" if section == "smallnorb_train" else "sweep"
     sweep = getattr(params, sweep_section)
     best_path = best_path or SWEEP_OUT[sweep_section] / "best.json"
+    check_output(final.out_dir, f"{params_path.name}: {section}.out_dir")
+    if metrics_path is not None:
+        check_output(metrics_path, "--metrics", "file")
     metrics_path = metrics_path or Path(final.out_dir) / "metrics.json"
     reason = disabled_reason(params, sweep, data_root)
     if reason is not None:

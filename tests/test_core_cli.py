@@ -329,3 +329,150 @@ def test_data_root_and_mirror_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("CAPSNET_MIRROR", "")
     params = _resolved("eval", ["m.pt"])
     assert (str(params["data_root"]), params["mirror"]) == ("data", None)
+
+
+@click.command("raises")
+@click.option("--what", required=True)
+@click.option("--out", default=None)
+def _raises(what, out) -> None:
+    """A command that fails the way the file system, a file or the machine can."""
+    import errno
+    import os
+
+    target = os.path.join(out or "x", "model.pt")
+    errors = {
+        "enospc": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+        "enotdir": NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), target),
+        "eacces": PermissionError(errno.EACCES, os.strerror(errno.EACCES), target),
+        "erofs": OSError(errno.EROFS, os.strerror(errno.EROFS), target),
+        "eisdir": IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target),
+        "toolong": OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), "a" * 300),
+        "unicode": UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+        "overflow": OverflowError("Python int too large to convert to C long"),
+        "memory": MemoryError(),
+        "device": RuntimeError("CUDA error: no kernel image is available for execution"),
+        "bug": RuntimeError("Expected all tensors to be on the same device"),
+        "keyerror": KeyError("model"),
+    }
+    raise errors[what]
+
+
+@pytest.fixture
+def raising(monkeypatch):
+    monkeypatch.setitem(cli.COMMANDS, "raises", f"{__name__}:_raises")
+    monkeypatch.setitem(cli.SHORT_HELP, "raises", "raises")
+    monkeypatch.delenv("CAPSNET_DEBUG", raising=False)
+    return CliRunner()
+
+
+@pytest.mark.parametrize(
+    "what, fragments",
+    [
+        ("enospc", ["no space left on device (disk full) while writing (--out /o)", "free space"]),
+        ("enotdir", ["/o/model.pt: a part of this path is a file", "(--out)", "not under a file"]),
+        ("eacces", ["/o/model.pt: permission denied (--out)"]),
+        ("erofs", ["/o/model.pt: read-only file system (--out)"]),
+        ("eisdir", ["/o/model.pt: is a directory (--out)"]),
+        ("toolong", ["file name too long", "..."]),
+        ("unicode", ["not UTF-8 text", "invalid start byte at byte 0"]),
+        ("overflow", ["a number is too large"]),
+        ("memory", ["out of memory", "--batch-size"]),
+        ("device", ["the device cannot run this: CUDA error", "--device"]),
+    ],
+)
+def test_errors_of_the_machine_are_one_line_exit_1(raising, what, fragments):
+    done = raising.invoke(cli.main, ["raises", "--what", what, "--out", "/o"])
+    assert done.exit_code == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("what", ["bug", "keyerror"])
+def test_programming_errors_keep_their_traceback(raising, what):
+    done = raising.invoke(cli.main, ["raises", "--what", what])
+    assert isinstance(done.exception, (RuntimeError, KeyError))
+
+
+@pytest.mark.parametrize("how", [["--debug"], "env"])
+def test_debug_shows_the_traceback_before_the_line(raising, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("CAPSNET_DEBUG", "1")
+    args = (how if isinstance(how, list) else []) + ["raises", "--what", "enospc"]
+    done = raising.invoke(cli.main, args)
+    assert done.exit_code == 1
+    assert "Traceback" in done.stderr and "OSError" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: no space left")
+
+
+def test_huge_integers_are_usage_errors_before_torch_sees_them():
+    for args in (
+        ["train", "--model", "lenet5", "--out", "o", "--seed", str(2**70)],
+        ["train", "--model", "lenet5", "--out", "o", "--batch-size", str(2**70)],
+        ["eval", "m.pt", "--limit", str(10**30)],
+    ):
+        done = CliRunner().invoke(cli.main, args)
+        assert done.exit_code == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_outputs_are_checked_before_any_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [
+        (["train", "--model", "lenet5", "--out", str(blocker / "run")], "'--out'"),
+        (["eval", "m.pt", "--out", str(blocker / "e.json")], "'--out'"),
+        (["eval", "m.pt", "--out", str(tmp_path)], "is a directory"),
+        (["eval", "m.pt", "--figures", str(blocker)], "is a file"),
+        (["data", "prepare", "mnist", "--data-root", str(blocker / "d")], "'--data-root'"),
+        (["data", "download", "mnist", "--data-root", str(blocker / "d")], "'--data-root'"),
+        (["data", "show", "mnist", "--out", str(blocker / "x.png")], "'--out'"),
+        (["train", "--model", "lenet5", "--out", str(tmp_path / ("n" * 300))], "longer than"),
+    ]
+    for args, fragment in cases:
+        done = CliRunner().invoke(cli.main, args)
+        assert done.exit_code == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and fragment in lines[0], lines
+        assert str(blocker) in lines[0] or "longer than" in lines[0] or str(tmp_path) in lines[0]
+
+
+def test_output_under_a_params_key_names_the_key(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    params = tmp_path / "p.yaml"
+    params.write_text(f"evaluate:\n  out_dir: {blocker / 'eval'}\n")
+    done = CliRunner().invoke(cli.main, ["evaluate-stage", "--params", str(params)])
+    assert done.exit_code == 1
+    assert done.stderr.strip().splitlines() == [
+        f"Error: p.yaml: evaluate.out_dir: {blocker / 'eval'}: {blocker} is a file, not a "
+        "directory; choose a path that is not under a file"
+    ]
+
+
+def test_unwritable_and_read_only_places_are_named(tmp_path, monkeypatch):
+    import os
+    import types
+
+    from capsnet.cli_options import output_problem
+
+    assert output_problem(tmp_path / "o") is None
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert (
+        output_problem(tmp_path / "o") == f"{tmp_path} is not writable; choose a path you may write"
+    )
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_flag=os.ST_RDONLY))
+    assert output_problem(tmp_path / "o") == (
+        f"{tmp_path} is on a read-only file system; write elsewhere"
+    )
+
+
+def test_a_device_torch_knows_but_cannot_run_is_refused():
+    from capsnet.errors import ConfigError
+    from capsnet.train import select_device
+
+    for name in ("meta", "cuda:99" if not torch.cuda.is_available() else "cuda:999"):
+        with pytest.raises(ConfigError, match=f"--device {name}"):
+            select_device(name)
+    assert select_device("cpu") == torch.device("cpu")

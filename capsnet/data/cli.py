@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import FiniteFloat, data_root_option, mirror_option, resolve_mirror
+from capsnet.cli_options import (
+    SEED,
+    FiniteFloat,
+    check_output,
+    data_root_option,
+    mirror_option,
+    output_option_check,
+    resolve_mirror,
+)
 from capsnet.data.datasets import DATASETS
 from capsnet.data.stages import DOWNLOADS, PREPARES
 
@@ -44,6 +52,7 @@ def download_command(dataset, params_path, data_root, mirror) -> None:
     """Fetch and verify DATASET's raw files into DATA_ROOT/raw/DATASET."""
     from capsnet.data import stages
 
+    check_output(data_root, "--data-root")
     params = _params(params_path)
     mirror = resolve_mirror(mirror, params)
     out = stages.download(dataset, params, data_root, mirror, sys.stderr.isatty())
@@ -58,6 +67,7 @@ def prepare_command(dataset, params_path, data_root) -> None:
     """Build DATA_ROOT/prepared/DATASET from the raw files (or the prepared MNIST)."""
     from capsnet.data import stages
 
+    check_output(data_root, "--data-root")
     out = stages.prepare(dataset, _params(params_path), data_root)
     click.echo(f"{dataset}: {out}")
 
@@ -68,6 +78,7 @@ def prepare_command(dataset, params_path, data_root) -> None:
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
+    callback=output_option_check("file"),
     help="PNG file to write.",
 )
 @click.option("--split", default="test", show_default=True)
@@ -80,7 +91,7 @@ def prepare_command(dataset, params_path, data_root) -> None:
     default=None,
     help="Show training augmentation: none, shift, rotate, affine, elastic (settings from params).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @params_option
 @root_option
 def show_command(dataset, out, split, count, angle, subset, strategy, seed, params_path, data_root):

@@ -1,0 +1,148 @@
+"""The ``capsnet`` error boundary: what the user, the file system or the machine did wrong,
+as one line that names the file or option and says what to do.
+
+``user_error(exc, args)`` returns that line for the exceptions a user can cause (the
+OSError family, undecodable or truncated files, numbers too large, a device torch accepts
+but cannot run, memory) and None for anything else: a programming error, which keeps its
+traceback. Only the standard library is imported, so the boundary costs ``--help`` nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import zlib
+from pathlib import Path
+
+#: Options whose value is a path the command writes (named when the OS does not say where).
+OUTPUT_OPTIONS = ("--out", "--data-root", "--root", "--figures", "--metrics", "--readme")
+
+#: errno -> (what happened, what to do).
+OS_ERRORS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("no space left on device (disk full)", "free space or write elsewhere"),
+    errno.EDQUOT: ("disk quota exceeded", "free space or write elsewhere"),
+    errno.EACCES: ("permission denied", "choose a path you may use or change its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a path you may use"),
+    errno.EROFS: ("read-only file system", "write to a writable location"),
+    errno.ENOTDIR: (
+        "a part of this path is a file, not a directory",
+        "choose a path that is not under a file",
+    ),
+    errno.EISDIR: ("is a directory", "give the path of a file"),
+    errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
+    errno.ENOENT: ("no such file or directory", "check the path"),
+    errno.EEXIST: ("already exists", "remove it or choose another path"),
+    errno.EMFILE: ("too many open files", "raise the limit (ulimit -n) or use fewer workers"),
+    errno.EIO: ("input/output error", "check the disk"),
+}
+
+#: Fragments of torch RuntimeErrors that mean the device, not the code, failed.
+DEVICE_FAILURES = (
+    "CUDA error",
+    "CUDA driver",
+    "CUDA out of memory",
+    "no kernel image",
+    "not linked with support",
+    "unsupported autocast device",
+    "MPS backend",
+    "out of memory",
+)
+
+
+def shorten(text: str, width: int = 120) -> str:
+    """``text`` on one line, its middle elided beyond ``width`` characters."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    half = (width - 3) // 2
+    return f"{text[:half]}...{text[-half:]}"
+
+
+def option_values(args: list[str]) -> list[tuple[str, str]]:
+    """(option, value) for each ``--name value`` or ``--name=value`` in ``args``."""
+    pairs = []
+    for i, word in enumerate(args):
+        if not word.startswith("--"):
+            continue
+        if "=" in word:
+            name, value = word.split("=", 1)
+            pairs.append((name, value))
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            pairs.append((word, args[i + 1]))
+    return pairs
+
+
+def option_for(path: str | None, args: list[str]) -> str | None:
+    """The option in ``args`` whose value is ``path`` or one of its parents."""
+    if not path:
+        return None
+    target = Path(os.path.abspath(path))
+    for name, value in option_values(args):
+        given = Path(os.path.abspath(value))
+        if given == target or given in target.parents:
+            return name
+    return None
+
+
+def named_files(args: list[str]) -> list[str]:
+    """The words of ``args`` that name existing regular files (arguments and option values)."""
+    return [w for w in args if not w.startswith("--") and os.path.isfile(w)]
+
+
+def _where(args: list[str], outputs: bool) -> str:
+    """``" (--out x)"`` for the output options given, or ``" (a.pt, b.yaml)"`` for the
+    files named on the command line; empty when none are."""
+    if outputs:
+        shown = [f"{n} {v}" for n, v in option_values(args) if n in OUTPUT_OPTIONS]
+    else:
+        shown = named_files(args)
+    return f" ({', '.join(shown[:3])})" if shown else ""
+
+
+def os_error(exc: OSError, args: list[str]) -> str:
+    """One line for an OSError: its path, the option that named it, and what to do."""
+    what, todo = OS_ERRORS.get(exc.errno, (exc.strerror or str(exc), "check the path"))
+    if exc.errno is None and not exc.filename:
+        return f"{shorten(exc)}{_where(args, outputs=False)}: check the file"
+    path = exc.filename2 if exc.errno == errno.EEXIST and exc.filename2 else exc.filename
+    if path is None:
+        return f"{what} while writing{_where(args, outputs=True)}: {todo}"
+    option = option_for(os.fsdecode(path), args)
+    named = f" ({option})" if option else ""
+    return f"{shorten(os.fsdecode(path))}: {what}{named}: {todo}"
+
+
+def runtime_error(exc: RuntimeError) -> str | None:
+    """One line for a device failure torch reports as a RuntimeError, else None."""
+    text = str(exc)
+    if not any(fragment in text for fragment in DEVICE_FAILURES):
+        return None
+    first = shorten(text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
+    if "out of memory" in text:
+        return f"out of memory on the device: {first}: lower --batch-size or use --device cpu"
+    return f"the device cannot run this: {first}: choose another --device (e.g. cpu)"
+
+
+def user_error(exc: BaseException, args: list[str]) -> str | None:
+    """The one line for an error the user or the machine caused, or None (a bug)."""
+    if isinstance(exc, OSError):
+        return os_error(exc, args)
+    files = _where(args, outputs=False)
+    if isinstance(exc, UnicodeDecodeError):
+        return (
+            f"a file is not UTF-8 text{files}: {exc.reason} at byte {exc.start}; save it as UTF-8"
+        )
+    if isinstance(exc, json.JSONDecodeError):
+        return f"a JSON file is not valid{files}: {exc.msg} at line {exc.lineno}; rewrite it"
+    if isinstance(exc, (EOFError, zlib.error)):
+        return f"a file is truncated or corrupt{files}: {shorten(exc)}; fetch or rebuild it"
+    if isinstance(exc, OverflowError) or (
+        isinstance(exc, ValueError) and "overflow" in str(exc).lower()
+    ):
+        return f"a number is too large: {shorten(exc)}; use a smaller value"
+    if isinstance(exc, MemoryError):
+        return "out of memory: lower --batch-size or the data limits, or use a larger machine"
+    if isinstance(exc, RuntimeError):
+        return runtime_error(exc)
+    return None
