@@ -1,0 +1,415 @@
+"""Outputs that belong together are published together, killed runs leave nothing that
+survives the next run, writers of one data root take turns, and modes follow the umask.
+
+Kills are real: a child process is stopped with ``os._exit(9)`` (no cleanup runs) at a
+chosen point of a write, then the parent checks what a reader would find.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from clihelpers import run_cli
+
+from capsnet import checkpoint, io, models
+from capsnet.config import SweepConfig
+from capsnet.train import TrainConfig
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _run_child(script: str, *args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def _exchange_works(tmp_path: Path) -> bool:
+    a, b = tmp_path / "probe-a", tmp_path / "probe-b"
+    a.mkdir()
+    b.mkdir()
+    try:
+        return io.exchange(a, b)
+    finally:
+        a.rmdir()
+        b.rmdir()
+
+
+def _debris(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+# --- capsnet train --out DIR: model.pt and metrics.json together -----------------------------
+
+#: A child that publishes a run directory as ``capsnet train`` does and dies at FAULT.
+SAVE_RUN = r"""
+import os, sys
+from pathlib import Path
+from types import SimpleNamespace
+from capsnet import io, models
+from capsnet.train import TrainConfig
+from capsnet.train_cli import _save
+
+out, label, fault = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+real_replace, real_exchange = os.replace, io.exchange
+
+def die(*args, **kwargs):
+    os._exit(9)
+
+def exchange_then_die(a, b):
+    real_exchange(a, b)
+    die()
+
+def replace_then_die(src, dst):
+    real_replace(src, dst)
+    if Path(src if fault == "after-aside" else dst) == out:
+        die()
+
+if fault == "in-staging":  # model.pt written, metrics.json not yet
+    io.atomic_write_json = die
+elif fault == "before-exchange":
+    io.exchange = die
+elif fault == "after-exchange":  # the old run is still beside the new one
+    io.exchange = exchange_then_die
+else:  # no exchange on this system: two renames, killed after the first or the second
+    io.exchange = lambda a, b: False
+    os.replace = replace_then_die
+_save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig()),
+      {"run": label})
+"""
+
+
+def _save_run(out: Path, label: str) -> None:
+    from capsnet.train_cli import _save
+
+    result = SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig())
+    _save(out, result, {"run": label})
+
+
+def _run_label(out: Path) -> str:
+    """The run in ``out``, after checking that model.pt and metrics.json belong together."""
+    assert sorted(os.listdir(out)) == ["metrics.json", "model.pt"]
+    label = json.loads((out / "metrics.json").read_text())["run"]
+    assert checkpoint.load(out / "model.pt")[1]["metrics"]["run"] == label
+    return label
+
+
+@pytest.mark.parametrize(
+    "fault, after_kill",
+    [
+        ("in-staging", "old"),
+        ("before-exchange", "old"),
+        ("after-exchange", "new"),
+        ("after-aside", None),  # nothing at OUT until the next writer puts the old run back
+        ("after-rename-in", "new"),
+    ],
+)
+def test_killed_save_leaves_old_or_new_run_never_a_mix(tmp_path, fault, after_kill):
+    if "exchange" in fault and not _exchange_works(tmp_path):
+        pytest.skip("no renameat2 exchange on this system")
+    out = tmp_path / "run"
+    _save_run(out, "old")
+    killed = _run_child(SAVE_RUN, out, "new", fault)
+    assert killed.returncode == 9, killed.stderr
+    if after_kill is None:
+        assert not out.exists() and any(n.endswith(".old") for n in _debris(tmp_path))
+        io.remove_stale(out)  # what the next writer does first
+        after_kill = "old"
+    assert _run_label(out) == after_kill
+    _save_run(out, "next")
+    assert _run_label(out) == "next"
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no staging, old copy or lock left
+
+
+def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    result = run_cli("train", "--model", "lenet5", "--epochs", "1", "--out", str(out))
+    assert result.returncode == 2
+    assert "notes.txt" in result.stderr and "--out" in result.stderr
+    assert "epoch" not in result.stderr
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+# --- the train stage: one models directory, never old and new checkpoints mixed --------------
+
+#: A child running the train stage with a fake (instant) training that dies at run N.
+TRAIN_STAGE = r"""
+import json, os, sys
+from pathlib import Path
+from types import SimpleNamespace
+import capsnet.run
+from capsnet import models
+from capsnet.config import FinalTrainConfig, SweepConfig
+from pipeline.train_final import train_final
+
+tmp, data_root, die_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+calls = []
+
+def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
+    calls.append(spec.model)
+    if len(calls) == die_at:
+        os._exit(9)
+    history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
+    return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
+                           history=history, train_images=len(split.train), train_seconds=0.1)
+
+capsnet.run.train_run = fake_train_run
+final = FinalTrainConfig.from_dict(json.loads(sys.argv[4]))
+sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
+train_final(final, sweep, best_path=tmp / "best.json", data_root=data_root,
+            metrics_path=Path(final.out_dir) / "metrics.json", log=lambda line: None)
+"""
+
+
+def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root):
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    old = {"capsnet-small.pt": "old best", "metrics.json": '{"old": 1}'}
+    for name, text in old.items():
+        (models_dir / name).write_text(text)
+    config = {"model": "capsnet-small", "routing_iterations": 1, "augment": "none"}
+    (tmp_path / "best.json").write_text(json.dumps({"sweep": "tiny", "config": config}))
+    final = {"epochs": 1, "train_size": 100, "val_size": 50, "out_dir": str(models_dir)}
+    killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final))
+    assert killed.returncode == 9, killed.stderr
+    assert {p.name: p.read_text() for p in models_dir.iterdir()} == old  # the first run's
+    assert any(n.startswith(".models.") for n in _debris(tmp_path))  # checkpoint is staged
+
+    done = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 0, json.dumps(final))
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(models_dir)) == ["capsnet-small.pt", "lenet5.pt", "metrics.json"]
+    assert set(json.loads((models_dir / "metrics.json").read_text())) == {
+        "capsnet-small",
+        "lenet5",
+    }
+    assert checkpoint.load(models_dir / "lenet5.pt")[1]["extra"]["role"] == "baseline"
+    assert not [n for n in _debris(tmp_path) if n.startswith(".models.")]
+
+
+def test_disabled_train_stage_replaces_the_directory_whole(tmp_path):
+    from pipeline.train_final import write_disabled
+
+    out = tmp_path / "models-smallnorb"
+    out.mkdir()
+    (out / "em-capsnet-small.pt").write_text("from a run with the data on")
+    write_disabled(out, "data.smallnorb.enabled is false", out / "metrics.json")
+    assert sorted(os.listdir(out)) == ["DISABLED.txt", "metrics.json"]
+    elsewhere = tmp_path / "final.json"
+    write_disabled(out, "still off", elsewhere)
+    assert sorted(os.listdir(out)) == ["DISABLED.txt"]
+    assert json.loads(elsewhere.read_text()) == {"disabled": "still off"}
+
+
+# --- the evaluate stage and the sweep: figures/ and plots/ whole, the manifest last ----------
+
+
+def _eval_params(tmp_path: Path, models_dir: Path):
+    from capsnet import config
+
+    path = tmp_path / "params.yaml"
+    path.write_text(
+        f"evaluate:\n  models_dir: {models_dir}\n  out_dir: {tmp_path / 'eval'}\n"
+        "  datasets: [mnist]\n"
+    )
+    return config.load(path)
+
+
+def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
+    from capsnet.eval import stage
+
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    (models_dir / "a.pt").write_text("checkpoint")
+    figures = tmp_path / "eval" / "figures"
+    figures.mkdir(parents=True)
+    (figures / "confusion-gone.png").write_bytes(b"old figure")
+    (tmp_path / "eval" / "metrics.json").write_text('{"old": {}}\n')
+    params = _eval_params(tmp_path, models_dir)
+
+    def half_then_fail(paths, request, names, figures):
+        (figures.fig_dir / "confusion-a.png").write_bytes(b"new figure")
+        figures.written["confusion-a"] = figures.fig_dir / "confusion-a.png"
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(stage, "evaluate_checkpoints", half_then_fail)
+    with pytest.raises(RuntimeError):
+        stage.run_stage(params)
+    assert os.listdir(figures) == ["confusion-gone.png"]
+    assert (tmp_path / "eval" / "metrics.json").read_text() == '{"old": {}}\n'
+    assert sorted(os.listdir(tmp_path / "eval")) == ["figures", "metrics.json"]
+
+    def evaluate(paths, request, names, figures):
+        (figures.fig_dir / "confusion-a.png").write_bytes(b"new figure")
+        figures.written["confusion-a"] = figures.fig_dir / "confusion-a.png"
+        return {"a": {"model": "lenet5", "checkpoint": str(paths[0])}}
+
+    monkeypatch.setattr(stage, "evaluate_checkpoints", evaluate)
+    written = stage.run_stage(params)
+    assert written["confusion-a"] == figures / "confusion-a.png"
+    assert os.listdir(figures) == ["confusion-a.png"]  # the removed model's figure is gone
+    assert json.loads(written["metrics"].read_text())["a"]["model"] == "lenet5"
+    assert sorted(os.listdir(tmp_path / "eval")) == ["figures", "metrics.json", "rotation.csv"]
+
+
+def test_sweep_outputs_plots_whole_and_best_last(tmp_path):
+    from pipeline import results
+
+    sweep = SweepConfig.from_dict({"name": "tiny"})
+    out = tmp_path / "sweep"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "by_something_old.csv").write_text("stale")
+    (out / "best.json").write_text('{"config": {"model": "old"}}')
+    rows = [
+        {"trial_id": "t1", "status": "TERMINATED", "model": "capsnet-small",
+         "routing_iterations": 3, "augment": "none",
+         "final_val_accuracy": 0.5, "final_val_rotated_accuracy": 0.25}
+    ]  # fmt: skip
+    best = {"config": {"model": "capsnet-small"}}
+    written = results.write_outputs(out, rows, best, sweep)
+    assert sorted(os.listdir(out / "plots")) == ["by_augment.csv", "by_routing.csv"]
+    assert json.loads((out / "best.json").read_text()) == best
+    assert os.path.getmtime(written["best"]) >= os.path.getmtime(written["results"])
+    results.write_outputs(out, rows, None, sweep)  # no best trial: no best.json from before
+    assert not (out / "best.json").exists()
+    assert sorted(os.listdir(out)) == ["plots", "results.csv"]
+
+
+# --- data: a killed extraction or prepare, two prepares at once, modes ----------------------
+
+#: A child extracting a zip that dies after writing its first member.
+EXTRACT = r"""
+import os, shutil, sys
+from capsnet.data import sources
+real = shutil.copyfileobj
+def copy_then_die(*args, **kwargs):
+    real(*args, **kwargs)
+    os._exit(9)
+sources.shutil.copyfileobj = copy_then_die
+sources.safe_extract_zip(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_killed_extraction_is_cleaned_and_the_next_one_succeeds(tmp_path):
+    archive = tmp_path / "test_batches.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in range(1, 4):
+            zf.writestr(f"test_batches/{i}.mat", f"batch {i}")
+    raw = tmp_path / "raw" / "affnist"
+    target = raw / "test_batches"
+    killed = _run_child(EXTRACT, archive, target)
+    assert killed.returncode == 9, killed.stderr
+    assert not target.exists()  # nothing that looks extracted
+    assert _debris(raw)  # the killed run's staging directory
+    legacy = target / ".test_batches.zip.k2j4x9_q"  # an orphan left inside by older versions
+    legacy.mkdir(parents=True)
+    (legacy / "9.mat").write_text("partial")
+    from capsnet.data.sources import safe_extract_zip
+
+    written = safe_extract_zip(archive, target)
+    assert sorted(p.name for p in written) == ["1.mat", "2.mat", "3.mat"]
+    assert sorted(p.name for p in target.rglob("*.mat")) == ["1.mat", "2.mat", "3.mat"]
+    assert os.listdir(raw) == ["test_batches"]
+
+
+@pytest.fixture
+def raw_mnist_root(tmp_path, mnist_root) -> Path:
+    """A fresh data root holding only the raw MNIST files."""
+    root = tmp_path / "data"
+    shutil.copytree(mnist_root / "raw", root / "raw")
+    return root
+
+
+def _prepare_cmd(root: Path) -> list[str]:
+    return [sys.executable, "-m", "capsnet", "data", "prepare", "mnist", "--data-root", str(root)]
+
+
+def _assert_prepared(root: Path) -> None:
+    prepared = root / "prepared"
+    assert os.listdir(prepared) == ["mnist"]
+    assert sorted(os.listdir(prepared / "mnist")) == ["test.pt", "train.pt"]
+    from capsnet.data import mnist
+
+    images, labels = mnist.load_tensors(root, "test")
+    assert images.shape[0] == labels.shape[0] == 10000
+    assert sorted(os.listdir(root)) == ["prepared", "raw"]  # no lock file, no temporaries
+
+
+def test_two_prepares_into_one_root_take_turns(raw_mnist_root, tmp_path):
+    root = raw_mnist_root
+    with io.locked(root):  # a third writer holds the root while both start
+        procs = [
+            subprocess.Popen(_prepare_cmd(root), stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+            for _ in range(2)
+        ]
+        for proc in procs:  # each says it waits, and does
+            first = proc.stderr.readline()
+            assert first.startswith(f"waiting for {root / '.capsnet.lock'}: another"), first
+            assert str(os.getpid()) in first
+        time.sleep(1)
+        assert [p.poll() for p in procs] == [None, None]
+        assert not (root / "prepared").exists()
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert "Traceback" not in "".join(errs)
+    _assert_prepared(root)
+
+
+#: A child running ``capsnet data prepare`` that dies while writing test.pt.
+PREPARE_KILLED = r"""
+import os, sys
+from capsnet.data import store
+real = store.save_prepared
+def save_then_die(path, *args, **kwargs):
+    if path.name == "test.pt":
+        os._exit(9)
+    return real(path, *args, **kwargs)
+store.save_prepared = save_then_die
+from capsnet.cli import main
+main(["data", "prepare", "mnist", "--data-root", sys.argv[1]])
+"""
+
+
+def test_killed_prepare_leaves_nothing_the_next_run_keeps(raw_mnist_root, tmp_path):
+    killed = _run_child(PREPARE_KILLED, raw_mnist_root, cwd=tmp_path)
+    assert killed.returncode == 9, killed.stderr
+    assert not (raw_mnist_root / "prepared" / "mnist").exists()
+    assert _debris(raw_mnist_root / "prepared")
+    done = subprocess.run(
+        _prepare_cmd(raw_mnist_root), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    _assert_prepared(raw_mnist_root)
+
+
+@pytest.mark.parametrize(
+    "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)]
+)
+def test_prepared_data_and_downloads_follow_the_umask(
+    tmp_path, mnist_mirror, umask, file_mode, dir_mode
+):
+    root = tmp_path / "data"
+    for stage, extra in {"download": ["--mirror", str(mnist_mirror)], "prepare": []}.items():
+        command = ["data", stage, "mnist", "--data-root", str(root), *extra]
+        done = subprocess.run(
+            [sys.executable, "-m", "capsnet", *command],
+            capture_output=True, text=True, cwd=tmp_path, preexec_fn=lambda: os.umask(umask),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    for directory in (root / "raw" / "mnist", root / "prepared" / "mnist"):
+        assert _mode(directory) == dir_mode
+        for path in directory.iterdir():
+            assert _mode(path) == file_mode, path
