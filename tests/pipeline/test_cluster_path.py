@@ -1,10 +1,12 @@
-"""The cluster path: the image (Dockerfile), the RayJob, `ray up`'s cluster.yaml, the
-paper-scale resources, Ray Client, and the device column of results.csv. The RayJob's
-entrypoint itself runs in test_cluster_job.py (slow)."""
+"""The cluster path: the image (Dockerfile), the RayJob and its entrypoint (slow: run on a
+local two-node Ray cluster, pushing to a local DVC remote and a local git remote),
+`ray up`'s cluster.yaml, the paper-scale resources, Ray Client, and the device column of
+results.csv."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -367,3 +369,139 @@ def test_results_csv_names_the_device_each_trial_trained_on(tmp_path):
     header, *lines = (tmp_path / "results.csv").read_text().splitlines()
     assert header.split(",")[:4] == ["trial_id", "status", "node", "device"]
     assert [line.split(",")[3] for line in lines] == ["cpu", "NVIDIA A10G"]
+
+
+# -- the RayJob's entrypoint on a local cluster ------------------------------------------
+
+#: The repository as the image holds it: the code, the pipeline and the git/DVC settings.
+JOB_DIRS = ("capsnet", "pipeline")
+JOB_FILES = ("dvc.yaml", "pyproject.toml", "README.md", ".gitignore", ".dvcignore")
+JOB_FILES += (".dvc/config", ".dvc/.gitignore")
+
+#: params.yaml keys set for a tiny `dvc repro sweep train` (each must exist).
+JOB_SHRINK = {
+    "sweep.space.routing_iterations": 1,
+    "sweep.space.augment": "none",
+    "sweep.epochs": 1,
+    "sweep.batch_size": 64,
+    "sweep.train_size": 128,
+    "sweep.val_size": 64,
+    "sweep.wandb.mode": "offline",
+    "train.epochs": 1,
+    "train.batch_size": 64,
+    "train.train_size": 128,
+    "train.val_size": 64,
+    "train.extra_datasets": [],
+}
+
+
+def shrunk_params() -> str:
+    values = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key, value in JOB_SHRINK.items():
+        *parents, leaf = key.split(".")
+        node = values
+        for part in parents:
+            node = node[part]
+        assert leaf in node, f"params.yaml has no {key}"
+        node[leaf] = value
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def git(*args, cwd):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def job_checkout(work: Path) -> None:
+    """A clean git checkout of the code with the shrunk params, as in the image."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in JOB_DIRS:
+        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    for name in JOB_FILES:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, work / name)
+    (work / "params.yaml").write_text(shrunk_params())
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "--all", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "image", cwd=work)
+
+
+@pytest.fixture
+def ray_job_cluster():
+    """A head node without CPUs (the driver's, as in rayjob.yaml) and a 2-CPU worker."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    worker = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, worker
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_rayjob_entrypoint_pushes_what_a_fresh_clone_pulls(ray_job_cluster, tmp_path, mnist_mirror):
+    bin_dir = Path(sys.executable).parent
+    dvc = shutil.which("dvc", path=str(bin_dir))
+    if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
+        pytest.skip("dvc or the capsnet command is not installed")
+    cluster, worker = ray_job_cluster
+    work, git_remote, dvc_remote = tmp_path / "app", tmp_path / "origin.git", tmp_path / "dvc"
+    job_checkout(work)
+    git("init", "-q", "--bare", str(git_remote), cwd=tmp_path)
+    spec = rayjob()["spec"]
+    env = {
+        **os.environ,
+        **yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"],
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAY_ADDRESS": cluster.address,  # KubeRay sets it for the entrypoint
+        "CAPSNET_MIRROR": str(mnist_mirror),
+        "CAPSNET_DVC_REMOTE": str(dvc_remote),
+        "CAPSNET_GIT_REMOTE": str(git_remote),
+        "CAPSNET_RUN_NAME": "cluster-run-test",
+    }
+    for key in ("CAPSNET_DATA", "WANDB_API_KEY"):
+        env.pop(key, None)
+    entrypoint = spec["entrypoint"].replace("/app/capsnet", str(work))
+    done = subprocess.run(
+        ["bash", "-c", entrypoint], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "pushed the DVC outputs" in done.stdout
+
+    # the trial ran on the cluster's worker; results.csv says where and on what
+    (row,) = csv_rows(work / "sweep" / "results.csv")
+    assert (row["node"], row["device"], row["status"]) == (worker.node_id, "cpu", "TERMINATED")
+
+    # the cluster is gone: a fresh clone of the pushed branch plus `dvc pull` has it all
+    fresh = tmp_path / "fresh"
+    git("clone", "-q", "-b", "cluster-run-test", str(git_remote), str(fresh), cwd=tmp_path)
+    assert (fresh / "sweep" / "results.csv").read_text() == (
+        work / "sweep" / "results.csv"
+    ).read_text()
+    subprocess.run([dvc, "remote", "add", "--local", "-d", "job", str(dvc_remote)], cwd=fresh,
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    targets = shlex.split(spec["entrypoint"])[2:]  # the stages the job reproduced
+    pulled = subprocess.run(
+        [dvc, "pull", "--with-deps", *targets], cwd=fresh, env=env, capture_output=True, text=True
+    )
+    assert pulled.returncode == 0, pulled.stdout[-3000:] + pulled.stderr[-3000:]
+    made = sorted(p.relative_to(work).as_posix() for p in (work / "models").glob("*.pt"))
+    assert made and made == sorted(
+        p.relative_to(fresh).as_posix() for p in (fresh / "models").glob("*.pt")
+    )
+    for name in made:
+        assert (fresh / name).read_bytes() == (work / name).read_bytes(), name
+    assert (fresh / "data" / "prepared" / "mnist").is_dir()
+    status = subprocess.run(
+        [dvc, "status", "train"], cwd=fresh, env=env, capture_output=True, text=True
+    )
+    assert "Data and pipelines are up to date." in status.stdout, status.stdout
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
