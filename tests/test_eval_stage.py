@@ -249,7 +249,61 @@ def test_seed_checkpoints_are_reported_with_mean_and_std():
     assert agg["rotated-mnist"]["accuracy"]["35"] == pytest.approx(0.5)
     assert agg["std"]["mnist"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
     assert agg["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
+    assert agg["names"] == ["s0", "s1"]
     assert evaluation.aggregate_seeds({"s0": results["s0"]}) == {}
+
+
+def trained_meta(seed: int, epochs: int, **data) -> dict:
+    """Checkpoint metadata of a lenet5 run: its TrainConfig and training data."""
+    from capsnet.config.training import TrainConfig
+
+    return {
+        "model_name": "lenet5",
+        "model_config": dataclasses.asdict(models.build("lenet5").config),
+        "train_config": TrainConfig(epochs=epochs, seed=seed).to_dict(),
+        "metrics": {"dataset": "mnist", "augment": "shift", "train_images": 100, **data},
+    }
+
+
+def test_experiment_key_ignores_only_the_seed():
+    from capsnet.eval.seeds import experiment_key
+
+    base = experiment_key(trained_meta(seed=0, epochs=6))
+    assert experiment_key(trained_meta(seed=1, epochs=6)) == base
+    progress = trained_meta(seed=2, epochs=6)
+    progress["train_config"]["progress"] = True
+    assert experiment_key(progress) == base
+    assert experiment_key(trained_meta(seed=0, epochs=60)) != base
+    assert experiment_key(trained_meta(seed=1, epochs=6, augment="none")) != base
+    assert experiment_key(trained_meta(seed=1, epochs=6, train_images=200)) != base
+    wider = trained_meta(seed=1, epochs=6)
+    wider["model_config"]["input_size"] = 40
+    assert experiment_key(wider) != base
+
+
+def test_eval_groups_checkpoints_differing_only_in_seed(mnist_root, tmp_path):
+    runs = {"a": (0, 6), "b": (1, 6), "long": (2, 60)}
+    paths = []
+    for name, (seed, epochs) in runs.items():
+        meta = trained_meta(seed, epochs)
+        torch.manual_seed(seed)
+        paths.append(
+            checkpoint.save(
+                tmp_path / f"{name}.pt",
+                models.build("lenet5"),
+                train_config=meta["train_config"],
+                metrics=meta["metrics"],
+            )
+        )
+    asked = request(mnist_root, datasets=("mnist",), limit=20)
+    results = evaluation.evaluate_checkpoints(paths, asked, names=list(runs))
+    means = {k: v for k, v in results.items() if "checkpoint" not in v}
+    assert list(means) == ["lenet5"]
+    grouped = means["lenet5"]
+    assert grouped["seeds"] == 2 and grouped["names"] == ["a", "b"]
+    assert grouped["checkpoints"] == [str(paths[0]), str(paths[1])]
+    accuracies = [results[n]["mnist"]["accuracy"] for n in ("a", "b")]
+    assert grouped["mnist"]["accuracy"] == pytest.approx(sum(accuracies) / 2)
 
 
 def test_cli_missing_truncated_and_foreign_checkpoints(tmp_path):

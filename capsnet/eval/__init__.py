@@ -4,8 +4,9 @@ One entry per checkpoint: {"model", "checkpoint", "mnist": {"accuracy", "n"},
 "rotated-mnist": {"n", "accuracy": {"<angle>": x}}, "affnist": {"source", "accuracy", "n"},
 "multimnist": {"strict_accuracy", "at_least_one", "half_credit", "n"}, "robustness": {...},
 "equivariance": {...}}; a dataset that does not fit a model is {"skipped": reason}. Several
-checkpoints of one model (seeds) add an entry with the mean of every number and the
-standard deviations under "std". The stage adds a "viewpoints" section.
+checkpoints of one experiment (equal model and training configs but the seed) add an
+entry with the mean of every number, the standard deviations under "std" and the grouped
+checkpoints under "names". The stage adds a "viewpoints" section.
 
 Modules by job: request (the settings of one evaluation), datasets (test sets, model fit),
 checkpoints (evaluating), seeds (aggregating), figures (drawn while each model is loaded),

@@ -7,7 +7,6 @@ it is still loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from capsnet.errors import DataError
 from capsnet.eval.datasets import TestSets, image_shape, model_fit
 from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.request import EvalRequest
-from capsnet.eval.seeds import aggregate_seeds
+from capsnet.eval.seeds import aggregate_seeds, experiment_key
 
 
 def checkpoint_names(paths: Sequence[str | Path]) -> list[str]:
@@ -39,8 +38,9 @@ def evaluate_checkpoints(
     figures: FigureDrawer | None = None,
 ) -> dict[str, dict]:
     """Evaluate every checkpoint on ``request.params.datasets``; one entry per checkpoint
-    (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per model with
-    several seeds. ``figures`` draws each model's figures while it is loaded."""
+    (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per experiment
+    with several seeds (``capsnet.eval.seeds``). ``figures`` draws each model's figures
+    while it is loaded."""
     from capsnet import checkpoint
 
     request = request or EvalRequest()
@@ -57,11 +57,8 @@ def evaluate_checkpoints(
             figures.add_model(name, model, entry, data, request)
         results[name] = entry
         model.cpu()
-    configs = {
-        name: json.dumps(meta["model_config"], sort_keys=True, default=str)
-        for name, (_, meta) in zip(results, loaded)
-    }
-    results.update(aggregate_seeds(results, configs))
+    experiments = {name: experiment_key(meta) for name, (_, meta) in zip(results, loaded)}
+    results.update(aggregate_seeds(results, experiments))
     if figures is not None:
         figures.finish(results)
     return results

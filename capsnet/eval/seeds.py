@@ -1,11 +1,41 @@
-"""Several checkpoints of one model (seeds): one entry with the mean of every number and
-the standard deviations under "std"."""
+"""Several checkpoints of one experiment (seeds): one entry with the mean of every number
+and the standard deviations under "std".
+
+An experiment is the model name, the model config, the training config without the seed
+(and without the settings that do not change what is learnt) and the training data
+recorded in the checkpoint; checkpoints differing in anything else are not seeds of one
+another and are never averaged.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import Any
+
+#: TrainConfig fields that do not change the trained weights' distribution: the seed
+#: itself, and how the run is shown or batched for validation.
+NOT_EXPERIMENT = ("seed", "progress", "num_workers", "eval_batch_size")
+#: Metrics and extra fields of a checkpoint that describe its training data.
+DATA_FIELDS = ("dataset", "subset", "train_subset", "augment", "train_images", "train_size",
+               "channels", "kind")  # fmt: skip
+
+
+def experiment_key(meta: dict[str, Any]) -> str:
+    """The experiment of a checkpoint (``capsnet.checkpoint.load``'s metadata) as text:
+    equal for checkpoints that differ only in their seed."""
+    train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in NOT_EXPERIMENT}
+    data: dict[str, Any] = {}
+    for source in (meta.get("metrics") or {}, meta.get("extra") or {}):
+        data.update({k: source[k] for k in DATA_FIELDS if k in source})
+    experiment = {
+        "model": meta.get("model_name"),
+        "model_config": meta.get("model_config"),
+        "train_config": train,
+        "data": data,
+    }
+    return json.dumps(experiment, sort_keys=True, default=str)
 
 
 def _is_number(value) -> bool:
@@ -54,38 +84,44 @@ def _combine(values: list) -> tuple[Any, Any]:
 
 
 def aggregate_seeds(
-    results: dict[str, dict], configs: dict[str, str] | None = None
+    results: dict[str, dict], experiments: dict[str, str] | None = None
 ) -> dict[str, dict]:
-    """For each model with several checkpoints of one config (``configs``: name -> model
-    config as text; seeds differ only in weights): {"<model>" or "<model> (mean)": entry},
-    holding the mean of every number, the deviations under "std" and "checkpoints"."""
+    """For each experiment with several checkpoints (``experiments``: result name ->
+    ``experiment_key``; without it, one experiment per model name): {"<model>" or
+    "<model> (mean)": entry} holding the mean of every number, the deviations under
+    "std", the grouped result names under "names" and their files under "checkpoints"."""
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
         if "checkpoint" in entry:
-            key = (entry["model"], (configs or {}).get(name, ""))
+            key = (entry["model"], (experiments or {}).get(name, ""))
             groups.setdefault(key, []).append(name)
     out = {}
     for (model, _), names in groups.items():
         if len(names) < 2:
             continue
         entries = [results[n] for n in names]
-        body = {k: v for k, v in entries[0].items() if k not in ("model", "checkpoint")}
-        means, stds = {}, {}
-        for key in body:
-            if all(key in e for e in entries):
-                mean, std = _combine([e[key] for e in entries])
-                if mean is not None:
-                    means[key] = mean
-                if std is not None:
-                    stds[key] = std
         key, i = model, 1
-        while key in results or key in out:  # a checkpoint name, or another config's mean
+        while key in results or key in out:  # a checkpoint name, or another experiment's mean
             key, i = (f"{model} (mean)" if i == 1 else f"{model} (mean {i})"), i + 1
         out[key] = {
             "model": model,
-            "checkpoints": [entries[i]["checkpoint"] for i in range(len(entries))],
+            "names": names,
+            "checkpoints": [e["checkpoint"] for e in entries],
             "seeds": len(entries),
-            **means,
-            "std": stds,
+            **_mean_entry(entries),
         }
     return out
+
+
+def _mean_entry(entries: list[dict]) -> dict[str, Any]:
+    """The mean of every result the entries share, with the deviations under "std"."""
+    body = {k: v for k, v in entries[0].items() if k not in ("model", "checkpoint")}
+    means, stds = {}, {}
+    for key in body:
+        if all(key in e for e in entries):
+            mean, std = _combine([e[key] for e in entries])
+            if mean is not None:
+                means[key] = mean
+            if std is not None:
+                stds[key] = std
+    return {**means, "std": stds}
