@@ -133,7 +133,7 @@ def _check_header(path: Path, payload: Any) -> None:
             raise CheckpointError(f"{path}: checkpoint lacks '{key}'")
     name = payload["model_name"]
     if not isinstance(name, str):
-        raise CheckpointError(f"{path}: model_name is a {type(name).__name__}, expected a string")
+        raise CheckpointError(f"{path}: model_name is {_a(type(name))}, expected a string")
     if name not in models.names():
         raise CheckpointError(
             f"{path}: unknown model {name!r}; this capsnet knows: {', '.join(models.names())}"
@@ -157,7 +157,7 @@ def _check_sections(path: Path, payload: dict) -> None:
     for key, kind in SECTIONS.items():
         if key in payload and not isinstance(payload[key], kind):
             raise CheckpointError(
-                f"{path}: '{key}' is a {type(payload[key]).__name__}, expected a {kind.__name__}"
+                f"{path}: '{key}' is {_a(type(payload[key]))}, expected {_a(kind)}"
             )
     for key in ("model_config", "train_config", "metrics", "extra"):
         if key in payload and not _plain(payload[key]):
@@ -225,6 +225,12 @@ def _hint_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+def _a(kind: type) -> str:
+    """'an int', 'a list': a type name with its article."""
+    name = kind.__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -235,10 +241,10 @@ def _check_state(path: Path, state: dict) -> None:
     for key, tensor in state.items():
         if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
             raise CheckpointError(
-                f"{path}: state_dict entry {_short(key)} is a {type(tensor).__name__}, "
+                f"{path}: state_dict entry {_short(key)} is {_a(type(tensor))}, "
                 "expected a named tensor"
             )
-        if not _within_storage(tensor):
+        if not torchfile.within_storage(tensor):
             raise CheckpointError(
                 f"{path}: weight {key} claims {tensor.numel():,} values that its stored "
                 "data does not hold"
@@ -249,16 +255,6 @@ def _check_state(path: Path, state: dict) -> None:
             raise CheckpointError(
                 f"{path}: weight {key} holds NaN or infinite values (did training diverge?)"
             )
-
-
-def _within_storage(tensor: torch.Tensor) -> bool:
-    """Each element backed by its own bytes of the tensor's storage."""
-    if tensor.numel() == 0:
-        return True
-    extent = tensor.storage_offset() + 1
-    extent += sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    nbytes = tensor.untyped_storage().nbytes()
-    return tensor.numel() <= extent and extent * tensor.element_size() <= nbytes
 
 
 def _check_weights_fit(path: Path, name: str, config: dict, state: dict) -> None:

@@ -58,6 +58,17 @@ def read(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     return _torch_load(path, map_location)
 
 
+def within_storage(tensor: torch.Tensor) -> bool:
+    """Each element backed by its own bytes of the tensor's storage: a loaded tensor cannot
+    claim more values than the file holds (an expanded view with stride 0 would)."""
+    if tensor.numel() == 0:
+        return True
+    extent = tensor.storage_offset() + 1
+    extent += sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    nbytes = tensor.untyped_storage().nbytes()
+    return tensor.numel() <= extent and extent * tensor.element_size() <= nbytes
+
+
 def _not_torch(head: bytes) -> str:
     """The reason for a file that opens as neither a zip archive nor a pickle."""
     if not head:

@@ -234,12 +234,12 @@ def _edited(tmp_path, name="lenet5", **changes):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"model_name": 5}, "model_name is a int, expected a string"),
+        ({"model_name": 5}, "model_name is an int, expected a string"),
         ({"format_version": "1"}, "format version '1' is not supported"),
         ({"model_config": [1, 2]}, "'model_config' is a list, expected a dict"),
         ({"metrics": [0.5]}, "'metrics' is a list, expected a dict"),
         ({"train_config": "epochs=3"}, "'train_config' is a str, expected a dict"),
-        ({"capsnet_version": 1}, "'capsnet_version' is a int, expected a str"),
+        ({"capsnet_version": 1}, "'capsnet_version' is an int, expected a str"),
         ({"metrics": {"w": torch.zeros(2)}}, "'metrics' holds values other than"),
         (
             {"model_config": {"input_size": "28"}},

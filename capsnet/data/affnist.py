@@ -232,7 +232,7 @@ def load_real(
         )
     prepared = Path(root) / "prepared" / "affnist" / f"{split}.pt"
     if prepared.is_file():
-        tensors, _ = load_prepared(prepared)
+        tensors, _ = load_prepared(prepared, "affnist")
         return tensors["images"], tensors["labels"]
     raw = Path(root) / "raw" / "affnist" / ("test_batches" if split == "test" else "test")
     files = _mat_files(raw) if raw.is_dir() else []
@@ -254,7 +254,7 @@ def load_synth(
         raise DataError(f"affnist-synth split {split!r} unknown; it is a test set only")
     prepared = Path(root) / "prepared" / "affnist-synth" / "test.pt"
     if prepared.is_file():
-        tensors, _ = load_prepared(prepared)
+        tensors, _ = load_prepared(prepared, "affnist-synth")
         return tensors["images"], tensors["labels"]
     if mnist_split is None:
         raise DataError(f"{prepared}: not prepared")
@@ -264,10 +264,13 @@ def load_synth(
 
 def evaluation_set(root: str | os.PathLike, **kwargs):
     """(dataset, name): real affNIST test when it is present under ``root``, otherwise
-    affnist-synth; ``name`` says which, so results are never mislabelled."""
+    affnist-synth; ``name`` says which, so results are never mislabelled. A real file that
+    is present but damaged is an error, not a reason to fall back."""
     from capsnet.data.datasets import load
 
     try:
         return load("affnist", "test", root, **kwargs), "affnist"
     except DataError:
+        if (Path(root) / "prepared" / "affnist" / "test.pt").is_file():
+            raise
         return load("affnist-synth", "test", root, **kwargs), "affnist-synth"

@@ -107,6 +107,6 @@ def load_tensors(
 
     prepared = Path(root) / "prepared" / "mnist" / f"{split}.pt"
     if prepared.is_file():
-        tensors, _ = load_prepared(prepared)
+        tensors, _ = load_prepared(prepared, "mnist")
         return tensors["images"], tensors["labels"]
     return load_split(Path(root) / "raw" / "mnist", split, download_missing, mirror, progress)

@@ -267,14 +267,15 @@ def load(
     """The MultiMNIST ``split``: the prepared recipe (and its settings) when present, else a
     fresh recipe with one pair per digit from ``seed`` (default 0 train, 1 test). With
     ``components`` items also carry each digit's own image and the two labels."""
-    from capsnet.data.store import load_prepared
+    from capsnet.data.store import load_prepared, prepared_error
 
     images, labels = mnist_split(split)
     prepared = Path(root) / "prepared" / "multimnist" / f"{split}.pt"
     if prepared.is_file() and seed is None:
-        tensors, meta = load_prepared(prepared)
+        tensors, meta = load_prepared(prepared, "multimnist")
         if int(tensors["pairs"].max()) >= labels.shape[0]:
-            raise DataError(f"{prepared}: recipe indexes past the {labels.shape[0]} MNIST digits")
+            past = f"recipe indexes past the {labels.shape[0]} MNIST {split} digits"
+            raise prepared_error(prepared, past, "multimnist")
         recipe = Recipe(
             tensors["pairs"],
             tensors["shifts"],

@@ -34,6 +34,7 @@ RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
 }
 CLASSES = 5  # animal, human, airplane, truck, car
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
+INFO_MAX = (9, 8, 34, 5)  # the largest value of each info field
 FAMILIAR_AZIMUTHS = (30, 32, 34, 0, 2, 4)  # 300..40 degrees (azimuth index x 10 degrees)
 FAMILIAR_ELEVATIONS = (0, 1, 2)  # the three lowest: 30, 35, 40 degrees
 SUBSETS = ("all", "azimuth-familiar", "azimuth-novel", "elevation-familiar", "elevation-novel")
@@ -78,11 +79,10 @@ def read_split(raw_dir: str | os.PathLike, split: str):
             )
     if cat.size and (cat.min() < 0 or cat.max() > 4):
         raise DataError(f"{paths['cat']}: label {int(cat.max())} out of range 0..4")
-    limits = {"instance": 9, "elevation": 8, "azimuth": 34, "lighting": 5}
-    for column, name in enumerate(INFO_FIELDS):
+    for column, (name, largest) in enumerate(zip(INFO_FIELDS, INFO_MAX)):
         values = info[:, column]
-        if values.size and (values.min() < 0 or values.max() > limits[name]):
-            raise DataError(f"{paths['info']}: {name} out of range 0..{limits[name]}")
+        if values.size and (values.min() < 0 or values.max() > largest):
+            raise DataError(f"{paths['info']}: {name} out of range 0..{largest}")
     return (
         torch.from_numpy(np.ascontiguousarray(dat)),
         torch.from_numpy(cat.astype(np.int64)),
@@ -216,7 +216,7 @@ def load(
         )
     if split not in PREFIX:
         raise DataError(f"smallnorb split {split!r} unknown; choose train or test")
-    tensors, _ = load_prepared(prepared / f"{split}.pt")
+    tensors, _ = load_prepared(prepared / f"{split}.pt", "smallnorb")
     mask = subset_mask(tensors["info"], subset)
     bad = [c for c in channels if c not in (0, 1)]
     if bad or not channels:

@@ -1,21 +1,87 @@
 """Prepared-data files: tensors plus metadata in one ``.pt`` file, written atomically.
 
 A prepared file is ``torch.save({"tensors": {...}, "meta": {...}})``, read back with
-``weights_only=True`` (no pickled code). A stage that writes several files builds them in a
-temporary directory and swaps it into place only when everything succeeded, so a failing
-stage leaves no partial output behind.
+``weights_only=True`` (no pickled code, ``capsnet.torchfile``). A stage that writes several
+files builds them in a temporary directory and swaps it into place only when everything
+succeeded, so a failing stage leaves no partial output behind.
+
+Every file is checked when loaded against the ``SPECS`` entry of its dataset (keys, dtypes,
+shapes, value ranges), so a damaged or stale file fails at once, in one line naming the file
+and the command that rebuilds it, instead of deep inside training.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from capsnet import torchfile
+from capsnet.data.multimnist import MERGES
+from capsnet.data.smallnorb import INFO_FIELDS, INFO_MAX
 from capsnet.errors import DataError
 from capsnet.io import atomic_write_bytes
+
+Bound = int | str | tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: its dtype; its shape, ints fixed and names ("N") equal wherever they
+    recur in the file; inclusive value bounds, an int, a meta field ("shift", "-shift"
+    negated) or a tuple with one bound per column of the last axis."""
+
+    dtype: torch.dtype
+    shape: tuple[int | str, ...]
+    low: Bound = None
+    high: Bound = None
+    required: bool = True
+    columns: tuple[str, ...] = ()  # names of the last axis's columns, for messages
+
+
+@dataclass(frozen=True)
+class PreparedSpec:
+    """The tensors of a prepared file and its meta fields, a type or a tuple of choices
+    (meta ints are >= 0)."""
+
+    tensors: dict[str, TensorSpec]
+    meta: dict[str, type | tuple] = field(default_factory=dict)
+
+
+def _digits(side: int) -> dict[str, TensorSpec]:
+    return {
+        "images": TensorSpec(torch.uint8, ("N", side, side)),  # (N, side, side)
+        "labels": TensorSpec(torch.int64, ("N",), 0, 9),  # (N,)
+    }
+
+
+SPECS: dict[str, PreparedSpec] = {
+    "mnist": PreparedSpec(_digits(28)),
+    "affnist": PreparedSpec(_digits(40)),
+    "affnist-synth": PreparedSpec(
+        {**_digits(40), "affine": TensorSpec(torch.float32, ("N", 6), required=False)}
+    ),
+    "smallnorb": PreparedSpec(
+        {
+            "images": TensorSpec(torch.uint8, ("N", 2, "S", "S")),  # (N, 2 stereo, S, S)
+            "labels": TensorSpec(torch.int64, ("N",), 0, 4),  # (N,)
+            "info": TensorSpec(  # (N, 4)
+                torch.int64, ("N", len(INFO_FIELDS)), 0, INFO_MAX, columns=INFO_FIELDS
+            ),
+        }
+    ),
+    "multimnist": PreparedSpec(
+        {
+            "pairs": TensorSpec(torch.int64, ("M", 2), 0),  # (M, 2) MNIST indices
+            "shifts": TensorSpec(torch.int64, ("M", 4), "-shift", "shift"),  # (M, 4)
+        },
+        {"shift": int, "pad": int, "seed": int, "merge": MERGES, "pairs_per_digit": int},
+    ),
+}
 
 
 def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **meta) -> Path:
@@ -26,13 +92,132 @@ def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **m
     return Path(path)
 
 
-def load_prepared(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, meta) of a prepared file; a DataError naming the file when it is unusable."""
+def rebuild_command(path: str | os.PathLike, dataset: str | None = None) -> str:
+    """The command that rebuilds the prepared file ``<root>/prepared/<dataset>/<split>.pt``."""
     path = Path(path)
+    dataset = dataset or path.parent.name
+    if dataset not in SPECS:
+        return "capsnet data prepare DATASET"
+    if path.parent.name == dataset and path.parent.parent.name == "prepared":
+        return f"capsnet data prepare {dataset} --data-root {path.parent.parent.parent}"
+    return f"capsnet data prepare {dataset}"
+
+
+def prepared_error(path: str | os.PathLike, problem: str, dataset: str | None = None):
+    """A DataError: ``path``, what is wrong with it and the command that rebuilds it."""
+    return DataError(f"{path}: {problem}; rebuild it with `{rebuild_command(path, dataset)}`")
+
+
+def load_prepared(
+    path: str | os.PathLike, dataset: str | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, meta) of a prepared file, checked against ``SPECS[dataset]`` (default: the
+    folder name, ``<root>/prepared/<dataset>/<split>.pt``); a one-line DataError naming the
+    file and its rebuild command when it is missing, unreadable or malformed."""
+    path = Path(path)
+    dataset = dataset or (path.parent.name if path.parent.name in SPECS else None)
     if not path.is_file():
-        raise DataError(f"{path}: prepared file not found (run `capsnet data prepare`)")
+        raise prepared_error(path, "prepared file not found", dataset)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        return payload["tensors"], payload.get("meta", {})
-    except Exception as exc:  # torch raises many types for a damaged file
-        raise DataError(f"{path}: not a readable prepared file ({type(exc).__name__})") from None
+        payload = torchfile.read(path)
+    except torchfile.Unreadable as exc:
+        raise prepared_error(path, exc.message("a prepared data file"), dataset) from None
+    except OSError as exc:
+        raise prepared_error(path, f"cannot be read ({exc.strerror})", dataset) from None
+    problem = _structure_problem(payload)
+    if problem is None and dataset is not None:
+        problem = check_prepared(payload["tensors"], payload["meta"], SPECS[dataset], dataset)
+    if problem is not None:
+        raise prepared_error(path, problem, dataset)
+    return payload["tensors"], payload["meta"]
+
+
+def _structure_problem(payload: Any) -> str | None:
+    if not isinstance(payload, dict) or not isinstance(payload.get("tensors"), dict):
+        return "not a prepared data file (no 'tensors' dict)"
+    if not isinstance(payload.get("meta", {}), dict):
+        return "its 'meta' is not a dict"
+    payload.setdefault("meta", {})
+    for key, value in payload["tensors"].items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            return f"its tensors entry {key!r} is a {type(value).__name__}, not a tensor"
+        if not torchfile.within_storage(value):
+            return f"tensor '{key}' claims {value.numel():,} values that the file does not hold"
+    return None
+
+
+def check_prepared(tensors: dict, meta: dict, spec: PreparedSpec, dataset: str) -> str | None:
+    """What is wrong with ``tensors`` and ``meta`` under ``spec``, or None."""
+    if meta.get("dataset", dataset) != dataset:
+        return f"it holds {meta['dataset']!r} data, not {dataset!r}"
+    for key, kind in spec.meta.items():
+        problem = _meta_problem(meta, key, kind)
+        if problem:
+            return problem
+    sizes: dict[str, int] = {}
+    for key, tensor_spec in spec.tensors.items():
+        if key not in tensors:
+            if tensor_spec.required:
+                return f"tensor '{key}' is missing"
+            continue
+        problem = _shape_problem(key, tensors[key], tensor_spec, sizes)
+        problem = problem or _range_problem(key, tensors[key], tensor_spec, meta)
+        if problem:
+            return problem
+    empty = [name for name, size in sizes.items() if size == 0]
+    return f"it holds no items ({empty[0]} = 0)" if empty else None
+
+
+def _meta_problem(meta: dict, key: str, kind: type | tuple) -> str | None:
+    if key not in meta:
+        return f"meta field '{key}' is missing"
+    value = meta[key]
+    if isinstance(kind, tuple):
+        return None if value in kind else f"meta {key} = {value!r} is not one of {kind}"
+    if type(value) is not kind:
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        return f"meta {key} = {value!r} is not {article} {kind.__name__}"
+    if kind is int and value < 0:
+        return f"meta {key} = {value} is negative"
+    return None
+
+
+def _shape_problem(key: str, tensor: torch.Tensor, spec: TensorSpec, sizes: dict) -> str | None:
+    if tensor.dtype != spec.dtype:
+        wanted = str(spec.dtype).removeprefix("torch.")
+        return f"tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, expected {wanted}"
+    shape = tuple(tensor.shape)
+    if len(shape) == len(spec.shape):
+        for size, want in zip(shape, spec.shape):
+            if isinstance(want, str):
+                sizes.setdefault(want, size)
+    wanted = tuple(sizes.get(d, d) if isinstance(d, str) else d for d in spec.shape)
+    if shape != wanted:
+        text = "(" + ", ".join(str(d) for d in wanted) + ("," if len(wanted) == 1 else "") + ")"
+        return f"tensor '{key}' has shape {tuple(shape)}, expected {text}"
+    return None
+
+
+def _range_problem(key: str, tensor: torch.Tensor, spec: TensorSpec, meta: dict) -> str | None:
+    if tensor.numel() == 0 or (spec.low is None and spec.high is None):
+        return None
+    flat = tensor.reshape(-1, tensor.shape[-1]) if tensor.ndim > 1 else tensor.reshape(-1, 1)
+    lows, highs = flat.amin(0).tolist(), flat.amax(0).tolist()  # per last-axis column
+    for column, (smallest, largest) in enumerate(zip(lows, highs)):
+        low, high = _bound(spec.low, column, meta), _bound(spec.high, column, meta)
+        if (low is not None and smallest < low) or (high is not None and largest > high):
+            per_column = isinstance(spec.low, tuple) or isinstance(spec.high, tuple)
+            where = f" column {column}" if per_column else ""
+            where += f" ({spec.columns[column]})" if spec.columns else ""
+            value = smallest if low is not None and smallest < low else largest
+            limits = f"{'' if low is None else low}..{'' if high is None else high}"
+            return f"tensor '{key}'{where} holds {value}, outside {limits}"
+    return None
+
+
+def _bound(bound: Bound, column: int, meta: dict) -> int | None:
+    if isinstance(bound, tuple):
+        return bound[column]
+    if isinstance(bound, str):
+        return -meta[bound[1:]] if bound.startswith("-") else meta[bound]
+    return bound
