@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from capsnet import checkpoint, evaluate, models
-from capsnet.data.datasets import TensorImageDataset, load
+from capsnet import checkpoint, evaluate, losses, models
 from capsnet.data.augment import random_shift
+from capsnet.data.datasets import TensorImageDataset, load
 from capsnet.train import TrainConfig, compute_loss, fit, select_device
 
 
@@ -132,16 +132,26 @@ def test_rotation_sweep_at_zero_equals_upright(mnist_small):
 
 
 def test_margin_loss_used_for_capsules_and_cross_entropy_for_cnns():
+    torch.manual_seed(0)
     images = torch.rand(2, 1, 28, 28)
     targets = torch.tensor([1, 2])
     config = TrainConfig(progress=False)
     caps = models.build("capsnet-small")
     cnn = models.build("lenet5")
-    caps_loss = compute_loss(caps, caps(images, targets), images, targets, config)
+    caps_out = caps(images, targets)
+    caps_loss = compute_loss(caps, caps_out, images, targets, config)
+    lengths, one_hot = caps_out.scores, torch.nn.functional.one_hot(targets, 10).float()
+    present = one_hot * (0.9 - lengths).clamp_min(0) ** 2  # (B, 10)
+    absent = 0.5 * (1 - one_hot) * (lengths - 0.1).clamp_min(0) ** 2  # (B, 10)
+    margin = (present + absent).sum(dim=1).mean()
+    torch.testing.assert_close(margin, losses.margin_loss(lengths, targets))
+    squared_error = (caps_out.reconstruction - images).pow(2).sum(dim=(1, 2, 3))  # (B,)
+    reconstruction = 0.0005 * squared_error.mean()
+    assert reconstruction > 1e-4  # the decoder term is part of the loss, not negligible
+    torch.testing.assert_close(caps_loss, margin + reconstruction)
     cnn_out = cnn(images)
     cnn_loss = compute_loss(cnn, cnn_out, images, targets, config)
     torch.testing.assert_close(cnn_loss, torch.nn.functional.cross_entropy(cnn_out.scores, targets))
-    assert caps_loss.item() > 0
 
 
 def test_select_device():
@@ -234,4 +244,10 @@ def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch
     fit(em, data, None, TrainConfig(epochs=1, batch_size=4, progress=False))
     assert calls == [True]  # off by default
     lenet = models.build("lenet5", num_classes=5, input_size=24)
-    fit(lenet, data, None, TrainConfig(epochs=1, batch_size=4, compile=True, progress=False))
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile called"))
+    before = {k: v.clone() for k, v in lenet.state_dict().items()}
+    history = fit(
+        lenet, data, None, TrainConfig(epochs=1, batch_size=4, compile=True, progress=False)
+    )
+    assert len(history) == 1 and history[0]["train_loss"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in lenet.state_dict().items())  # trained
