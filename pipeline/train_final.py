@@ -187,16 +187,15 @@ def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float) -> 
 
 def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -> dict:
     """Every run on ``dataset`` (its own input size) without augmentation; checkpoints
-    ``<model>@<dataset>.pt``."""
+    ``<model>@<dataset>.pt``. Each run loads its own split: what an item carries depends on
+    the model (MultiMNIST digits alone for a model with a decoder)."""
     from capsnet.run import load_split
 
-    extra = dataclasses.replace(
-        base, dataset=dataset, train_size=final.extra_train_size, val_size=min(final.val_size, 1000)
-    )
-    split = load_split(extra)
+    sizes = {"train_size": final.extra_train_size, "val_size": min(final.val_size, 1000)}
     results = {}
     for spec in specs:
-        spec = dataclasses.replace(spec, dataset=dataset, augment="none")
+        spec = dataclasses.replace(spec, dataset=dataset, augment="none", **sizes)
+        split = load_split(spec)
         key = f"{spec.model}@{dataset}"
         results[key] = trainer.fit_and_save(spec, split, key, {"dataset": dataset}, None)
     return results
