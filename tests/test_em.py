@@ -456,15 +456,27 @@ def test_fit_trains_em_capsnet_with_spread_loss():
 
 
 @pytest.mark.slow
-def test_overfits_a_small_smallnorb_batch():
+@pytest.mark.parametrize("seed", range(5))
+def test_overfits_a_small_smallnorb_batch(seed):
+    """Ten noise images are separated by the margin: the loss reaches zero and every image is
+    classified right. With the official margin schedule the margin stays near 0.2 over these
+    60 steps, a gap this model reaches, so the run converges and ends at a minimum. A linear
+    ramp to 0.9 outgrows the gap it can make (an unvoted class sits at sigmoid(lambda beta_a),
+    about 0.5), the loss never settles and the end state depends on rounding (the CPU kernel)."""
     from capsnet.evaluate import accuracy
     from capsnet.train import fit
 
     data = _smallnorb_like(OVERFIT_IMAGES)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, **SMALLNORB_STEREO)
     config = TrainConfig(
-        epochs=OVERFIT_EPOCHS, batch_size=32, lr=1e-2, device="cpu", progress=False
+        epochs=OVERFIT_EPOCHS,
+        batch_size=32,
+        lr=3e-3,  # the smallNORB sweep's and final training's
+        spread_schedule="sigmoid",
+        device="cpu",
+        progress=False,
     )
-    fit(model, data, None, config)
+    history = fit(model, data, None, config)
+    assert history[-1]["train_loss"] < 0.01
     assert accuracy(model, data, 32, "cpu")["accuracy"] == 1.0
