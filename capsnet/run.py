@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from capsnet.config import AugmentParams, SmallnorbParams
+from capsnet.config import AugmentParams, Params, SmallnorbParams
 from capsnet.errors import ConfigError, DataError
 from capsnet.train import TrainConfig, TrainState, fit
 
@@ -68,6 +68,31 @@ class RunSpec:
     def smallnorb_options(self) -> dict[str, Any]:
         """The smallNORB loader options of this run: stereo channels and crop size."""
         return {"channels": tuple(range(self.channels)), "crop": self.smallnorb.crop}
+
+
+def section_spec(
+    section, sweep, params: Params | None = None, data_root="data", mirror=None, **train
+) -> RunSpec:
+    """The RunSpec a params section starts its runs from (a sweep's trials or the final
+    training; they set the model, augmentation and searched settings): ``section``'s
+    epochs, batch size, seed, compile and sizes on ``sweep``'s dataset and channels, with
+    params.yaml's augmentation and smallNORB settings; ``train``: more TrainConfig fields."""
+    params = params or Params()
+    return RunSpec(
+        model="",
+        train=TrainConfig(
+            epochs=section.epochs, batch_size=section.batch_size, seed=section.seed,
+            compile=section.compile, **train,
+        ),
+        dataset=sweep.dataset,
+        channels=sweep.channels,
+        train_size=section.train_size,
+        val_size=section.val_size,
+        augment_params=params.augment,
+        smallnorb=params.data.smallnorb,
+        data_root=data_root,
+        mirror=mirror,
+    )  # fmt: skip
 
 
 @dataclass

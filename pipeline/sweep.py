@@ -28,8 +28,7 @@ import torch
 from capsnet.config import SEARCHABLE, Params, SearchSpace, SweepConfig
 from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import atomic_write_json
-from capsnet.run import RunSpec, Split
-from capsnet.train import TrainConfig
+from capsnet.run import RunSpec, Split, section_spec
 from pipeline import results, tracking
 
 
@@ -62,24 +61,8 @@ class SweepOutcome:
 def base_spec(
     sweep: SweepConfig, params: Params | None = None, data_root="data", mirror=None
 ) -> RunSpec:
-    """The RunSpec every trial of ``sweep`` starts from (the trial sets the model,
-    augmentation and searched training settings)."""
-    params = params or Params()
-    return RunSpec(
-        model="",
-        train=TrainConfig(
-            epochs=sweep.epochs, batch_size=sweep.batch_size, seed=sweep.seed,
-            compile=sweep.compile, progress=False,
-        ),
-        dataset=sweep.dataset,
-        channels=sweep.channels,
-        train_size=sweep.train_size,
-        val_size=sweep.val_size,
-        augment_params=params.augment,
-        smallnorb=params.data.smallnorb,
-        data_root=data_root,
-        mirror=mirror,
-    )  # fmt: skip
+    """The RunSpec every trial of ``sweep`` starts from (no progress bars in trials)."""
+    return section_spec(sweep, sweep, params, data_root, mirror, progress=False)
 
 
 def load_data(sweep: SweepConfig, base: RunSpec) -> SweepData:

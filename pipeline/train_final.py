@@ -2,8 +2,8 @@
 ``train.epochs``, and the baselines (lenet5) with the same augmentation.
 
 Every run is a RunSpec built the way a trial builds its own (``pipeline.trainable.run_spec``
-over the base of ``final_base``) and trained by ``capsnet.run.train_run``; each writes
-``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` and logs a W&B run
+over the base from ``capsnet.run.section_spec``) and trained by ``capsnet.run.train_run``;
+each writes ``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` and logs a W&B run
 (job_type "train"). MNIST runs are scored on the validation images rotated by the sweep's
 angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 ``<model>@<dataset>.pt``, and smallNORB runs are scored on the centre-cropped test set.
@@ -25,8 +25,7 @@ from typing import Any
 from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
 from capsnet.io import atomic_directory, atomic_write_json, write_marker
-from capsnet.run import RunSpec, Split
-from capsnet.train import TrainConfig
+from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
 from pipeline.trainable import run_spec
 
@@ -88,28 +87,6 @@ def _inside(path, directory: Path) -> Path | None:
     return path.relative_to(directory) if path.is_relative_to(directory) else None
 
 
-def final_base(
-    final: FinalTrainConfig, sweep: SweepConfig, params: Params, data_root, mirror
-) -> RunSpec:
-    """The RunSpec every final run starts from: the final section's epochs, sizes and seed
-    on the sweep's dataset, with params.yaml's augmentation and smallNORB settings."""
-    return RunSpec(
-        model="",
-        train=TrainConfig(
-            epochs=final.epochs, batch_size=final.batch_size, seed=final.seed,
-            compile=final.compile,
-        ),
-        dataset=sweep.dataset,
-        channels=sweep.channels,
-        train_size=final.train_size,
-        val_size=final.val_size,
-        augment_params=params.augment,
-        smallnorb=params.data.smallnorb,
-        data_root=data_root,
-        mirror=mirror,
-    )  # fmt: skip
-
-
 def train_final(
     final: FinalTrainConfig,
     sweep: SweepConfig,
@@ -133,7 +110,7 @@ def train_final(
             f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "
             f"is {sweep.dataset}; pass the matching --best or --sweep-section"
         )
-    base = final_base(final, sweep, params or Params(), data_root, mirror)
+    base = section_spec(final, sweep, params, data_root, mirror)
     specs = [run_spec(run, base) for run in final_runs(best, final)]
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
