@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsnet.cli_options import MAX_COUNT, count
 from capsnet.errors import CapsnetError
+from capsnet.train import select_device
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("capsnet", "naive", "conv")
@@ -301,7 +303,7 @@ def _int_list(ctx, param, value: str) -> list[int]:
         numbers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         raise click.BadParameter(f"{value!r}: expected integers like 32,128") from None
-    if not numbers or min(numbers) < 1:
+    if not numbers or min(numbers) < 1 or max(numbers) > MAX_COUNT:
         raise click.BadParameter(f"{value!r}: expected positive integers like 32,128")
     return numbers
 
@@ -319,14 +321,12 @@ def _implementations(ctx, param, value: str) -> list[str]:
 @click.option("--batch-sizes", default="32,128", show_default=True, callback=_int_list)
 @click.option(
     "--rounds",
-    type=click.IntRange(min=1),
+    type=count(),
     default=5,
     show_default=True,
     help="Medians over rounds.",
 )
-@click.option(
-    "--steps", type=click.IntRange(min=1), default=2, show_default=True, help="Steps per round."
-)
+@click.option("--steps", type=count(), default=2, show_default=True, help="Steps per round.")
 @click.option(
     "--impl",
     "implementations",
@@ -348,6 +348,7 @@ def throughput_command(
     if quick:
         batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
     try:
+        select_device(device)
         result = run(batch_sizes, rounds, steps, implementations, model, device, rss, compile)
     except CapsnetError as exc:  # e.g. an unknown --model: one line, also when run as a file
         raise click.ClickException(str(exc)) from None

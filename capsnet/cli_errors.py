@@ -90,13 +90,35 @@ def named_files(args: list[str]) -> list[str]:
     return [w for w in args if not w.startswith("--") and os.path.isfile(w)]
 
 
-def _where(args: list[str], outputs: bool) -> str:
-    """``" (--out x)"`` for the output options given, or ``" (a.pt, b.yaml)"`` for the
-    files named on the command line; empty when none are."""
-    if outputs:
-        shown = [f"{n} {v}" for n, v in option_values(args) if n in OUTPUT_OPTIONS]
-    else:
-        shown = named_files(args)
+def _existing(path: str) -> str:
+    """``path`` or its nearest existing parent."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _full(path: str) -> bool:
+    """Whether the file system holding ``path`` has no space left for this user."""
+    try:
+        return os.statvfs(_existing(path)).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _outputs(args: list[str], code: int | None) -> list[str]:
+    """``--out x`` for the output options given: for a full disk those on a full file
+    system; otherwise the outputs proper (--out, --figures...) before the data root."""
+    given = [(n, v) for n, v in option_values(args) if n in OUTPUT_OPTIONS]
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        full = [(n, v) for n, v in given if _full(v)]
+        given = full or given
+    proper = [(n, v) for n, v in given if n not in ("--data-root", "--root")]
+    return [f"{n} {v}" for n, v in (proper or given)]
+
+
+def _where(shown: list[str]) -> str:
+    """``" (a, b, c)"`` for the first three of ``shown``; empty when there are none."""
     return f" ({', '.join(shown[:3])})" if shown else ""
 
 
@@ -104,10 +126,10 @@ def os_error(exc: OSError, args: list[str]) -> str:
     """One line for an OSError: its path, the option that named it, and what to do."""
     what, todo = OS_ERRORS.get(exc.errno, (exc.strerror or str(exc), "check the path"))
     if exc.errno is None and not exc.filename:
-        return f"{shorten(exc)}{_where(args, outputs=False)}: check the file"
+        return f"{shorten(exc)}{_where(named_files(args))}: check the file"
     path = exc.filename2 if exc.errno == errno.EEXIST and exc.filename2 else exc.filename
     if path is None:
-        return f"{what} while writing{_where(args, outputs=True)}: {todo}"
+        return f"{what} while writing{_where(_outputs(args, exc.errno))}: {todo}"
     option = option_for(os.fsdecode(path), args)
     named = f" ({option})" if option else ""
     return f"{shorten(os.fsdecode(path))}: {what}{named}: {todo}"
@@ -128,7 +150,7 @@ def user_error(exc: BaseException, args: list[str]) -> str | None:
     """The one line for an error the user or the machine caused, or None (a bug)."""
     if isinstance(exc, OSError):
         return os_error(exc, args)
-    files = _where(args, outputs=False)
+    files = _where(named_files(args))
     if isinstance(exc, UnicodeDecodeError):
         return (
             f"a file is not UTF-8 text{files}: {exc.reason} at byte {exc.start}; save it as UTF-8"

@@ -130,8 +130,22 @@ def data_root_option(*old_names: str, help: str = "Data directory."):
         show_envvar=True,
         default="data",
         show_default=True,
+        callback=_data_root_check,
         help=help,
     )
+
+
+def _data_root_check(ctx: click.Context, param: click.Parameter, value):
+    """A data root that is a file or lies under one can be neither read nor made."""
+    if value is not None:
+        existing = Path(os.path.abspath(value))
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise click.BadParameter(
+                f"{value}: {existing} is a file, not a directory", param_hint="'--data-root'"
+            )
+    return value
 
 
 mirror_option = click.option(

@@ -121,6 +121,8 @@ def _scalar(tp, value, key: str, source: str):
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(source, key, f"expected an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:
+            _fail(source, key, f"{value} is too large (integers are 64-bit)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,0 +1,100 @@
+"""The fault-injection suite's fixtures: the tally, a prepared MNIST root, a checkpoint,
+and small file systems (full, read-only) where this machine lets a test mount one."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from faulthelpers import Tally, invoke
+
+_TALLY = Tally()
+_WRITTEN: list[Path] = []
+
+
+@pytest.fixture(scope="session")
+def tally(tmp_path_factory) -> Tally:
+    """The session's counts, written to <basetemp>/faults.json when the session ends."""
+    yield _TALLY
+    _WRITTEN.append(_TALLY.write(tmp_path_factory.getbasetemp() / "faults.json"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _TALLY.inputs or _TALLY.faults:
+        where = f" (counts in {_WRITTEN[-1]})" if _WRITTEN else ""
+        terminalreporter.write_line(_TALLY.line() + where)
+
+
+@pytest.fixture(scope="session")
+def prepared_root(tmp_path_factory, mnist_mirror) -> Path:
+    """A data root with the raw and prepared MNIST (prepared by ``capsnet data prepare``)."""
+    root = tmp_path_factory.mktemp("faults-data")
+    raw = root / "raw" / "mnist"
+    raw.mkdir(parents=True)
+    for gz in (mnist_mirror / "mnist").glob("*.gz"):
+        shutil.copy(gz, raw / gz.name)
+    done = invoke("data", "prepare", "mnist", "--data-root", root)
+    assert done.code == 0, done.stderr
+    return root
+
+
+@pytest.fixture(scope="session")
+def lenet_checkpoint(tmp_path_factory) -> Path:
+    """An untrained lenet5 checkpoint."""
+    import torch
+
+    from capsnet import checkpoint, models
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("faults-ckpt") / "lenet5.pt"
+    return checkpoint.save(path, models.build("lenet5"))
+
+
+@pytest.fixture
+def blocker(tmp_path) -> Path:
+    """A regular file: every path under it is unwritable, whoever runs the test."""
+    path = tmp_path / "a-file"
+    path.write_text("not a directory\n")
+    return path
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, options: str):
+    """A tmpfs mounted at ``where`` with ``options``; skips when it cannot be mounted."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(directory: Path) -> None:
+    """Write into ``directory`` until its file system has no space left."""
+    with open(directory / "filler", "wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Path:
+    """A directory on a 64 KiB tmpfs that is already full."""
+    with tmpfs(tmp_path / "full", "size=64k") as where:
+        fill(where)
+        yield where
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """A directory on a read-only tmpfs."""
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as where:
+        yield where

@@ -1,0 +1,176 @@
+"""Running ``capsnet`` against a fault and judging what it left: the exit code, one stderr
+line, no traceback, and no output that looks complete but is not.
+
+A ``Tally`` counts every case: bad inputs tried, faults injected (a full disk, a read-only
+file system, a process killed or an operation failing mid-write), tracebacks and partial
+outputs seen. tests/faults/conftest.py prints the totals and writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner
+
+#: A temporary a writer names recognisably (capsnet.io): ``.<target>.<tag>.tmp|.old``.
+TEMPORARY = re.compile(r"\..+\.(tmp|old)")
+#: Files a writer may leave that are neither output nor debris.
+HOUSEKEEPING = {".capsnet.lock"}
+#: Progress lines a command prints on stderr while it works (``capsnet train``'s epochs).
+PROGRESS = re.compile(r"epoch \d+: .*")
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the suite tried and what it saw."""
+
+    inputs: int = 0
+    faults: int = 0
+    tracebacks: int = 0
+    partial_outputs: int = 0
+
+    def line(self) -> str:
+        return (
+            f"faults: {self.inputs} inputs tried, {self.faults} faults injected, "
+            f"{self.tracebacks} tracebacks, {self.partial_outputs} partial outputs"
+        )
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        return path
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one ``capsnet`` run ended."""
+
+    code: int
+    stderr: str
+    traceback: bool
+
+    @property
+    def lines(self) -> list[str]:
+        """The stderr lines that are not progress reports."""
+        return [x for x in self.stderr.strip().splitlines() if not PROGRESS.fullmatch(x)]
+
+
+def invoke(*args, env: dict | None = None) -> Outcome:
+    """``capsnet ARGS`` in this process (the boundary of capsnet.cli.main included)."""
+    from capsnet.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args], env=env)
+    exc = result.exception
+    crashed = exc is not None and not isinstance(exc, SystemExit)
+    return Outcome(result.exit_code, result.stderr, crashed or "Traceback" in result.stderr)
+
+
+#: Run before ``capsnet.cli.main`` in a subprocess: wrap ``TARGET`` (a module attribute)
+#: so that its ``NTH`` call whose arguments mention ``MATCH`` kills the process (exit 137,
+#: no cleanup runs, as with SIGKILL) or raises OSError(ERRNO).
+_INJECT = """
+import errno, importlib, os, sys
+module_name, attribute = {target!r}.rsplit(".", 1)
+module = importlib.import_module(module_name)
+real = getattr(module, attribute)
+seen = [0]
+def wrapped(*args, **kwargs):
+    if {match!r} in " ".join(map(str, args)):
+        seen[0] += 1
+        if seen[0] == {nth}:
+            if {action!r} == "kill":
+                os._exit(137)
+            raise OSError({errno}, os.strerror({errno}))
+    return real(*args, **kwargs)
+setattr(module, attribute, wrapped)
+sys.argv = ["capsnet", *{args!r}]
+from capsnet.cli import main
+main()
+"""
+
+
+def run_injected(
+    args, target: str, match: str = "", nth: int = 1, action: str = "kill", errno: int = 5
+) -> Outcome:
+    """``capsnet ARGS`` in a subprocess whose ``target`` is made to fail (see _INJECT)."""
+    code = _INJECT.format(
+        target=target, match=match, nth=nth, action=action, errno=errno, args=[str(a) for a in args]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True
+    )
+    return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """relative path -> content hash of every file under ``roots`` that is not a
+    recognisable temporary or housekeeping file."""
+    found = {}
+    for root in roots:
+        if root.is_file():
+            found[str(root)] = hashlib.sha1(root.read_bytes()).hexdigest()
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not TEMPORARY.fullmatch(d)]
+            for name in filenames:
+                if TEMPORARY.fullmatch(name) or name in HOUSEKEEPING:
+                    continue
+                path = Path(dirpath) / name
+                found[str(path)] = hashlib.sha1(path.read_bytes()).hexdigest()
+    return found
+
+
+def debris(*roots: Path) -> list[Path]:
+    """Recognisable temporaries under ``roots`` (what a killed writer may leave)."""
+    found = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            found += [Path(dirpath) / n for n in dirnames + filenames if TEMPORARY.fullmatch(n)]
+            dirnames[:] = [d for d in dirnames if not TEMPORARY.fullmatch(d)]
+    return sorted(found)
+
+
+def judge(
+    tally: Tally,
+    outcome: Outcome,
+    *,
+    fault: bool = False,
+    before: dict[str, str] | None = None,
+    after: dict[str, str] | None = None,
+    code: int | None = None,
+    names: tuple[str, ...] = (),
+    killed: bool = False,
+) -> None:
+    """Count one case and hold it to the rules: a non-zero exit (``code`` when given), no
+    traceback, one stderr line besides progress reports naming each of ``names`` (unless
+    ``killed``), and no file under the watched outputs added, changed or lost (``before`` /
+    ``after`` snapshots)."""
+    if fault:
+        tally.faults += 1
+    else:
+        tally.inputs += 1
+    tally.tracebacks += outcome.traceback
+    changed = []
+    if before is not None and after is not None:
+        changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+        tally.partial_outputs += bool(changed)
+    assert not outcome.traceback, outcome.stderr
+    assert outcome.code != 0, outcome.stderr
+    if code is not None:
+        assert outcome.code == code, outcome.stderr
+    assert not changed, f"outputs appeared, changed or vanished in a failed run: {changed}"
+    if killed:
+        return
+    assert len(outcome.lines) == 1, outcome.stderr
+    assert outcome.lines[0].startswith("Error: "), outcome.stderr
+    for name in names:
+        assert name in outcome.lines[0], outcome.lines[0]

@@ -1,0 +1,138 @@
+"""Bad params files, generated: every leaf of every section given values of the wrong type,
+non-finite or too large, and whole files that are not UTF-8, not YAML or repeat a key, for
+every command that reads params. Each ends as one line naming the file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+
+import pytest
+import yaml
+from faulthelpers import invoke, judge
+
+from capsnet.config import Params
+from capsnet.config.schema import Searched
+
+HUGE = 2**70
+NAN, INF = float("nan"), float("inf")
+
+SCALAR_BAD = {
+    int: ["abc", 1.5, NAN, [1], True, HUGE],
+    float: [NAN, INF, -INF, "abc", [1.0], True],
+    bool: ["maybe", 3],
+    str: [[1, 2], {"a": 1}, 7],
+}
+
+
+def leaves(cls, prefix: tuple[str, ...] = ()):
+    """(dotted key path, annotation) of every non-dataclass field under ``cls``."""
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        tp = hints[item.name]
+        if dataclasses.is_dataclass(tp):
+            yield from leaves(tp, (*prefix, item.name))
+        else:
+            yield (*prefix, item.name), tp
+
+
+def bad_values(tp) -> list:
+    """Values no field of annotation ``tp`` accepts."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return bad_values(inner[0]) if len(inner) == 1 else [[{"x": NAN}]]
+    if origin is Searched:
+        (inner,) = args
+        numeric = inner in (int, float)
+        drawn = [{"uniform": [NAN, 1.0]}, {"loguniform": [0.0, 1.0]}] if numeric else []
+        return [*bad_values(inner)[:2], {"grid": []}, {"bogus": [1]}, *drawn]
+    if origin is typing.Literal:
+        return ["no-such-choice", 1]
+    if origin in (tuple, list):
+        fixed = origin is tuple and not (len(args) == 2 and args[1] is Ellipsis)
+        element = bad_values(args[0])[0] if args else NAN
+        return ["not-a-list", [element] * (len(args) if fixed else 1)]
+    if origin is dict:
+        return ["not-a-mapping", [1]]
+    return SCALAR_BAD.get(tp, [[{"x": NAN}]])
+
+
+def nested(keys: tuple[str, ...], value) -> dict:
+    for key in reversed(keys):
+        value = {key: value}
+    return value
+
+
+CASES = [
+    pytest.param(keys, value, id=f"{'.'.join(keys)}={value!r}"[:80])
+    for keys, tp in leaves(Params)
+    for value in bad_values(tp)
+]
+
+
+@pytest.mark.parametrize("keys, value", CASES)
+def test_a_bad_value_names_its_key(tmp_path, tally, keys, value):
+    params = tmp_path / "bad-params.yaml"
+    params.write_text(yaml.safe_dump(nested(keys, value)))
+    done = invoke("evaluate-stage", "--params", params)
+    judge(tally, done, code=1, names=("bad-params.yaml", ".".join(keys)))
+
+
+#: name -> (bytes of a params file, what its one line says).
+BAD_FILES = {
+    "latin-1": ("train:\n  epochs: 1  # caf\xe9\n".encode("latin-1"), "not UTF-8"),
+    "random-bytes": (bytes(range(256)) * 4, "not UTF-8"),
+    "not-yaml": (b"train: [1, 2\nsweep: {\n", "not valid YAML"),
+    "a-list": (b"- train\n- sweep\n", "expected a mapping"),
+    "duplicate-section": (b"train:\n  epochs: 1\ntrain:\n  epochs: 2\n", "duplicate key"),
+    "duplicate-nested": (b"sweep:\n  epochs: 1\n  epochs: 2\n", "sweep.epochs: duplicate"),
+    "unknown-section": (b"trian:\n  epochs: 1\n", "trian"),
+    "unknown-key": (b"data:\n  mnist:\n    shfit: 1\n", "data.mnist.shfit"),
+    "yaml-object": (b"train: !!python/object:os.system {}\n", "not valid YAML"),
+}
+
+#: Every command that reads a params file, with the other arguments it needs.
+PARAMS_COMMANDS = {
+    "evaluate-stage": [],
+    "viewpoints": [],
+    "sweep": [],
+    "train-final": [],
+    "publish": [],
+    "data prepare": ["mnist"],
+    "data download": ["mnist"],
+    "data show": ["mnist", "--out", "{tmp}/grid.png"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(PARAMS_COMMANDS))
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_params_file_is_one_line_for_every_command(tmp_path, tally, command, kind):
+    if command in ("sweep", "train-final", "publish"):
+        pytest.importorskip("ray")
+    content, fragment = BAD_FILES[kind]
+    params = tmp_path / "bad-params.yaml"
+    params.write_bytes(content)
+    extra = [a.format(tmp=tmp_path) for a in PARAMS_COMMANDS[command]]
+    done = invoke(*command.split(), *extra, "--params", params)
+    judge(tally, done, names=("bad-params.yaml", fragment))
+
+
+@pytest.mark.parametrize("command", sorted(PARAMS_COMMANDS))
+@pytest.mark.parametrize("kind", ["missing", "a-directory", "unreadable"])
+def test_a_params_file_that_cannot_be_read(tmp_path, tally, command, kind):
+    if command in ("sweep", "train-final", "publish"):
+        pytest.importorskip("ray")
+    params = tmp_path / "params-here.yaml"
+    if kind == "a-directory":
+        params.mkdir()
+    elif kind == "unreadable":
+        params.write_text("train: {}\n")
+        params.chmod(0)
+        if os.access(params, os.R_OK):
+            pytest.skip("this user reads files whatever their mode (root)")
+    extra = [a.format(tmp=tmp_path) for a in PARAMS_COMMANDS[command]]
+    done = invoke(*command.split(), *extra, "--params", params)
+    judge(tally, done, names=("params-here.yaml",))

@@ -1,0 +1,180 @@
+"""Faults while writing: outputs under a regular file, a full disk, a read-only file system,
+a write that fails and a process killed at chosen points of publishing its outputs. A failed
+run leaves no output that looks complete (only recognisable temporaries, which the next run
+removes), an earlier output stays as it was, and the error is one line."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+from faulthelpers import debris, invoke, judge, run_injected, snapshot
+
+from capsnet import checkpoint
+
+#: A few batches of lenet5: the smallest training that writes a real run directory.
+TINY_TRAIN = [
+    "train", "--model", "lenet5", "--train-limit", "32", "--val-size", "0", "--test-limit",
+    "32", "--batch-size", "16", "--augment", "none",
+]  # fmt: skip
+
+
+def train_args(root: Path, out: Path) -> list:
+    return [*TINY_TRAIN, "--data-root", root, "--out", out]
+
+
+@pytest.mark.parametrize(
+    "section, key, command",
+    [
+        ("evaluate", "out_dir", "evaluate-stage"),
+        ("viewpoints", "out_dir", "viewpoints"),
+        ("train", "out_dir", "train-final"),
+        ("sweep", "storage_path", "sweep"),
+        ("publish", "html", "publish"),
+    ],
+)
+def test_a_params_output_under_a_file_is_refused_before_work(
+    tmp_path, monkeypatch, tally, blocker, section, key, command
+):
+    if command in ("sweep", "train-final", "publish"):
+        pytest.importorskip("ray")
+    monkeypatch.chdir(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text(f"{section}:\n  {key}: {blocker / 'out'}\n")
+    done = invoke(command, "--params", params)
+    judge(tally, done, code=1, names=(f"{section}.{key}", str(blocker)))
+
+
+def test_a_full_disk_fails_training_in_one_line_and_leaves_nothing(tally, prepared_root, full_disk):
+    out = full_disk / "run"
+    done = invoke(*train_args(prepared_root, out))
+    judge(tally, done, fault=True, before={}, after=snapshot(full_disk / "run"))
+    assert "no space left on device" in done.lines[0] and f"(--out {out})" in done.lines[0]
+    assert debris(full_disk) == []
+
+
+@pytest.mark.parametrize("what", ["eval-json", "figure"])
+def test_a_full_disk_fails_small_writes_in_one_line(
+    tally, prepared_root, lenet_checkpoint, full_disk, what
+):
+    if what == "eval-json":
+        target = full_disk / "results.json"
+        args = ["eval", lenet_checkpoint, "--limit", "8", "--out", target]
+    else:
+        target = full_disk / "grid.png"
+        args = ["data", "show", "mnist", "--out", target, "--count", "4"]
+    done = invoke(*args, "--data-root", prepared_root)
+    judge(tally, done, fault=True, names=("no space left on device",))
+    assert not target.exists() and debris(full_disk) == []
+
+
+def test_a_full_disk_during_prepare_publishes_no_prepared_data(tmp_path, tally, mnist_mirror):
+    from conftest import tmpfs
+
+    with tmpfs(tmp_path / "small", "size=16m") as root:
+        raw = root / "raw" / "mnist"
+        raw.mkdir(parents=True)
+        for gz in (mnist_mirror / "mnist").glob("*.gz"):
+            shutil.copy(gz, raw / gz.name)
+        done = invoke("data", "prepare", "mnist", "--data-root", root, env={"CAPSNET_MIRROR": ""})
+        judge(tally, done, fault=True, before={}, after=snapshot(root / "prepared"))
+        assert "no space left on device" in done.lines[0]
+
+
+def test_a_read_only_file_system_is_refused_before_work(
+    tally, prepared_root, lenet_checkpoint, read_only
+):
+    cases = [
+        (train_args(prepared_root, read_only / "run"), "'--out'"),
+        (["eval", lenet_checkpoint, "--out", read_only / "e.json"], "'--out'"),
+        (["data", "prepare", "mnist", "--data-root", read_only / "data"], "'--data-root'"),
+    ]
+    for args, option in cases:
+        done = invoke(*args)
+        judge(tally, done, fault=True, code=2, names=(option, "read-only file system"))
+
+
+@pytest.mark.parametrize(
+    "target, code",
+    [
+        ("os.replace", errno.EIO),
+        ("os.fsync", errno.ENOSPC),
+        ("capsnet.io.new_temp_file", errno.EACCES),
+    ],
+)
+def test_a_failing_write_of_eval_results_leaves_no_file(
+    tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint, target, code
+):
+    import importlib
+    import os
+
+    module_name, attribute = target.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    real = getattr(module, attribute)
+
+    def failing(*args, **kwargs):
+        if "results" in str(args) or attribute == "fsync":
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    out = tmp_path / "results.json"
+    monkeypatch.setattr(module, attribute, failing)
+    args = ["eval", lenet_checkpoint, "--limit", "8", "--data-root", prepared_root]
+    done = invoke(*args, "--out", out)
+    monkeypatch.undo()
+    judge(tally, done, fault=True, before={}, after=snapshot(tmp_path))
+    assert debris(tmp_path) == []
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_training_killed_while_publishing_leaves_no_run_and_the_next_run_cleans_up(
+    tmp_path, tally, prepared_root, nth
+):
+    """Kill at the rename of model.pt (1) or metrics.json (2) into the staging directory,
+    or of the staging directory into place (3)."""
+    out = tmp_path / "run"
+    killed = run_injected(train_args(prepared_root, out), "os.replace", "run", nth, "kill")
+    assert killed.code == 137, killed.stderr
+    judge(tally, killed, fault=True, before={}, after=snapshot(out), killed=True)
+    assert all(p.name.startswith(".run.") for p in debris(tmp_path)), debris(tmp_path)
+    again = invoke(*train_args(prepared_root, out))
+    assert again.code == 0, again.stderr
+    assert debris(tmp_path) == []
+    assert checkpoint.load(out / "model.pt")[0] is not None
+
+
+def test_training_killed_while_replacing_an_earlier_run_keeps_it(tmp_path, tally, prepared_root):
+    out = tmp_path / "run"
+    first = invoke(*train_args(prepared_root, out))
+    assert first.code == 0, first.stderr
+    before = snapshot(out)
+    killed = run_injected(train_args(prepared_root, out), "capsnet.io.exchange", "run", 1, "kill")
+    assert killed.code == 137, killed.stderr
+    judge(tally, killed, fault=True, before=before, after=snapshot(out), killed=True)
+    failed = run_injected(
+        train_args(prepared_root, out), "capsnet.io.exchange", "run", 1, "raise", errno.EIO
+    )
+    judge(tally, failed, fault=True, before=before, after=snapshot(out), names=(f"--out {out}",))
+    again = invoke(*train_args(prepared_root, out))
+    assert again.code == 0 and debris(tmp_path) == [], again.stderr
+
+
+def test_prepare_killed_mid_publish_leaves_no_prepared_data(tmp_path, tally, mnist_mirror):
+    root = tmp_path / "data"
+    raw = root / "raw" / "mnist"
+    raw.mkdir(parents=True)
+    for gz in (mnist_mirror / "mnist").glob("*.gz"):
+        (raw / gz.name).symlink_to(gz)
+    args = ["data", "prepare", "mnist", "--data-root", root]
+    killed = run_injected(args, "os.replace", "prepared", 2, "kill")
+    assert killed.code == 137, killed.stderr
+    judge(tally, killed, fault=True, before={}, after=snapshot(root / "prepared"), killed=True)
+    again = invoke(*args, env={"CAPSNET_MIRROR": ""})
+    assert again.code == 0, again.stderr
+    assert debris(root) == []
+    assert sorted(p.name for p in (root / "prepared" / "mnist").iterdir()) == [
+        "test.pt",
+        "train.pt",
+    ]
