@@ -56,6 +56,7 @@ def _worker(args: argparse.Namespace) -> dict:
         input_size=args.input_size,
         num_classes=args.num_classes,
         routing_iterations=args.iterations,
+        routing_scope=args.routing_scope,
     )
     device = torch.device(args.device)
     model.to(device)
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input-size", type=int, default=32)
     parser.add_argument("--num-classes", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument(
+        "--routing-scope",
+        default="global",
+        choices=("global", "window"),
+        help="EM assignments normalised over all windows a child feeds, or per window",
+    )
     parser.add_argument("--steps", type=int, default=2, help="timed training steps")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument(
@@ -165,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     on_gpu = first["peak_gpu_gib"] is not None
     print(
         f"{args.model}, {args.in_channels}x{args.input_size}x{args.input_size}, "
-        f"{args.iterations} EM iterations, {first['device']}, {first['threads']} threads, "
+        f"{args.iterations} EM iterations, routing scope {args.routing_scope}, "
+        f"{first['device']}, {first['threads']} threads, "
         f"torch {first['torch']}, median of {args.rounds} round(s) x {args.steps} step(s)"
     )
     gpu_head = " peak GPU memory (GiB) |" if on_gpu else ""

@@ -79,6 +79,9 @@ def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     _check_sections(path, payload)
     _check_config(path, payload["model_name"], payload["model_config"])
     _check_state(path, payload["state_dict"])
+    # A field the file predates means what the model was trained with, not today's default.
+    legacy = getattr(models.spec(payload["model_name"]).config_cls, "missing_field_defaults", {})
+    payload["model_config"] = {**legacy, **payload["model_config"]}
     return payload
 
 

@@ -18,11 +18,13 @@ from torch import nn
 from capsnet.routing import (
     EM_FINAL_LAMBDA,
     EM_MIN_VAR,
+    em_routing,
     em_routing_blocked,
     em_routing_from_poses,
 )
 
 POSE_SHAPES = {"matrix": (4, 4), "vector": (1, 16)}
+ROUTING_SCOPES = ("global", "window")  # a child's assignments sum to 1 over all / per window
 COORD_ENTRIES = (0, 1)  # vote entries that receive the scaled (row, col) position (SPEC 1.3)
 
 
@@ -144,6 +146,47 @@ def _init_transforms(weight: torch.Tensor) -> None:
     nn.init.normal_(weight, std=weight.shape[-1] ** -0.5)
 
 
+class GlobalScope:
+    """Assignment normalisation of children shared by overlapping windows (SPEC 1.3): a
+    child's assignments sum to 1 over every (window, parent type) it votes for.
+
+    ``index`` (N, I) names the child in slot i of window n (``child_index``); the window
+    axis N and the slot axis I are those of em_routing's groups and children.
+    """
+
+    def __init__(self, index: torch.Tensor, n_children: int):
+        self.index = index  # (N, I)
+        self.flat = index.reshape(-1)  # (N*I,)
+        self.n_children = n_children
+
+    def _per_child_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """values (N, I) -> sums over each child's slots, read back at every slot (N, I)."""
+        total = values.new_zeros(self.n_children).index_add(0, self.flat, values.reshape(-1))
+        return total[self.index]  # (N, I)
+
+    def initial(self, n_out: int) -> torch.Tensor:
+        """Uniform assignments over a child's parents: (N, n_out, n_in) of 1 / (windows * n_out)."""
+        ones = torch.ones(self.index.shape, dtype=torch.float64, device=self.index.device)
+        count = self._per_child_sum(ones)  # (N, I): windows holding each slot's child
+        return (1.0 / (count * n_out)).unsqueeze(1).expand(-1, n_out, -1)  # (N, n_out, I)
+
+    def softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (N, n_out, n_in) -> assignments normalised per child across windows."""
+        peak = logits.detach().amax(dim=1).reshape(-1)  # (N*I,)
+        child_peak = peak.new_full((self.n_children,), -torch.inf)  # (children,)
+        child_peak = child_peak.scatter_reduce(0, self.flat, peak, "amax")  # (children,)
+        e = torch.exp(logits - child_peak[self.index].unsqueeze(1))  # (N, n_out, I), <= 1
+        return e / self._per_child_sum(e.sum(dim=1)).unsqueeze(1)  # (N, n_out, I)
+
+
+def child_index(batch: int, h: int, w: int, types: int, kernel: int, stride: int) -> torch.Tensor:
+    """Child of every window slot, (B*H'*W', K*K*T), in ``ConvMatrixCaps.windows`` order;
+    children are numbered row-major over (B, H, W, T)."""
+    idx = torch.arange(batch * h * w * types).reshape(batch, h, w, types)  # (B, H, W, T)
+    idx = idx.unfold(1, kernel, stride).unfold(2, kernel, stride)  # (B, H', W', T, K, K)
+    return idx.permute(0, 1, 2, 4, 5, 3).reshape(-1, kernel * kernel * types)  # (N, KKT)
+
+
 class PrimaryMatrixCaps(nn.Module):
     """1x1 convolution -> per position ``types`` capsules: a 16-entry pose and a sigmoid
     activation. Pose channel index = type * 16 + entry (a capsule lives at one position)."""
@@ -164,7 +207,9 @@ class PrimaryMatrixCaps(nn.Module):
 
 class ConvMatrixCaps(nn.Module):
     """Convolutional capsule layer: each output position routes the K x K x T_in capsules of
-    its window to T_out parent types with EM (each window is one routing group)."""
+    its window to T_out parent types with EM. ``routing_scope`` "global" normalises a child's
+    assignments over the parents of every window covering it (SPEC 1.3); "window" routes each
+    window as an independent group (a child's assignments then total 1 per window)."""
 
     def __init__(
         self,
@@ -176,8 +221,14 @@ class ConvMatrixCaps(nn.Module):
         final_lambda: float = EM_FINAL_LAMBDA,
         min_var: float = EM_MIN_VAR,
         pose: str = "matrix",
+        routing_scope: str = "global",
     ):
         super().__init__()
+        if routing_scope not in ROUTING_SCOPES:
+            raise ValueError(
+                f"routing_scope must be one of {', '.join(ROUTING_SCOPES)}, got {routing_scope!r}"
+            )
+        self.routing_scope = routing_scope
         self.kernel, self.stride = kernel, stride
         self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
         self.rows, cols = pose_shape(pose)
@@ -209,7 +260,9 @@ class ConvMatrixCaps(nn.Module):
         """poses (B, H, W, T_in, 16), activations (B, H, W, T_in) -> same with H', W', T_out."""
         batch = poses.shape[0]
         children, a_in, (h_out, w_out) = self.windows(poses, activations)
-        if self.compiled:
+        if self.routing_scope == "global":
+            pose, act = self._global_forward(poses.shape, children, a_in)
+        elif self.compiled:
             pose, act = self._compiled_forward(children, a_in)  # (N, T_out, 16), (N, T_out)
         else:
             pose, act = em_routing_blocked(
@@ -228,6 +281,30 @@ class ConvMatrixCaps(nn.Module):
             pose.reshape(batch, h_out, w_out, out_types, 16),  # (B, H', W', T_out, 16)
             act.reshape(batch, h_out, w_out, out_types),  # (B, H', W', T_out)
         )
+
+    def _global_forward(self, shape, children, a_in):
+        """Routing of all windows at once, assignments normalised per child (GlobalScope)."""
+        if self.compiled:
+            warnings.warn(
+                "compiled EM routing supports routing_scope 'window' only; "
+                "routing_scope 'global' runs eagerly",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.compiled = False
+        batch, h, w, t_in, _ = shape
+        index = child_index(batch, h, w, t_in, self.kernel, self.stride).to(children.device)
+        votes = expanded_transform(children, _expand_weight(self.weight, self.rows))  # (N,J,I,16)
+        return em_routing(
+            votes.transpose(1, 2),  # (N, I, J, 16) view of parent-major votes
+            a_in,
+            self.beta_v,
+            self.beta_a,
+            self.iterations,
+            self.final_lambda,
+            self.min_var,
+            scope=GlobalScope(index, batch * h * w * t_in),
+        )  # (N, T_out, 16), (N, T_out)
 
     def _compiled_forward(self, children, a_in):
         settings = (self.iterations, self.final_lambda, self.min_var)

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet import losses, models
-from capsnet.em_layers import ClassCaps, coordinate_offsets
+from capsnet import checkpoint, losses, models
+from capsnet.em_layers import (
+    ClassCaps,
+    ConvMatrixCaps,
+    GlobalScope,
+    child_index,
+    coordinate_offsets,
+)
+from capsnet.errors import ConfigError
 from capsnet.routing import (
     EM_MIN_VAR,
     em_inverse_temperatures,
@@ -21,7 +28,12 @@ from capsnet.routing import (
 from capsnet.train import TrainConfig, spread_margin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.em_reference import ReferenceEMCapsNet, em_routing_reference
+from benchmarks.em_reference import (
+    ReferenceEMCapsNet,
+    conv_caps_global_reference,
+    conv_caps_reference,
+    em_routing_reference,
+)
 
 SMALLNORB = {"in_channels": 1, "input_size": 32, "num_classes": 5}
 SMALLNORB_STEREO = {"in_channels": 2, "input_size": 32, "num_classes": 5}
@@ -281,7 +293,7 @@ def test_compiled_routing_matches_eager_model():
     """EMCapsNet.compile_routing: same outputs and parameter gradients as the eager blocked
     layers (fp32 tolerance), including a padded last block (7 windows of 8 per call)."""
     torch.manual_seed(0)
-    config = {**TINY, "input_size": 28}  # grids 12 -> 5 -> 3: 25 and 9 windows per image
+    config = {**TINY, "input_size": 28, "routing_scope": "window"}  # grids 12 -> 5 -> 3
     eager = models.build("em-capsnet-small", **config)
     compiled = models.build("em-capsnet-small", **config)
     compiled.load_state_dict(eager.state_dict())
@@ -318,9 +330,10 @@ def test_em_gradcheck():
 # ---- layers and models ----------------------------------------------------------------------
 
 
-def test_model_matches_loop_reference():
+@pytest.mark.parametrize("scope", ["global", "window"])
+def test_model_matches_loop_reference(scope):
     torch.manual_seed(0)
-    model = models.build("em-capsnet-small", **TINY)
+    model = models.build("em-capsnet-small", routing_scope=scope, **TINY)
     x = torch.rand(3, 1, 24, 24)
     out = model(x)
     out.scores.sum().backward()
@@ -332,6 +345,114 @@ def test_model_matches_loop_reference():
     torch.testing.assert_close(out.poses, ref.poses, rtol=1e-4, atol=1e-4)
     for fast, p in zip(fast_grads, model.parameters()):
         torch.testing.assert_close(fast, p.grad, rtol=1e-3, atol=1e-5)
+
+
+def _conv_layer_inputs(stride, iterations, seed=0, size=(7, 6), scope="global"):
+    torch.manual_seed(seed)
+    layer = ConvMatrixCaps(2, 3, kernel=3, stride=stride, iterations=iterations)
+    layer.routing_scope = scope
+    layer = layer.double()
+    with torch.no_grad():
+        layer.beta_v.normal_()
+        layer.beta_a.normal_()
+    poses = torch.randn(2, *size, 2, 16, dtype=torch.float64, requires_grad=True)
+    acts = torch.rand(2, *size, 2, dtype=torch.float64, requires_grad=True)
+    return layer, poses, acts
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
+def test_global_routing_matches_loop_reference(stride, iterations):
+    """Global-scope ConvMatrixCaps == the loop reference over the convolution geometry, in
+    values and in the gradients of every input and parameter (fp64)."""
+    layer, poses, acts = _conv_layer_inputs(stride, iterations)
+    fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
+    ref_poses, ref_acts, _ = conv_caps_global_reference(layer, poses, acts)
+    torch.testing.assert_close(fast[0], ref_poses, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fast[1], ref_acts, rtol=1e-10, atol=1e-12)
+    g_pose, g_act = torch.randn_like(ref_poses), torch.randn_like(ref_acts)
+    wrt = (poses, acts, layer.weight, layer.beta_v, layer.beta_a)
+    fast_grads = torch.autograd.grad(fast, wrt, (g_pose, g_act))
+    ref_grads = torch.autograd.grad((ref_poses, ref_acts), wrt, (g_pose, g_act))
+    for name, got, want in zip(
+        ("poses", "acts", "weight", "beta_v", "beta_a"), fast_grads, ref_grads
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=name)
+
+
+def test_global_and_window_routing_differ_where_windows_overlap():
+    layer, poses, acts = _conv_layer_inputs(stride=2, iterations=3)
+    global_acts = layer(poses, acts)[1]  # (B, 3, 2, J)
+    layer.routing_scope = "window"
+    window_acts = layer(poses, acts)[1]
+    torch.testing.assert_close(window_acts, conv_caps_reference(layer, poses, acts)[1])
+    assert (global_acts - window_acts).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_global_assignments_total_one_per_child(stride):
+    """Each child's last assignments sum to 1 over all its parents in all windows (and to
+    the number of covering windows under per-window routing); the fast normaliser agrees."""
+    layer, poses, acts = _conv_layer_inputs(stride, iterations=3, size=(7, 7))
+    _, _, r = conv_caps_global_reference(layer, poses.detach(), acts.detach())
+    total = torch.zeros(2, 7, 7, dtype=torch.float64)  # (B, H, W): summed over T and windows
+    for (y, x), assign in r.items():  # (B, KKT, J)
+        per_slot = assign.sum(dim=2).reshape(2, 3, 3, 2).sum(dim=3)  # (B, K, K)
+        total[:, y * stride : y * stride + 3, x * stride : x * stride + 3] += per_slot
+    torch.testing.assert_close(total, torch.full_like(total, 2.0))  # T = 2 children a cell
+    index = child_index(2, 7, 7, 2, kernel=3, stride=stride)  # (N, 18)
+    scope = GlobalScope(index, 2 * 7 * 7 * 2)
+    for r0 in (scope.initial(3), scope.softmax(100 * torch.randn(index.shape[0], 3, 18))):
+        child_total = torch.zeros(2 * 7 * 7 * 2, dtype=r0.dtype).index_add(
+            0, index.reshape(-1), r0.sum(dim=1).reshape(-1)
+        )  # (children,)
+        torch.testing.assert_close(child_total, torch.ones_like(child_total))
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
+def test_global_routing_model_is_nan_free(iterations):
+    torch.manual_seed(iterations)
+    model = models.build("em-capsnet-small", routing_iterations=iterations, **TINY)
+    for x in (torch.rand(2, 1, 24, 24), torch.zeros(2, 1, 24, 24), torch.ones(2, 1, 24, 24)):
+        out = model(x)
+        losses.spread_loss(out.scores, torch.tensor([0, 1]), 0.9).backward()
+        assert torch.isfinite(out.scores).all() and torch.isfinite(out.poses).all()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_routing_scope_setting():
+    assert models.build("em-capsnet-small", **TINY).caps1.routing_scope == "global"
+    window = models.build("em-capsnet-small", routing_scope="window", **TINY)
+    assert window.caps1.routing_scope == window.caps2.routing_scope == "window"
+    with pytest.raises(ConfigError, match="routing_scope must be one of global, window"):
+        models.build("em-capsnet-small", routing_scope="layer", **TINY)
+
+
+def test_compiled_routing_runs_global_scope_eagerly_with_a_warning():
+    torch.manual_seed(0)
+    eager = models.build("em-capsnet-small", **TINY)
+    compiled = models.build("em-capsnet-small", **TINY).compile_routing()
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.rand(2, 1, 24, 24)
+    with pytest.warns(RuntimeWarning, match="routing_scope 'global' runs eagerly"):
+        scores = compiled(x).scores
+    torch.testing.assert_close(scores, eager(x).scores)
+    assert not compiled.caps1.compiled and not compiled.caps2.compiled
+
+
+def test_checkpoint_without_routing_scope_loads_as_window(tmp_path):
+    """A checkpoint saved before routing_scope existed was trained per window."""
+    model = models.build("em-capsnet-small", routing_scope="window", **TINY)
+    path = tmp_path / "old.pt"
+    checkpoint.save(path, model)
+    payload = torch.load(path, weights_only=False)
+    del payload["model_config"]["routing_scope"]
+    torch.save(payload, path)
+    loaded, meta = checkpoint.load(path)
+    assert loaded.config.routing_scope == "window" == loaded.caps1.routing_scope
+    assert meta["model_config"]["routing_scope"] == "window"
+    checkpoint.save(path, models.build("em-capsnet-small", **TINY))
+    assert checkpoint.load(path)[0].caps2.routing_scope == "global"
 
 
 def test_coordinate_addition_changes_only_the_first_two_vote_entries():

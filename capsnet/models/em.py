@@ -8,6 +8,7 @@ stereo images), input_size=32, num_classes=5.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from torch import nn
 
 from capsnet.em_layers import (
     POSE_SHAPES,
+    ROUTING_SCOPES,
     ClassCaps,
     ConvMatrixCaps,
     PrimaryMatrixCaps,
@@ -47,6 +49,12 @@ class EMCapsNetConfig:
     min_var: float = 0.0005
     coordinate_addition: bool = True
     pose: str = "matrix"  # matrix (4x4) | vector (16, with 16x16 transforms): paper ablation
+    # global: a child's assignments sum to 1 over all parents of all windows it feeds (paper);
+    # window: each K x K window routed as its own group (the ablation)
+    routing_scope: str = "global"
+
+    # Saved configs without a field were trained with this value (capsnet.checkpoint.load).
+    missing_field_defaults: ClassVar[dict[str, str]] = {"routing_scope": "window"}
 
     def __post_init__(self):
         _check_positive(
@@ -55,6 +63,11 @@ class EMCapsNetConfig:
         )  # fmt: skip
         if self.pose not in POSE_SHAPES:
             raise ValueError(f"pose must be one of {', '.join(POSE_SHAPES)}, got {self.pose!r}")
+        if self.routing_scope not in ROUTING_SCOPES:
+            raise ValueError(
+                f"routing_scope must be one of {', '.join(ROUTING_SCOPES)}, "
+                f"got {self.routing_scope!r}"
+            )
         if self.final_lambda <= 0 or self.min_var <= 0:
             raise ValueError("final_lambda and min_var must be > 0")
         if self.grid_sizes[-1] < 1:
@@ -102,10 +115,11 @@ class EMCapsNet(nn.Module):
             "min_var": config.min_var,
             "pose": config.pose,
         }
+        scope = {"routing_scope": config.routing_scope}
         self.conv1 = nn.Conv2d(config.in_channels, config.A, kernel_size=5, stride=2)
         self.primary = PrimaryMatrixCaps(config.A, config.B)
-        self.caps1 = ConvMatrixCaps(config.B, config.C, kernel=3, stride=2, **routing)
-        self.caps2 = ConvMatrixCaps(config.C, config.D, kernel=3, stride=1, **routing)
+        self.caps1 = ConvMatrixCaps(config.B, config.C, kernel=3, stride=2, **routing, **scope)
+        self.caps2 = ConvMatrixCaps(config.C, config.D, kernel=3, stride=1, **routing, **scope)
         self.classes = ClassCaps(
             config.D, config.num_classes, coordinate_addition=config.coordinate_addition, **routing
         )

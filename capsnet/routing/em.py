@@ -94,8 +94,9 @@ def em_routing(
     min_var: float = EM_MIN_VAR,
     eps: float = 1e-6,
     return_assignments: bool = False,
+    scope=None,
 ):
-    """EM routing (Hinton, Sabour, Frosst 2018) over independent groups of children.
+    """EM routing (Hinton, Sabour, Frosst 2018) over groups of children.
 
     Args:
         votes: (N, n_in, n_out, P) vote of each child for each parent (P = 16 pose entries).
@@ -108,6 +109,10 @@ def em_routing(
             r_ij a_i in the mean and variance weights, so that they stay normalised (and the
             gradients bounded) when all children are inactive.
         return_assignments: also return the assignments R of the last E-step and the variances.
+        scope: None (each group normalises its children's assignments over its own parents)
+            or an object whose ``initial(n_out)`` gives the first assignments (N, n_out, n_in)
+            and ``softmax(logits (N, n_out, n_in))`` normalises them across groups (a child
+            shared by overlapping windows: em_layers.GlobalScope).
 
     Returns:
         pose (N, n_out, P) Gaussian means, activation (N, n_out) in (0, 1), and with
@@ -125,13 +130,14 @@ def em_routing(
     with torch.autocast(votes.device.type, enabled=False):  # routing always in fp32 or fp64
         return _em_routing(
             votes, activations, beta_v, beta_a, iterations, final_lambda, min_var, eps,
-            return_assignments,
+            return_assignments, scope,
         )  # fmt: skip
 
 
 def _em_routing(
-    votes, activations, beta_v, beta_a, iterations, final_lambda, min_var, eps, return_assignments
-):
+    votes, activations, beta_v, beta_a, iterations, final_lambda, min_var, eps, return_assignments,
+    scope,
+):  # fmt: skip
     dtype = torch.promote_types(votes.dtype, torch.float32)  # fp32 (or fp64) under autocast
     votes = votes.to(dtype)
     n, n_in, n_out, pose_dim = votes.shape
@@ -141,7 +147,10 @@ def _em_routing(
     a_in = activations.to(dtype).reshape(n, 1, n_in)  # (N, 1, n_in)
     beta_v = beta_v.to(dtype).reshape(-1, 1)  # (n_out or 1, 1)
     beta_a = beta_a.to(dtype).reshape(-1)  # (n_out or 1,)
-    r = v.new_full((n, n_out, n_in), 1.0 / n_out)  # (N, n_out, n_in): uniform assignments
+    if scope is None:
+        r = v.new_full((n, n_out, n_in), 1.0 / n_out)  # (N, n_out, n_in): uniform assignments
+    else:
+        r = scope.initial(n_out).to(dtype)  # (N, n_out, n_in): uniform over a child's parents
     for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
         # M-step: per-parent Gaussian (mean, variance per pose entry) and activation
         r_a = r * a_in  # (N, n_out, n_in)
@@ -160,7 +169,10 @@ def _em_routing(
         quad = quad + (mu * mu * inv_var).sum(dim=2, keepdim=True)  # sum_h (V - mu)^2 / var
         log_norm = log_sigma.sum(dim=2, keepdim=True) + 0.5 * pose_dim * _LOG_2PI  # (N, n_out, 1)
         logits = torch.nn.functional.logsigmoid(logit_a).unsqueeze(2) - 0.5 * quad - log_norm
-        r = torch.softmax(logits, dim=1)  # (N, n_out, n_in): sums to 1 over parents
+        if scope is None:
+            r = torch.softmax(logits, dim=1)  # (N, n_out, n_in): sums to 1 over parents
+        else:
+            r = scope.softmax(logits)  # (N, n_out, n_in): sums to 1 over all a child's parents
     pose = mu + centre.squeeze(2)  # (N, n_out, P)
     activation = torch.sigmoid(logit_a)  # (N, n_out)
     if return_assignments:
