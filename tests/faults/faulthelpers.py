@@ -149,6 +149,7 @@ def judge(
     code: int | None = None,
     names: tuple[str, ...] = (),
     killed: bool = False,
+    prefix: str = "Error: ",
 ) -> None:
     """Count one case and hold it to the rules: a non-zero exit (``code`` when given), no
     traceback, one stderr line besides progress reports naming each of ``names`` (unless
@@ -171,6 +172,6 @@ def judge(
     if killed:
         return
     assert len(outcome.lines) == 1, outcome.stderr
-    assert outcome.lines[0].startswith("Error: "), outcome.stderr
+    assert outcome.lines[0].startswith(prefix), outcome.stderr
     for name in names:
         assert name in outcome.lines[0], outcome.lines[0]

@@ -97,3 +97,16 @@ def test_a_bad_option_value_fails_before_work(
     if done.code == 2 or (" ".join(words), option) in STRING_BAD:
         assert option in line or given in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_every_float_option_refuses_non_finite_values():
+    """No command takes click's plain FLOAT, whose range checks let nan through."""
+    options = [(words, o) for words, command in commands() for o in command.params]
+    loose = [
+        f"{' '.join(words)} {option.opts[0]}"
+        for words, option in options
+        if isinstance(option.type, (click.types.FloatParamType, click.FloatRange))
+    ]
+    assert loose == []
+    finite = [o for _, o in options if isinstance(o.type, (FiniteFloat, FloatList))]
+    assert {o.opts[0] for o in finite} >= {"--lr", "--weight-decay", "--angles", "--epsilons"}

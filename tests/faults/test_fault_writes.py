@@ -178,3 +178,28 @@ def test_prepare_killed_mid_publish_leaves_no_prepared_data(tmp_path, tally, mni
         "test.pt",
         "train.pt",
     ]
+
+
+def test_ctrl_c_while_writing_is_exit_130_and_leaves_no_file(
+    tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint
+):
+    import os
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "results.json"
+    monkeypatch.setattr(os, "replace", interrupted)
+    args = ["eval", lenet_checkpoint, "--limit", "8", "--data-root", prepared_root]
+    done = invoke(*args, "--out", out)
+    monkeypatch.undo()
+    judge(
+        tally,
+        done,
+        fault=True,
+        before={},
+        after=snapshot(tmp_path),
+        code=130,
+        prefix="Interrupted.",
+    )
+    assert debris(tmp_path) == []
