@@ -141,6 +141,30 @@ def compiled_em_routing(
     return pose, act
 
 
+def compiled_global_routing(
+    children: torch.Tensor,
+    activations: torch.Tensor,
+    weight: torch.Tensor,
+    beta_v: torch.Tensor,
+    beta_a: torch.Tensor,
+    scope: GlobalScope,
+    iterations: int,
+    final_lambda: float,
+    min_var: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``em_routing_from_poses`` over all N windows at once with the assignments normalised
+    per child across windows (``scope``), compiled with torch.compile: children (N, I, 16),
+    activations (N, I), weight (I, J, c, c) -> pose (N, J, 16), activation (N, J)."""
+    global _compiled_routing
+    if _compiled_routing is None:
+        _compiled_routing = torch.compile(em_routing_from_poses, dynamic=False)
+    with torch.autocast(children.device.type, enabled=False):  # routing in fp32
+        return _compiled_routing(
+            children.float(), weight.float(), activations.float(), beta_v.float(),
+            beta_a.float(), iterations, final_lambda, min_var, scope=scope,
+        )  # fmt: skip
+
+
 def _init_transforms(weight: torch.Tensor) -> None:
     # Entries ~ N(0, 1/c): a vote entry is a sum of c products, so it keeps the pose's scale.
     nn.init.normal_(weight, std=weight.shape[-1] ** -0.5)
@@ -284,26 +308,32 @@ class ConvMatrixCaps(nn.Module):
 
     def _global_forward(self, shape, children, a_in):
         """Routing of all windows at once, assignments normalised per child (GlobalScope)."""
-        if self.compiled:
-            warnings.warn(
-                "compiled EM routing supports routing_scope 'window' only; "
-                "routing_scope 'global' runs eagerly",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            self.compiled = False
         batch, h, w, t_in, _ = shape
         index = child_index(batch, h, w, t_in, self.kernel, self.stride).to(children.device)
+        scope = GlobalScope(index, batch * h * w * t_in)
+        settings = (self.iterations, self.final_lambda, self.min_var)
+        if self.compiled:
+            try:
+                return compiled_global_routing(
+                    children, a_in, self.weight, self.beta_v, self.beta_a, scope, *settings
+                )
+            except Exception as exc:  # no C++ compiler / triton: fall back to the eager path
+                if not _is_compile_failure(exc):
+                    raise
+                warnings.warn(
+                    f"compiled EM routing unavailable ({type(exc).__name__}); using eager",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self.compiled = False
         votes = expanded_transform(children, _expand_weight(self.weight, self.rows))  # (N,J,I,16)
         return em_routing(
             votes.transpose(1, 2),  # (N, I, J, 16) view of parent-major votes
             a_in,
             self.beta_v,
             self.beta_a,
-            self.iterations,
-            self.final_lambda,
-            self.min_var,
-            scope=GlobalScope(index, batch * h * w * t_in),
+            *settings,
+            scope=scope,
         )  # (N, T_out, 16), (N, T_out)
 
     def _compiled_forward(self, children, a_in):

@@ -289,11 +289,13 @@ def test_em_routing_from_poses_matches_em_routing(rows, iterations):
 
 
 @pytest.mark.slow
-def test_compiled_routing_matches_eager_model():
-    """EMCapsNet.compile_routing: same outputs and parameter gradients as the eager blocked
-    layers (fp32 tolerance), including a padded last block (7 windows of 8 per call)."""
+@pytest.mark.parametrize("scope", ["window", "global"])
+def test_compiled_routing_matches_eager_model(scope):
+    """EMCapsNet.compile_routing: same outputs and parameter gradients as the eager layers
+    (fp32 tolerance); per window including a padded last block (7 windows of 8 per call),
+    globally with all windows routed in one call."""
     torch.manual_seed(0)
-    config = {**TINY, "input_size": 28, "routing_scope": "window"}  # grids 12 -> 5 -> 3
+    config = {**TINY, "input_size": 28, "routing_scope": scope}  # grids 12 -> 5 -> 3
     eager = models.build("em-capsnet-small", **config)
     compiled = models.build("em-capsnet-small", **config)
     compiled.load_state_dict(eager.state_dict())
@@ -428,13 +430,20 @@ def test_routing_scope_setting():
         models.build("em-capsnet-small", routing_scope="layer", **TINY)
 
 
-def test_compiled_routing_runs_global_scope_eagerly_with_a_warning():
+@pytest.mark.parametrize("scope", ["window", "global"])
+def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatch, scope):
+    import capsnet.em_layers as em_layers
+
+    def no_compiler(*args, **kwargs):
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(em_layers, "_compiled_routing", no_compiler)
     torch.manual_seed(0)
-    eager = models.build("em-capsnet-small", **TINY)
-    compiled = models.build("em-capsnet-small", **TINY).compile_routing()
+    eager = models.build("em-capsnet-small", routing_scope=scope, **TINY)
+    compiled = models.build("em-capsnet-small", routing_scope=scope, **TINY).compile_routing()
     compiled.load_state_dict(eager.state_dict())
     x = torch.rand(2, 1, 24, 24)
-    with pytest.warns(RuntimeWarning, match="routing_scope 'global' runs eagerly"):
+    with pytest.warns(RuntimeWarning, match="compiled EM routing unavailable"):
         scores = compiled(x).scores
     torch.testing.assert_close(scores, eager(x).scores)
     assert not compiled.caps1.compiled and not compiled.caps2.compiled
