@@ -2,7 +2,8 @@
 
 A trial config is the flat dict Tune samples (``model``, ``routing_iterations``, ``m_plus``,
 ``m_minus``, ``lam``, ``augment``, ``lr``, ``recon_weight`` and the EM ablation axes
-``pose``, ``coordinate_addition``, ``loss``, ``weight_decay``, ``detach_inner``).
+``pose``, ``coordinate_addition``, ``loss``, ``weight_decay``, ``detach_inner``,
+``routing_scope``).
 ``run_spec`` lays it over the sweep's base RunSpec; a searched parameter a model does not
 have (routing_iterations for lenet5) is ignored by that model's trials. The trial reports
 after every epoch (val_accuracy and, for MNIST, the accuracy on the rotated validation
@@ -29,6 +30,7 @@ MODEL_KEYS = {
     "pose": str,
     "coordinate_addition": bool,
     "detach_inner": bool,
+    "routing_scope": str,
 }
 CHECKPOINT_FILE = "trial.pt"
 

@@ -33,6 +33,7 @@ from capsnet.config.schema import (
 Dataset = Literal["mnist", "smallnorb"]
 Metric = Literal["val_accuracy", "val_rotated_accuracy"]
 Pose = Literal["matrix", "vector"]
+RoutingScope = Literal["global", "window"]
 Loss = Literal["auto", "margin", "cross-entropy", "spread"]
 WandbMode = Literal["auto", "offline", "online", "disabled"]
 ExtraDataset = Literal["multimnist", "expanded-mnist"]
@@ -58,9 +59,11 @@ SEARCHABLE = (
     "loss",
     "weight_decay",
     "detach_inner",
+    "routing_scope",
 )
 #: The ablation axes and their neutral values: the matrix-capsule axes of the EM paper
-#: (SPEC 1.3) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
+#: (SPEC 1.3; ``routing_scope``: EM assignments normalised over all windows a child feeds,
+#: or per window) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
 #: all but the last iteration), each at the model or TrainConfig default, so a sweep that
 #: leaves them there trains as before they existed (models without the field ignore it).
 ABLATION = {
@@ -69,6 +72,7 @@ ABLATION = {
     "loss": "auto",
     "weight_decay": 0.0,
     "detach_inner": True,
+    "routing_scope": "global",
 }
 #: Lower bounds (inclusive) of the numeric dimensions; ``lr`` must be > 0.
 _AT_LEAST = {
@@ -102,6 +106,7 @@ class SearchSpace:
     loss: Searched[Loss] = ABLATION["loss"]  # auto: the model's default
     weight_decay: Searched[float] = ABLATION["weight_decay"]  # Adam weight decay
     detach_inner: Searched[bool] = ABLATION["detach_inner"]  # dynamic-routing models
+    routing_scope: Searched[RoutingScope] = ABLATION["routing_scope"]  # em-capsnet models
 
     def __post_init__(self):
         for name, low in _AT_LEAST.items():
@@ -279,7 +284,7 @@ class FinalTrainConfig(Section):
 
 @dataclass
 class SmallnorbSearchSpace(SearchSpace):
-    """The EM paper's ablation axes, each crossed with the others (36 trials)."""
+    """The EM paper's ablation axes, each crossed with the others (72 trials)."""
 
     model: Searched[str] = "em-capsnet-small"
     routing_iterations: Searched[int] = field(default_factory=lambda: {"grid": [1, 2, 3]})
@@ -291,6 +296,9 @@ class SmallnorbSearchSpace(SearchSpace):
         default_factory=lambda: {"grid": ["spread", "margin", "cross-entropy"]}
     )
     weight_decay: Searched[float] = 2.0e-7
+    routing_scope: Searched[RoutingScope] = field(
+        default_factory=lambda: {"grid": ["global", "window"]}
+    )
 
 
 @dataclass

@@ -54,7 +54,13 @@ def read_csv(path):
 
 # --- run_spec(): the ablation axes reach the model and the TrainConfig ------------------------
 
-AXES = {"pose": "vector", "coordinate_addition": False, "loss": "margin", "weight_decay": 2e-7}
+AXES = {
+    "pose": "vector",
+    "coordinate_addition": False,
+    "loss": "margin",
+    "weight_decay": 2e-7,
+    "routing_scope": "window",
+}
 
 
 def norb_base(**changes):
@@ -69,10 +75,12 @@ def test_run_spec_maps_ablation_axes_to_model_and_train_config():
         "routing_iterations": 2,
         "pose": "vector",
         "coordinate_addition": False,
+        "routing_scope": "window",
     }
     assert spec.train.loss == "margin" and spec.train.weight_decay == 2e-7
     model = build_model(spec, SHAPE)
     assert model.config.pose == "vector" and model.config.coordinate_addition is False
+    assert model.config.routing_scope == "window" == model.caps1.routing_scope
     assert (model.config.in_channels, model.config.input_size) == (2, 32)
 
 

@@ -72,7 +72,9 @@ def test_smallnorb_sections_default_to_the_papers_ablation():
 
     sweep = SmallnorbSweepConfig.from_dict({})
     assert (sweep.dataset, sweep.channels, sweep.batch_size) == ("smallnorb", 2, 64)
-    assert sweep.space.searched() == ["routing_iterations", "pose", "coordinate_addition", "loss"]
+    assert sweep.space.searched() == [
+        "routing_iterations", "pose", "coordinate_addition", "loss", "routing_scope",
+    ]  # fmt: skip
     assert sweep.space.model == "em-capsnet-small" and sweep.space.weight_decay == 2e-7
     assert sweep.metrics() == ("val_accuracy",) and sweep.parameters() == list(SEARCHABLE)
     final = SmallnorbTrainConfig.from_dict({})
