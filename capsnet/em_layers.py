@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from capsnet.em_compiled import compiled_global_routing
 from capsnet.routing import (
     EM_FINAL_LAMBDA,
     EM_MIN_VAR,
@@ -139,30 +140,6 @@ def compiled_em_routing(
     pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
     act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
     return pose, act
-
-
-def compiled_global_routing(
-    children: torch.Tensor,
-    activations: torch.Tensor,
-    weight: torch.Tensor,
-    beta_v: torch.Tensor,
-    beta_a: torch.Tensor,
-    scope: GlobalScope,
-    iterations: int,
-    final_lambda: float,
-    min_var: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``em_routing_from_poses`` over all N windows at once with the assignments normalised
-    per child across windows (``scope``), compiled with torch.compile: children (N, I, 16),
-    activations (N, I), weight (I, J, c, c) -> pose (N, J, 16), activation (N, J)."""
-    global _compiled_routing
-    if _compiled_routing is None:
-        _compiled_routing = torch.compile(em_routing_from_poses, dynamic=False)
-    with torch.autocast(children.device.type, enabled=False):  # routing in fp32
-        return _compiled_routing(
-            children.float(), weight.float(), activations.float(), beta_v.float(),
-            beta_a.float(), iterations, final_lambda, min_var, scope=scope,
-        )  # fmt: skip
 
 
 def _init_transforms(weight: torch.Tensor) -> None:

@@ -432,12 +432,14 @@ def test_routing_scope_setting():
 
 @pytest.mark.parametrize("scope", ["window", "global"])
 def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatch, scope):
+    import capsnet.em_compiled as em_compiled
     import capsnet.em_layers as em_layers
 
     def no_compiler(*args, **kwargs):
         raise OSError("no C++ compiler")
 
     monkeypatch.setattr(em_layers, "_compiled_routing", no_compiler)
+    monkeypatch.setattr(em_compiled, "_compiled_step", no_compiler)
     torch.manual_seed(0)
     eager = models.build("em-capsnet-small", routing_scope=scope, **TINY)
     compiled = models.build("em-capsnet-small", routing_scope=scope, **TINY).compile_routing()
