@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from faulthelpers import Tally, invoke
+from faulthelpers import Tally, invoke, tmpfs
 
 _TALLY = Tally()
 _WRITTEN: list[Path] = []
@@ -59,23 +58,6 @@ def blocker(tmp_path) -> Path:
     path = tmp_path / "a-file"
     path.write_text("not a directory\n")
     return path
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, options: str):
-    """A tmpfs mounted at ``where`` with ``options``; skips when it cannot be mounted."""
-    where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def fill(directory: Path) -> None:

@@ -8,6 +8,7 @@ outputs seen. tests/faults/conftest.py prints the totals and writes them as JSON
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -18,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 #: A temporary a writer names recognisably (capsnet.io): ``.<target>.<tag>.tmp|.old``.
@@ -175,3 +177,20 @@ def judge(
     assert outcome.lines[0].startswith(prefix), outcome.stderr
     for name in names:
         assert name in outcome.lines[0], outcome.lines[0]
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, options: str):
+    """A tmpfs mounted at ``where`` with ``options``; skips when it cannot be mounted."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from faulthelpers import debris, invoke, judge, run_injected, snapshot
+from faulthelpers import debris, invoke, judge, run_injected, snapshot, tmpfs
 
 from capsnet import checkpoint
 
@@ -71,8 +71,6 @@ def test_a_full_disk_fails_small_writes_in_one_line(
 
 
 def test_a_full_disk_during_prepare_publishes_no_prepared_data(tmp_path, tally, mnist_mirror):
-    from conftest import tmpfs
-
     with tmpfs(tmp_path / "small", "size=16m") as root:
         raw = root / "raw" / "mnist"
         raw.mkdir(parents=True)

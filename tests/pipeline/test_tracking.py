@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline import tracking
@@ -95,7 +97,11 @@ def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
     )
     # each publish wrote its own offline run under the same id: `wandb sync` of both
     # lands in one W&B run per checkpoint
-    written = [p.name.rsplit("-", 1)[-1] for p in (tmp_path / "runs").glob("wandb/offline-run-*")]
+    # (offline-run-<date>_<time>-<id>, with "-1" appended when both start in one second)
+    names = [p.name for p in (tmp_path / "runs").glob("wandb/offline-run-*")]
+    written = [
+        re.fullmatch(r"offline-run-\d{8}_\d{6}-([0-9a-f]+)(-\d+)?", n).group(1) for n in names
+    ]
     assert sorted(written) == sorted([*first.values(), *first.values()])
     for run_dir in (tmp_path / "runs").glob("wandb/offline-run-*"):
         info = tracking.read_run_info(run_dir)
