@@ -396,7 +396,6 @@ def em_routing_from_poses(
     final_lambda: float = EM_FINAL_LAMBDA,
     min_var: float = EM_MIN_VAR,
     eps: float = 1e-6,
-    scope=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EM routing of N groups whose votes are child pose @ transformation matrix, as one
     plain differentiable function: the same math as ``em_routing(votes, ...)``.
@@ -408,7 +407,7 @@ def em_routing_from_poses(
     Args:
         children: (N, I, 16) child poses (rows x cols matrices flattened row by row).
         weight: (I, J, cols, cols) transformation matrices; rows = 16 / cols.
-        activations: (N, I); beta_v, beta_a: (J,); the rest (``scope`` too) as ``em_routing``.
+        activations: (N, I); beta_v, beta_a: (J,); the rest as ``em_routing``.
 
     Returns:
         pose (N, J, 16), activation (N, J).
@@ -422,8 +421,6 @@ def em_routing_from_poses(
     votes = votes.reshape(n, n_in, n_out, pose_dim)  # (N, I, J, P)
     a_in = activations.unsqueeze(2)  # (N, I, 1)
     r = votes.new_full((n, n_in, n_out), 1.0 / n_out)  # (N, I, J): uniform assignments
-    if scope is not None:
-        r = scope.initial(n_out).to(votes.dtype).transpose(1, 2)  # (N, I, J)
     for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
         r_a = r * a_in  # (N, I, J)
         mass = r_a.sum(dim=1, keepdim=True)  # (N, 1, J)
@@ -439,8 +436,5 @@ def em_routing_from_poses(
         half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (N, I, J): sum_h (V - mu)^2 / 2var
         log_norm = log_sigma.sum(dim=3) + 0.5 * pose_dim * _LOG_2PI  # (N, 1, J)
         logits = torch.nn.functional.logsigmoid(logit_a) - half_quad - log_norm  # (N, I, J)
-        if scope is None:
-            r = torch.softmax(logits, dim=2)  # (N, I, J): sums to 1 over parents
-        else:
-            r = scope.softmax(logits.transpose(1, 2)).transpose(1, 2)  # (N, I, J)
+        r = torch.softmax(logits, dim=2)  # (N, I, J): sums to 1 over parents
     return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (N, J, P), (N, J)
