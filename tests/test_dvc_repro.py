@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paramshelpers
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -49,18 +50,8 @@ def shrink(text: str) -> str:
     """The real params.yaml with the SHRINK settings; smallNORB stays off."""
     import yaml
 
-    values = yaml.safe_load(text)
-    assert values["data"]["smallnorb"]["enabled"] is False
-    if "rotated" in values["data"]:
-        values["data"]["rotated"]["angles"] = [0, 35]
-    for key, value in SHRINK.items():
-        *parents, leaf = key.split(".")
-        node = values
-        for part in parents:
-            node = node[part]
-        assert leaf in node, f"params.yaml has no {key}"
-        node[leaf] = value
-    return yaml.safe_dump(values, sort_keys=False)
+    assert yaml.safe_load(text)["data"]["smallnorb"]["enabled"] is False
+    return paramshelpers.shrink(text, SHRINK)
 
 
 def declared_outputs(dvc_yaml: Path) -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import paramshelpers
 import pytest
 import yaml
 
@@ -396,15 +397,7 @@ JOB_SHRINK = {
 
 
 def shrunk_params() -> str:
-    values = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for key, value in JOB_SHRINK.items():
-        *parents, leaf = key.split(".")
-        node = values
-        for part in parents:
-            node = node[part]
-        assert leaf in node, f"params.yaml has no {key}"
-        node[leaf] = value
-    return yaml.safe_dump(values, sort_keys=False)
+    return paramshelpers.shrink((ROOT / "params.yaml").read_text(), JOB_SHRINK)
 
 
 def git(*args, cwd):

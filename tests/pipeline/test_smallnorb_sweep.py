@@ -150,6 +150,7 @@ def tiny_norb_sweep(tmp_path, **overrides) -> SweepConfig:
             "pose": {"grid": ["matrix", "vector"]},
             "coordinate_addition": False,
             "loss": "spread",
+            "routing_scope": "global",
         },
         "epochs": 1,
         "batch_size": 8,
