@@ -89,9 +89,9 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 @click.option(
     "--augment",
     type=click.Choice(AUGMENT_STRATEGIES),
-    default="shift",
-    show_default=True,
-    help="Augmentation strategy, with the settings of params.yaml `augment` when present.",
+    default=None,
+    help="Augmentation strategy (default: params.yaml augment.strategy, shift), with the "
+    "settings of params.yaml `augment` when present.",
 )
 @click.option(
     "--shift",
@@ -148,6 +148,7 @@ def train_command(
 
     select_device(device)  # an unavailable device fails before any work
     check_run_dir(out)
+    augment_params = _augment_params(shift_pixels)
     spec = RunSpec(
         model=model_name,
         train=TrainConfig(
@@ -159,8 +160,8 @@ def train_command(
         subset=subset,
         train_size=train_limit,
         val_size=val_size,
-        augment=augment,
-        augment_params=_augment_params(shift_pixels),
+        augment=augment or augment_params.strategy,
+        augment_params=augment_params,
         data_root=data_root,
         mirror=mirror,
     )  # fmt: skip

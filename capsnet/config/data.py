@@ -136,10 +136,11 @@ class ElasticAugment:
 
 @dataclass(frozen=True)
 class AugmentParams:
-    """Training augmentation: ``strategy`` picks one of the parameter blocks below."""
+    """Training augmentation: ``strategy`` (what ``capsnet train`` uses unless --augment says
+    otherwise; sweeps name theirs in the space) picks one of the parameter blocks below. The
+    draws are seeded by the run's seed."""
 
     strategy: Strategy = "shift"
-    seed: int = 0
     shift: ShiftAugment = field(default_factory=ShiftAugment)
     rotate: RotateAugment = field(default_factory=RotateAugment)
     affine: AffineAugment = field(default_factory=AffineAugment)
