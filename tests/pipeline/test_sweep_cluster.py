@@ -84,12 +84,17 @@ def test_two_node_sweep_runs_trials_on_both_nodes(
     assert nodes == alive and worker.node_id in nodes and len(nodes) == 2
 
 
+EPOCHS = 8
+
+
 def test_killing_the_worker_node_retries_its_trials_elsewhere(
     two_node_cluster, tiny_sweep, sweep_data, tmp_path
 ):
     cluster, worker = two_node_cluster
+    # enough epochs that a trial on the worker is still running when the kill lands (an
+    # epoch of 300 images takes well under a second on a fast machine)
     sweep = tiny_sweep(
-        epochs=3,
+        epochs=EPOCHS,
         max_failures=3,
         space={"model": "capsnet-small", "routing_iterations": {"grid": [1, 2]}, "augment": "none"},
     )
@@ -103,7 +108,7 @@ def test_killing_the_worker_node_retries_its_trials_elsewhere(
                 cluster.remove_node(worker, allow_graceful=False)
                 killed.set()
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     killer = threading.Thread(target=kill_worker_after_its_first_report, daemon=True)
     killer.start()
@@ -116,7 +121,7 @@ def test_killing_the_worker_node_retries_its_trials_elsewhere(
 
     rows = read_csv(tmp_path / "sweep" / "results.csv")
     assert {r["status"] for r in rows} == {"TERMINATED"}
-    assert [r["epochs"] for r in rows] == ["3", "3"]
+    assert [r["epochs"] for r in rows] == [str(EPOCHS)] * 2
     # every trial finished on the surviving head node
     assert {r["node"] for r in rows} == {cluster.head_node.node_id}
     reports = trial_results(tmp_path / "ray")
@@ -124,7 +129,7 @@ def test_killing_the_worker_node_retries_its_trials_elsewhere(
     assert moved, "the killed node's trial left no reports"
     for trial in moved:  # resumed from its checkpoint: epochs continue, none repeated
         epochs = [r["epoch"] for r in reports[trial]]
-        assert epochs[-1] == 3 and sorted(set(epochs)) == [1, 2, 3]
+        assert epochs[-1] == EPOCHS and sorted(set(epochs)) == list(range(1, EPOCHS + 1))
 
 
 def write_params(path: Path, tmp_path: Path) -> Path:
