@@ -250,6 +250,7 @@ def fit(
     if state.rng is not None:
         generator.set_state(state.rng)
 
+    fit_started = time.perf_counter()
     while state.epoch < config.epochs:
         model.train()
         started = time.perf_counter()
@@ -275,4 +276,15 @@ def fit(
         state.rng = generator.get_state()
         if on_epoch is not None:
             on_epoch(record, state)
+        if _budget_spent(config.time_budget, fit_started, started):
+            break
     return state.history
+
+
+def _budget_spent(budget: float | None, fit_started: float, epoch_started: float) -> bool:
+    """Whether a run with a wall-clock ``budget`` stops now: another epoch as long as the
+    last would end further from the budget than stopping here."""
+    if budget is None:
+        return False
+    now = time.perf_counter()
+    return now - fit_started + (now - epoch_started) / 2 >= budget

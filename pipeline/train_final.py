@@ -8,6 +8,13 @@ each writes ``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` and logs a
 angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 ``<model>@<dataset>.pt``, and smallNORB runs are scored on the centre-cropped test set.
 
+The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
+with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
+baseline again for the best model's mean wall-clock training time
+(``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
+(``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
+``extra["comparison"]`` (arm, label, reference model, time budget) for the evaluation.
+
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
 (``capsnet.io.atomic_directory``), metrics.json included when it lies inside: a failed or
 killed stage leaves the earlier directory, never a mix of old and new checkpoints.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,10 @@ from pipeline import tracking
 from pipeline.trainable import run_spec
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
+Fields = Callable[[RunSpec], dict[str, Any]]
+
+#: The most epochs of an equal-time run: its wall-clock budget ends it long before.
+EQUAL_TIME_MAX_EPOCHS = 10_000
 
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
@@ -53,11 +65,15 @@ def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, 
     """The run configs to train: the best one, then each baseline with its augmentation,
     learning rate, margins and weight decay (parameters a baseline lacks are ignored). A
     baseline trains with its own model's default loss (cross-entropy for the CNNs): the
-    sweep's loss is a capsule ablation axis."""
-    runs = [dict(best["config"])]
+    sweep's loss is a capsule ablation axis. ``final.augment``, when set, replaces every
+    run's augmentation."""
+    first = dict(best["config"])
+    if final.augment is not None:
+        first["augment"] = final.augment
+    runs = [first]
     for name in final.baselines:
-        if name != best["config"].get("model"):
-            run = {**best["config"], "model": name}
+        if name != first.get("model"):
+            run = {**first, "model": name}
             if "loss" in run:
                 run["loss"] = "auto"
             runs.append(run)
@@ -121,7 +137,7 @@ def train_final(
             results = _train_smallnorb(trainer, base, specs, final)
         else:
             angle = float(best.get("rotation_angle", sweep.rotation_angle))
-            results = _train_mnist(trainer, base, specs, angle)
+            results = _train_mnist(trainer, base, specs, angle, final)
             for dataset in final.extra_datasets:
                 results.update(_train_extra_set(trainer, base, specs, dataset, final))
         if inside is not None:
@@ -133,11 +149,59 @@ def train_final(
 
 
 def _role(specs: list[RunSpec], spec: RunSpec) -> str:
-    return "best" if spec is specs[0] else "baseline"
+    return "best" if spec.model == specs[0].model else "baseline"
 
 
-def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float) -> dict:
-    """Every run on MNIST with its augmentation, scored on the rotated validation images."""
+def _seeded(spec: RunSpec, seed: int) -> RunSpec:
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=seed))
+
+
+def _key(model: str, tag: str, seed: int, first: int) -> str:
+    """A checkpoint name: ``model``, ``model@seed3``, ``model@tag``, ``model@tag-seed3``."""
+    suffix = "-".join(part for part in (tag, f"seed{seed}" if seed != first else "") if part)
+    return f"{model}@{suffix}" if suffix else model
+
+
+def train_arms(
+    trainer, split: Split, specs: list[RunSpec], final, fields: Fields, score: Score | None
+) -> dict[str, dict[str, Any]]:
+    """The comparison on one split: every run with every seed (equal augmentation and
+    epochs; the best run first, its mean time is the budget), then each baseline for that
+    budget (equal time) and with each of ``final.baseline_augments``."""
+    seeds = [final.seed + i for i in range(final.seeds)]
+    reference, baselines = specs[0].model, specs[1:]
+    results: dict[str, dict[str, Any]] = {}
+
+    def train(spec: RunSpec, tag: str, arm: dict[str, Any]) -> None:
+        for seed in seeds:
+            key = _key(spec.model, tag, seed, seeds[0])
+            results[key] = trainer.fit_and_save(
+                _seeded(spec, seed), split, key, fields(spec), _role(specs, spec), score,
+                comparison={**arm, "reference": reference},
+            )  # fmt: skip
+
+    for spec in specs:
+        train(spec, "", {"arm": "equal_augmentation", "label": spec.model})
+    if final.equal_time and baselines:
+        budget = statistics.fmean(results[_key(reference, "", s, seeds[0])]["train_seconds"]
+                                  for s in seeds)  # fmt: skip
+        trainer.log(f"equal time: each baseline trains for {budget:.1f} s ({reference}'s mean)")
+        for spec in baselines:
+            timed = dataclasses.replace(
+                spec.train, epochs=EQUAL_TIME_MAX_EPOCHS, time_budget=budget
+            )
+            arm = {"arm": "equal_time", "label": spec.model, "time_budget_seconds": budget}
+            train(dataclasses.replace(spec, train=timed), "equal-time", arm)
+    for strategy in final.baseline_augments:
+        for spec in baselines:
+            arm = {"arm": "baseline_augmentation", "label": f"{spec.model} ({strategy})"}
+            train(dataclasses.replace(spec, augment=strategy), strategy, arm)
+    return results
+
+
+def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float, final) -> dict:
+    """The comparison on MNIST (``train_arms``), each run scored on the rotated validation
+    images."""
     from capsnet import evaluate
     from capsnet.data.datasets import TensorImageDataset, rotate_images
     from capsnet.run import load_split
@@ -154,12 +218,7 @@ def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float) -> 
         scored = evaluate.accuracy(model, rotated, spec.train.eval_batch_size)
         return {"rotation_angle": angle, "val_rotated_accuracy": scored["accuracy"]}
 
-    return {
-        spec.model: trainer.fit_and_save(
-            spec, split, spec.model, {"augment": spec.augment}, _role(specs, spec), score
-        )
-        for spec in specs
-    }
+    return train_arms(trainer, split, specs, final, lambda spec: {"augment": spec.augment}, score)
 
 
 def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -> dict:
@@ -191,13 +250,10 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
         trainer.log(f"{spec.model}: smallnorb test accuracy {scored['accuracy']:.4f}")
         return {"smallnorb": scored, "test_accuracy": scored["accuracy"]}
 
-    fields = {"dataset": "smallnorb", "channels": base.channels}
-    return {
-        spec.model: trainer.fit_and_save(
-            spec, split, spec.model, {**fields, "loss": spec.train.loss}, _role(specs, spec), score
-        )
-        for spec in specs
-    }
+    def fields(spec: RunSpec) -> dict[str, Any]:
+        return {"dataset": "smallnorb", "channels": base.channels, "loss": spec.train.loss}
+
+    return train_arms(trainer, split, specs, final, fields, score)
 
 
 class _Trainer:
@@ -212,15 +268,18 @@ class _Trainer:
 
     def fit_and_save(
         self, spec: RunSpec, split: Split, key: str, fields: dict, role: str | None,
-        score: Score | None = None,
+        score: Score | None = None, comparison: dict[str, Any] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         from capsnet import checkpoint, models
         from capsnet.run import train_run
 
         run_config = {**self.best["config"], "model": spec.model}
+        if "augment" in run_config:
+            run_config["augment"] = spec.augment
         wandb_config = {
             **run_config, **fields, "epochs": spec.train.epochs,
             "batch_size": spec.train.batch_size, "seed": spec.train.seed,
+            "time_budget": spec.train.time_budget, "comparison": comparison,
             "train_images": len(split.train),
             "val_images": len(split.val) if split.val is not None else 0,
         }  # fmt: skip
@@ -228,14 +287,16 @@ class _Trainer:
             self.sweep.wandb.project, self.sweep.name, f"train-{key}", self.mode,
             self.sweep.wandb.dir, wandb_config,
         )  # fmt: skip
-        self.log(f"training {key} on {len(split.train)} images for {spec.train.epochs} epoch(s)")
+        budget = spec.train.time_budget
+        length = f"{budget:.1f} s" if budget is not None else f"{spec.train.epochs} epoch(s)"
+        self.log(f"training {key} on {len(split.train)} images for {length}")
         try:
             result = train_run(spec, split, on_epoch=self._reporter(wandb_run, key))
             metrics = {
                 "model": spec.model,
                 **fields,
                 "parameters": models.count_parameters(result.model),
-                "epochs": spec.train.epochs,
+                "epochs": len(result.history),
                 "train_images": result.train_images,
                 "train_seconds": round(result.train_seconds, 3),
                 "val_accuracy": result.history[-1].get("val_accuracy"),
@@ -251,6 +312,8 @@ class _Trainer:
         extra |= {"sweep_trial": self.best.get("trial_id")}
         if role is not None:
             extra["role"] = role
+        if comparison is not None:
+            extra["comparison"] = comparison
         checkpoint.save(
             self.staging / f"{key}.pt", result.model, train_config=result.train_config.to_dict(),
             metrics={**metrics, "history": result.history}, extra=extra,

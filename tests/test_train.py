@@ -251,3 +251,35 @@ def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch
     )
     assert len(history) == 1 and history[0]["train_loss"] > 0
     assert any(not torch.equal(before[k], v) for k, v in lenet.state_dict().items())  # trained
+
+
+def test_time_budget_ends_training_early_but_never_before_one_epoch(mnist_small):
+    train, test = mnist_small
+    histories = {}
+    for budget in (1e-9, 1e9):
+        torch.manual_seed(0)
+        config = TrainConfig(epochs=3, batch_size=64, time_budget=budget, progress=False)
+        histories[budget] = fit(models.build("lenet5"), train.subset(128), test.subset(64), config)
+    assert [r["epoch"] for r in histories[1e-9]] == [1]
+    assert [r["epoch"] for r in histories[1e9]] == [1, 2, 3]  # epochs stays the upper bound
+
+
+def test_time_budget_stops_at_the_epoch_nearest_the_budget(monkeypatch):
+    import capsnet.train as train_module
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(train_module.time, "perf_counter", lambda: clock["now"])
+    # epochs of 4 s: stopping at 8 s is 2 s short of a 10 s budget, a third epoch 2 s over;
+    # the rule stops once another epoch would end no nearer, i.e. when now + 4 / 2 >= 10
+    for now, spent in ((4.0, False), (7.9, False), (8.0, True), (12.0, True)):
+        clock["now"] = now
+        assert train_module._budget_spent(10.0, 0.0, now - 4.0) is spent, now
+    assert train_module._budget_spent(None, 0.0, 0.0) is False
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0, float("inf"), float("nan")])
+def test_time_budget_must_be_positive_and_finite(budget):
+    from capsnet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train\.time_budget must be > 0 seconds"):
+        TrainConfig(time_budget=budget)

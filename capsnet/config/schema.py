@@ -143,6 +143,8 @@ def _union(args, value, key: str, source: str):
             return None
         _fail(source, key, "must not be empty")
     options = [a for a in args if a is not type(None)]
+    if len(options) == 1:  # Optional[T]: T's own message (a Literal names its choices)
+        return _convert(options[0], value, key, source)
     for option in options:
         try:
             return _convert(option, value, key, source)

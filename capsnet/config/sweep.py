@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from capsnet.config.data import Strategy
 from capsnet.config.schema import (
     Invalid,
     Searched,
@@ -266,13 +267,21 @@ class FinalTrainConfig(Section):
     extra_datasets: list[ExtraDataset] = field(default_factory=list)
     extra_train_size: int | None = 5000  # the first N training items of each extra set
     compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
+    # The comparison (docs/evaluation.md): every run below is trained with the seeds seed,
+    # seed + 1, ..., seed + seeds - 1 (the extra sets with the first seed only).
+    seeds: int = 3
+    augment: Strategy | None = None  # every run's augmentation; None: the best sweep config's
+    equal_time: bool = True  # each baseline also trained for the best model's mean wall-clock time
+    baseline_augments: list[Strategy] = field(default_factory=list)  # each baseline also with these
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "train_size", "extra_train_size"):
+        for name in ("epochs", "batch_size", "train_size", "extra_train_size", "seeds"):
             at_least(self, name, 1)
         at_least(self, "val_size", 0)
         if not all(self.baselines):
             raise Invalid("baselines", f"must be a list of model names, got {self.baselines!r}")
+        if len(set(self.baseline_augments)) != len(self.baseline_augments):
+            raise Invalid("baseline_augments", f"lists a strategy twice: {self.baseline_augments}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -330,6 +339,8 @@ class SmallnorbTrainConfig(FinalTrainConfig):
     baselines: list[str] = field(default_factory=lambda: ["smallnorb-cnn"])
     out_dir: str = "models-smallnorb"
     test_size: int | None = None  # the first N smallNORB test images (null: all 24,300)
+    seeds: int = 1
+    equal_time: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -338,3 +349,8 @@ class SmallnorbTrainConfig(FinalTrainConfig):
             raise Invalid(
                 "extra_datasets", "must be []: multimnist and expanded-mnist are MNIST sets"
             )
+        if self.augment not in (None, "none") or self.baseline_augments:
+            raise Invalid(
+                "augment", "smallNORB augments itself (data.smallnorb): leave augment null "
+                "and baseline_augments []",
+            )  # fmt: skip

@@ -37,12 +37,17 @@ class TrainConfig:
     num_workers: int = 0
     compile: bool = False  # models with compile_routing() (EM): torch.compile the routing
     progress: bool | None = None  # None: a bar only when stderr is a terminal
+    # Wall-clock seconds: stop after the epoch that ends nearest this time (validation
+    # included), ``epochs`` at most. None: train exactly ``epochs``.
+    time_budget: float | None = None
 
     def __post_init__(self):
         self.spread_margin = tuple(float(m) for m in self.spread_margin)
         for name in ("epochs", "batch_size", "lr_decay_steps", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.time_budget is not None and not 0 < self.time_budget < float("inf"):
+            raise ConfigError(f"train.time_budget must be > 0 seconds, got {self.time_budget}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if not 0 < self.lr_decay <= 1:

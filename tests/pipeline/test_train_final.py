@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from capsnet import checkpoint
 from capsnet.config import FinalTrainConfig, SweepConfig
@@ -43,6 +44,8 @@ def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
             "train_size": 200,
             "val_size": 100,
             "out_dir": str(tmp_path / "models"),
+            "seeds": 1,
+            "equal_time": False,
         }
     )
     sweep = SweepConfig.from_dict(
@@ -98,6 +101,7 @@ def test_extra_datasets_train_models_of_their_input_size(tmp_path, mnist_root):
             "extra_datasets": ["multimnist", "expanded-mnist"],
             "extra_train_size": 64,
             "out_dir": str(tmp_path / "models"),
+            "seeds": 2,
         }
     )
     sweep = SweepConfig.from_dict(
@@ -110,8 +114,9 @@ def test_extra_datasets_train_models_of_their_input_size(tmp_path, mnist_root):
         data_root=mnist_root,
         log=lambda line: None,
     )
-    assert set(results) == {
+    assert set(results) == {  # the extra sets with the first seed only
         "capsnet-small",
+        "capsnet-small@seed1",
         "capsnet-small@multimnist",
         "capsnet-small@expanded-mnist",
     }
@@ -127,3 +132,70 @@ def test_extra_datasets_train_models_of_their_input_size(tmp_path, mnist_root):
 def test_unknown_extra_dataset_is_a_config_error():
     with pytest.raises(ConfigError, match=r"train\.extra_datasets\[0\]: 'affnist' unknown"):
         FinalTrainConfig.from_dict({"extra_datasets": ["affnist"]})
+
+
+def test_comparison_trains_seeds_equal_time_and_augmented_baselines(tmp_path, mnist_root):
+    out = tmp_path / "models"
+    final = FinalTrainConfig.from_dict(
+        {
+            "epochs": 1,
+            "batch_size": 50,
+            "train_size": 100,
+            "val_size": 50,
+            "out_dir": str(out),
+            "seed": 4,
+            "seeds": 2,
+            "augment": "none",
+            "baseline_augments": ["rotate"],
+        }
+    )
+    sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
+    results = train_final(
+        final,
+        sweep,
+        best_path=best_json(tmp_path / "best.json"),  # the sweep's best used shift
+        data_root=mnist_root,
+        log=lambda line: None,
+    )
+
+    assert list(results) == [
+        "capsnet-small", "capsnet-small@seed5", "lenet5", "lenet5@seed5",
+        "lenet5@equal-time", "lenet5@equal-time-seed5", "lenet5@rotate", "lenet5@rotate-seed5",
+    ]  # fmt: skip
+    metas = {key: checkpoint.load(out / f"{key}.pt")[1] for key in results}
+    seeds = {key: meta["train_config"]["seed"] for key, meta in metas.items()}
+    assert seeds == {key: 5 if key.endswith("seed5") else 4 for key in results}
+    arms = {key: meta["extra"]["comparison"] for key, meta in metas.items()}
+    budget = (
+        results["capsnet-small"]["train_seconds"] + results["capsnet-small@seed5"]["train_seconds"]
+    ) / 2
+    assert arms["capsnet-small@seed5"] == {
+        "arm": "equal_augmentation", "label": "capsnet-small", "reference": "capsnet-small",
+    }  # fmt: skip
+    assert arms["lenet5"] == {**arms["capsnet-small"], "label": "lenet5"}
+    assert arms["lenet5@equal-time-seed5"] == {
+        "arm": "equal_time", "label": "lenet5", "reference": "capsnet-small",
+        "time_budget_seconds": pytest.approx(budget),
+    }  # fmt: skip
+    assert arms["lenet5@rotate"]["arm"] == "baseline_augmentation"
+    assert arms["lenet5@rotate"]["label"] == "lenet5 (rotate)"
+    timed = metas["lenet5@equal-time"]["train_config"]
+    assert timed["time_budget"] == pytest.approx(budget) and timed["epochs"] > 1000
+    assert results["lenet5@equal-time"]["epochs"] == len(
+        metas["lenet5@equal-time"]["metrics"]["history"]
+    )
+    for key, meta in metas.items():  # final.augment replaced the sweep's shift
+        augment = "rotate" if "@rotate" in key else "none"
+        assert meta["metrics"]["augment"] == augment == meta["extra"]["run_config"]["augment"]
+        assert (meta["extra"]["role"] == "best") == key.startswith("capsnet-small")
+    weights = [
+        checkpoint.load(out / f"{key}.pt")[0].state_dict() for key in ("lenet5", "lenet5@seed5")
+    ]
+    assert not all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_smallnorb_final_training_refuses_augmentation():
+    from capsnet.config import SmallnorbTrainConfig
+
+    with pytest.raises(ConfigError, match=r"smallnorb_train\.augment: smallNORB augments itself"):
+        SmallnorbTrainConfig.from_dict({"baseline_augments": ["rotate"]})
