@@ -1,5 +1,6 @@
 """The publish stage: one W&B eval run per evaluated checkpoint (job_type "eval", group =
-the experiment), a W&B Report when online, and eval/report.html always.
+the experiment), one "comparison" run with the seeds' comparison as a table, a W&B Report
+when online, and eval/report.html always.
 
 W&B is offline unless an API key is configured (pipeline.tracking.resolve_mode); nothing
 here touches the network in offline mode. ``capsnet publish`` is the stage's command.
@@ -15,9 +16,12 @@ from typing import Any
 import click
 
 from capsnet.cli_options import check_output, params_option
-from pipeline import readme, report, tracking
+from pipeline import comparison_text, readme, report, tracking
+from pipeline.cells import COMPARISON_KEY
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
+#: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
+COMPARISON_COLUMNS = ("arm", "model", "seeds", "angle", "mean", "std")
 
 
 def flatten_metrics(entry: dict, prefix: str = "") -> dict[str, float]:
@@ -75,8 +79,9 @@ def publish_runs(
     mode: str,
     wandb_dir: str | os.PathLike,
 ) -> list[dict[str, Any]]:
-    """Log one eval run per checkpoint entry; returns [{name, run_id, mode, url}]. A run's
-    id follows from the project, the experiment (``group``), the entry and its checkpoint
+    """Log one eval run per checkpoint entry, and one "comparison" run with the comparison
+    table when metrics.json has one; returns [{name, run_id, mode, url}]. A run's id
+    follows from the project, the experiment (``group``), the entry and its checkpoint
     path, so publishing again reuses the same ids."""
     if mode == "disabled":
         return []
@@ -104,17 +109,38 @@ def publish_runs(
             run.summary.update(metrics)
             run_id, url = run.id, (run.url if mode == "online" else None)
             run.finish()  # before the next init, which would otherwise return this run
-            published.append(
-                {
-                    "name": name,
-                    "run_id": run_id,
-                    "mode": mode,
-                    "url": url,
-                }
-            )
+            published.append({"name": name, "run_id": run_id, "mode": mode, "url": url})
+        comparison = results.get(COMPARISON_KEY)
+        if comparison_text.long_rows(comparison):
+            published.append(_comparison_run(comparison, project, group, mode, wandb_dir))
     finally:
         tracking.finish_all([])  # waits until W&B's service has written every run
     return published
+
+
+def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb_dir) -> dict:
+    """One run (job_type "comparison") holding the comparison as a table of
+    COMPARISON_COLUMNS and its sentences in the summary."""
+    import wandb
+
+    run = tracking.start_run(
+        project,
+        group,
+        "comparison",
+        mode,
+        wandb_dir,
+        {"arms": list(comparison_text.arms(comparison))},
+        job_type="comparison",
+        run_id=tracking.run_id(project, group, COMPARISON_KEY),
+    )
+    table = wandb.Table(
+        columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
+    )
+    run.log({"comparison": table})
+    run.summary["comparison_text"] = " ".join(comparison_text.sentences(comparison))
+    run_id, url = run.id, (run.url if mode == "online" else None)
+    run.finish()
+    return {"name": COMPARISON_KEY, "run_id": run_id, "mode": mode, "url": url}
 
 
 def _markdown_sweep(rows: list[dict[str, str]], limit: int = 20) -> str:

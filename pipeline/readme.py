@@ -14,56 +14,25 @@ from pathlib import Path
 
 from capsnet.errors import CapsnetError
 from capsnet.io import atomic_write_text
-from pipeline.paper import paper_number
-from pipeline.report import (
+from pipeline import comparison_text
+from pipeline.cells import (
+    COMPARISON_KEY,
     VIEWPOINTS_KEY,
     cell_value,
     column_title,
     load_results,
-    model_entries,
+    main_entries,
+    model_picks,
     paper_metric,
     percent,
     std_value,
     table_columns,
 )
+from pipeline.paper import paper_number
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
 _BLOCK = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
-
-#: The training set a test column is scored for (the part after "@" in a checkpoint name;
-#: a checkpoint without one was trained on its model's own set).
-TRAINED_FOR = {
-    "expanded-mnist": "expanded-mnist",
-    "affnist": "expanded-mnist",
-    "affnist-synth": "expanded-mnist",
-    "multimnist": "multimnist",
-}
-
-
-def trained_on(name: str, entry: dict) -> str | None:
-    """The training set a checkpoint name announces (``lenet5@multimnist`` -> multimnist),
-    None for a checkpoint trained on its model's own set."""
-    paths = [entry.get("checkpoint"), *(entry.get("checkpoints") or [])]
-    stem = next((Path(p).stem for p in paths if p), name)
-    return stem.partition("@")[2] or None
-
-
-def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
-    """The entry of one model that fills ``column``: among those with a number for it, the
-    one trained for the column's set, then a seed mean over a single checkpoint, then the
-    first; None when no entry has a number."""
-    wanted = TRAINED_FOR.get(column)
-    found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
-    if not found:
-        return None
-
-    def rank(item: tuple[str, dict]) -> tuple[bool, bool]:
-        name, entry = item
-        return trained_on(name, entry) == wanted, "checkpoint" not in entry
-
-    best = max(rank(item) for item in found)
-    return next(item for item in found if rank(item) == best)
 
 
 def _cell(column: str, model: str, entry: dict) -> str:
@@ -126,26 +95,23 @@ def _viewpoints_lines(section) -> list[str]:
 
 
 def results_table(metrics: dict, angle: float = 35.0) -> str:
-    """The README's results in Markdown: test accuracy per model and test set, the paper's
-    number in brackets, where each cell comes from, and the novel-viewpoint comparison."""
-    entries = model_entries(metrics)
+    """The README's results in Markdown: test accuracy per model and test set (mean ± std
+    over seeds where there are seeds), the paper's number in brackets, where each cell
+    comes from, the seeds' comparison and the novel-viewpoint comparison."""
+    entries = main_entries(metrics)
     columns = table_columns(entries, angle)
     titles = {c: column_title(c, entries) for c in columns}
-    models: dict[str, dict[str, dict]] = {}
-    for name, entry in entries.items():
-        models.setdefault(entry["model"], {})[name] = entry
-    picks = {
-        model: {c: found for c in columns if (found := pick(group, c)) is not None}
-        for model, group in models.items()
-    }
+    picks = model_picks(entries, columns)
     lines = ["| model | " + " | ".join(titles.values()) + " |", "|---|" + "---|" * len(columns)]
     for model, chosen in picks.items():
         cells = [_cell(c, model, chosen[c][1]) if c in chosen else "–" for c in columns]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     notes = [_sources_line(picks, titles), _test_sizes(picks)] if columns else []
     text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
+    comparison = comparison_text.markdown(metrics.get(COMPARISON_KEY), angle)
     viewpoints = _viewpoints_lines(metrics.get(VIEWPOINTS_KEY))
-    return text.rstrip() + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
+    text = text.rstrip() + ("\n\n" + comparison if comparison else "")
+    return text + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
 
 
 def block(metrics: dict, figure: str | None = None) -> str:

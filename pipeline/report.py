@@ -1,124 +1,36 @@
 """eval/report.html (self-contained: images inline, no scripts, readable offline) from
-eval/metrics.json (the schema of capsnet/eval/), and the helpers the README table shares."""
+eval/metrics.json (the schema of capsnet/eval/): the results table, the comparison in words
+and tables, the skipped pairs folded, the rotation, robustness, viewpoint and sweep tables
+and the figures."""
 
 from __future__ import annotations
 
 import base64
 import csv
 import html
-import json
 import math
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from capsnet.errors import CapsnetError
 from capsnet.io import atomic_write_text
+from pipeline import comparison_text
+from pipeline.cells import (
+    COMPARISON_KEY,
+    VIEWPOINTS_KEY,
+    cell_value,
+    column_title,
+    load_results,
+    main_entries,
+    model_entries,
+    model_picks,
+    paper_metric,
+    percent,
+    std_value,
+    table_columns,
+)
 from pipeline.paper import paper_number
-
-# --- reading the evaluation -------------------------------------------------------------------
-
-
-def load_results(path: str | os.PathLike) -> dict[str, dict]:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CapsnetError(f"{path}: not found; run the evaluate stage first") from None
-    except json.JSONDecodeError as exc:
-        raise CapsnetError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise CapsnetError(f"{path}: not an evaluation result ({{name: {{...}}}} expected)")
-    return data
-
-
-VIEWPOINTS_KEY = "viewpoints"  # metrics.json's novel-viewpoint section, not a checkpoint
-
-
-def model_entries(results: dict) -> dict[str, dict]:
-    """The checkpoint and seed-mean entries of ``results`` (without the "viewpoints"
-    section)."""
-    return {n: e for n, e in results.items() if n != VIEWPOINTS_KEY and "model" in e}
-
-
-def _angle_key(entry: dict, angle: float) -> str | None:
-    accuracies = entry.get("rotated-mnist", {}).get("accuracy", {})
-    return next((k for k in accuracies if float(k) == angle), None)
-
-
-def cell_value(entry: dict, column: str) -> float | None:
-    """The accuracy ``column`` stands for ("mnist", "rotated-mnist@35", "multimnist", ...),
-    None when absent or skipped."""
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return None if key is None else entry["rotated-mnist"]["accuracy"][key]
-    value = entry.get(column)
-    if not isinstance(value, dict) or "skipped" in value:
-        return None
-    found = value.get("strict_accuracy" if column == "multimnist" else "accuracy")
-    return found if isinstance(found, (int, float)) else None
-
-
-def std_value(entry: dict, column: str) -> float | None:
-    std = entry.get("std") or {}
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return (std.get("rotated-mnist") or {}).get("accuracy", {}).get(key)
-    value = std.get(column) or {}
-    return value.get("strict_accuracy" if column == "multimnist" else "accuracy")
-
-
-def table_columns(results: dict, angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number, in a fixed order."""
-    candidates = [
-        "mnist",
-        f"rotated-mnist@{angle:g}",
-        "expanded-mnist",
-        "affnist",
-        "affnist-synth",
-        "multimnist",
-        "smallnorb",
-        "smallnorb-azimuth-novel",
-        "smallnorb-elevation-novel",
-    ]
-    return [c for c in candidates if any(cell_value(e, c) is not None for e in results.values())]
-
-
-#: Column titles of the result tables (the rest are computed or the dataset's name).
-TITLES = {
-    "mnist": "MNIST",
-    "expanded-mnist": "expanded MNIST",
-    "affnist-synth": "affNIST (synth stand-in)",
-    "multimnist": "MultiMNIST (strict)",
-    "smallnorb": "smallNORB",
-    "smallnorb-azimuth-novel": "smallNORB novel azimuths",
-    "smallnorb-elevation-novel": "smallNORB novel elevations",
-}
-
-
-def column_title(column: str, results: dict) -> str:
-    if column.startswith("rotated-mnist@"):
-        return f"rotated MNIST {column.split('@')[1]}°"
-    if column == "affnist":
-        scored = [e["affnist"] for e in results.values() if cell_value(e, "affnist") is not None]
-        real = scored and all(s.get("source") == "affnist" for s in scored)
-        return "affNIST" if real else "affNIST (synth stand-in)"
-    return TITLES.get(column, column)
-
-
-def percent(value: float | None, std: float | None = None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    text = f"{100 * value:.2f}%"
-    return text + (f" ± {100 * std:.2f}" if std else "")
-
-
-def paper_metric(column: str, entry: dict) -> str:
-    if column == "affnist" and entry.get("affnist", {}).get("source") != "affnist":
-        return ""  # the synthetic stand-in is never compared with the paper's affNIST
-    return column
-
 
 # --- HTML ---------------------------------------------------------------------------------------
 
@@ -128,6 +40,7 @@ table { border-collapse: collapse; margin: 0.8em 0 1.6em; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 .paper { color: #777; font-size: 0.85em; } .skipped { color: #a60; font-size: 0.85em; }
+details summary { color: #a60; cursor: pointer; margin: 0.5em 0; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.85em; color: #555; }
 """
@@ -142,43 +55,92 @@ def _image_tag(path: Path, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
 
 
-def _results_table(results: dict, angle: float) -> str:
-    results = model_entries(results)
-    columns = table_columns(results, angle)
-    head = "".join(f"<th>{_e(column_title(c, results))}</th>" for c in columns)
-    rows = []
-    for name, entry in results.items():
-        cells = []
-        for column in columns:
-            ours = percent(cell_value(entry, column), std_value(entry, column))
-            paper = paper_number(paper_metric(column, entry), entry.get("model", name))
-            extra = (
-                f'<br><span class="paper" title="{_e(paper.note)}">paper '
-                f"{percent(paper.accuracy)}</span>"
-                if paper
-                else ""
-            )
-            cells.append(f"<td>{_e(ours)}{extra}</td>")
-        label = name if "checkpoint" in entry else f"{name} (mean of {entry.get('seeds')} seeds)"
-        rows.append(
-            f"<tr><td>{_e(label)}</td><td>{_e(entry.get('model', ''))}</td>"
-            + "".join(cells)
-            + "</tr>"
-        )
-    skipped = [
-        f"<li>{_e(name)} / {_e(key)}: {_e(value['skipped'])}</li>"
-        for name, entry in results.items()
-        if "checkpoint" in entry
-        for key, value in entry.items()
-        if isinstance(value, dict) and "skipped" in value
-    ]
-    notes = f'<ul class="skipped">{"".join(skipped)}</ul>' if skipped else ""
-    return (
-        f'<table id="results"><tr><th>entry</th><th>model</th>{head}</tr>'
-        + "".join(rows)
-        + "</table>"
-        + (f"<p>Not evaluated (the reason is given):</p>{notes}" if notes else "")
+def _cell(column: str, model: str, chosen: tuple[str, dict] | None) -> str:
+    if chosen is None:
+        return "<td>–</td>"
+    name, entry = chosen
+    ours = percent(cell_value(entry, column), std_value(entry, column))
+    paper = paper_number(paper_metric(column, entry), model)
+    extra = (
+        f'<br><span class="paper" title="{_e(paper.note)}">paper {percent(paper.accuracy)}</span>'
+        if paper
+        else ""
     )
+    return f'<td title="{_e(name)}">{_e(ours)}{extra}</td>'
+
+
+def _results_table(results: dict, angle: float) -> str:
+    """One row per model, one column per test set, each cell from the checkpoint trained
+    for that set (the seeds' mean ± std where there are seeds); the cell's tooltip names it."""
+    entries = main_entries(results)
+    columns = table_columns(entries, angle)
+    head = "".join(f"<th>{_e(column_title(c, entries))}</th>" for c in columns)
+    rows = [
+        f"<tr><td>{_e(model)}</td>"
+        + "".join(_cell(c, model, chosen.get(c)) for c in columns)
+        + "</tr>"
+        for model, chosen in model_picks(entries, columns).items()
+    ]
+    return (
+        f'<table id="results"><tr><th>model</th>{head}</tr>{"".join(rows)}</table>'
+        "<p>Each cell is from the checkpoint trained for that test set (hover for its name); "
+        "mean ± standard deviation over seeds where several were trained.</p>"
+    )
+
+
+def _skipped_fold(results: dict) -> str:
+    """The model/dataset pairs not evaluated, folded, grouped by reason."""
+    reasons: dict[str, list[str]] = {}
+    for name, entry in model_entries(results).items():
+        if "checkpoint" not in entry:
+            continue
+        for key, value in entry.items():
+            if isinstance(value, dict) and "skipped" in value:
+                reasons.setdefault(str(value["skipped"]), []).append(f"{name} / {key}")
+    count = sum(len(pairs) for pairs in reasons.values())
+    if not count:
+        return ""
+    items = [
+        f"<li>{_e(pairs[0])}: {_e(reason)}</li>"
+        if len(pairs) == 1
+        else f"<li>{_e(reason)} ({len(pairs)}): {_e(', '.join(pairs))}</li>"
+        for reason, pairs in reasons.items()
+    ]
+    return (
+        f'<details id="skipped"><summary>{count} model/dataset pairs skipped</summary>'
+        f'<ul class="skipped">{"".join(items)}</ul></details>'
+    )
+
+
+def _comparison_section(comparison: Any, angle: float) -> str:
+    """The comparison in words, then one table per arm."""
+    rows = comparison_text.rows(comparison, angle)
+    if not rows:
+        return ""
+    key = rows[0]["angle"]
+    where = f"{float(key):g}°" if key is not None else f"{angle:g}°"
+    words = "".join(f"<p>{_e(s)}</p>" for s in comparison_text.sentences(comparison, angle))
+    tables = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        body = "".join(
+            f"<tr><td>{_e(r['model'])}</td><td>{r['seeds']}</td><td>{_e(r['augment'] or '–')}</td>"
+            f"<td>{_e(_number(r['epochs']))}</td><td>{_e(comparison_text.seconds(r))}</td>"
+            f"<td>{_e(comparison_text.show(r['upright']))}</td>"
+            f"<td>{_e(comparison_text.show(r['headline']))}</td></tr>"
+            for r in rows
+            if r["arm"] == arm
+        )
+        tables.append(
+            f"<h3>{_e(comparison_text.ARM_TITLES.get(arm, arm))}</h3>"
+            f'<table class="comparison" id="comparison-{_e(arm)}"><tr><th>model</th>'
+            "<th>seeds</th><th>augment</th><th>epochs</th><th>train seconds</th>"
+            f"<th>0°</th><th>{where}</th></tr>{body}</table>"
+        )
+    return "<h2>Comparison</h2>" + words + "".join(tables)
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "–"
 
 
 def _rotation_table(results: dict) -> str:
@@ -345,6 +307,8 @@ def render_html(
         "kind of model. affnist-synth is a stand-in and is never compared with affNIST.</p>",
         "<h2>Results</h2>",
         _results_table(results, angle),
+        _comparison_section(results.get(COMPARISON_KEY), angle),
+        _skipped_fold(results),
         "<h2>Accuracy versus rotation</h2>",
         *[
             f"<figure>{_image_tag(p, 'accuracy versus rotation')}<figcaption>"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from comparisonhelpers import seeded_results
 
 from capsnet import config
 from capsnet.errors import CapsnetError
@@ -122,6 +123,26 @@ def test_a_seed_mean_fills_the_cell_with_its_deviation():
     rows = _rows(table)
     assert len(rows) == 3 and rows[2] == ["lenet5", "96.00% ± 1.41 (paper 98.68%)"]
     assert "MNIST from the mean of 2 seeds." in table
+
+
+def test_seed_means_fill_the_rows_and_comparison_runs_never_do():
+    metrics = seeded_results()
+    metrics["viewpoints"] = {"skipped": "smallnorb is switched off"}
+    table = readme.results_table(metrics)
+    rows = _rows(table)
+    assert rows[0] == ["model", "MNIST", "rotated MNIST 35°"]
+    # lenet5's row is its equal-augmentation seeds' mean, never lenet5@equal-time's
+    assert rows[2] == ["lenet5", "95.50% ± 0.70 (paper 98.68%)", "50.00% (paper 76.05%)"]
+    assert rows[3] == ["capsnet-small", "97.00% (paper 99.37%)", "70.00% (paper 84.09%)"]
+    assert rows[4] == ["comparison arm", "model", "seeds", "train s", "MNIST (0°)", "35°"]
+    assert rows[7] == [
+        "equal augmentation", "lenet5", "3", "20.0 ± 0.5", "95.00% ± 0.10", "60.00% ± 1.00"
+    ]  # fmt: skip
+    assert rows[8][:3] == ["equal training time", "lenet5", "2"]
+    assert "capsnet-small ahead by 10.00 points, more than the seeds' spread" in table
+    assert table.index("For context, not our results") < table.index("Novel smallNORB")
+    only_time = {n: e for n, e in metrics.items() if "equal-time" in n or n == "capsnet-small"}
+    assert [r[0] for r in _rows(readme.results_table(only_time))[2:]] == ["capsnet-small"]
 
 
 def test_missing_sets_are_dashes_and_viewpoints_are_a_table_when_run():

@@ -1,0 +1,305 @@
+"""What eval/metrics.json["comparison"] shows, in words and table rows: per arm (equal
+augmentation, equal training time, augmented baseline) the capsule model against each
+baseline upright (0°) and at the headline angle, and whether the difference of means is
+larger than the seeds' spread. Pure functions; report.html, the README block and the W&B
+publish run render what they return."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipeline.cells import percent
+from pipeline.paper import model_family, paper_number
+
+#: The seed article's angle: its LeNet5 and CapsNet numbers are at 35°.
+HEADLINE_ANGLE = 35.0
+ARM_TITLES = {
+    "equal_augmentation": "Equal augmentation",
+    "equal_time": "Equal training time",
+    "baseline_augmentation": "Augmented baseline",
+}
+
+
+def arms(comparison: Any) -> dict[str, dict]:
+    """The arms of a comparison section in a fixed order (unknown arms last); {} for none."""
+    found = (comparison or {}).get("arms") if isinstance(comparison, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    order = [a for a in ARM_TITLES if a in found] + [a for a in found if a not in ARM_TITLES]
+    return {a: found[a] for a in order if isinstance(found[a], dict)}
+
+
+def _angle_keys(comparison: dict) -> list[str]:
+    return sorted(
+        {k for arm in arms(comparison).values() for g in _groups(arm).values() for k in _acc(g)},
+        key=float,
+    )
+
+
+def angle_key(comparison: dict, target: float) -> str | None:
+    """The evaluated angle nearest ``target`` as its key in the groups' accuracies."""
+    keys = _angle_keys(comparison)
+    return min(keys, key=lambda k: (abs(float(k) - target), float(k))) if keys else None
+
+
+def _groups(arm: dict) -> dict[str, dict]:
+    models = arm.get("models")
+    return {k: g for k, g in models.items() if isinstance(g, dict)} if models else {}
+
+
+def _acc(group: dict) -> dict:
+    return group.get("accuracy") or {}
+
+
+def stat(group: dict, key: str | None) -> tuple[float, float] | None:
+    """(mean, std) of a group's accuracy at angle ``key``; None when not evaluated."""
+    mean = _acc(group).get(key)
+    if not isinstance(mean, (int, float)) or math.isnan(mean):
+        return None
+    std = (group.get("std") or {}).get(key)
+    return float(mean), float(std) if isinstance(std, (int, float)) and std == std else 0.0
+
+
+def show(value: tuple[float, float] | None) -> str:
+    """A (mean, std) accuracy as "66.00% ± 1.20" ("66.00%" without a spread)."""
+    return "–" if value is None else percent(*value)
+
+
+def _reference(arm: dict, fallback: str | None = None) -> str | None:
+    """The capsule group of an arm: its "reference", else the first non-CNN model."""
+    groups = _groups(arm)
+    ref = arm.get("reference") or fallback
+    label = next((k for k, g in groups.items() if ref in (k, g.get("model"))), None)
+    return label or next((k for k, g in groups.items() if model_family(k) != "cnn"), None)
+
+
+def _seeds(group: dict) -> int:
+    seeds = group.get("seeds")
+    return seeds if isinstance(seeds, int) else len(group.get("names") or []) or 1
+
+
+def verdict(a: tuple[float, float], b: tuple[float, float], names: tuple[str, str], seeds):
+    """("ahead" | "behind" | "unclear" | "one seed", words) for group a against group b."""
+    diff = 100 * (a[0] - b[0])
+    if min(seeds) < 2:
+        return "one seed", f"one seed, so no spread to judge the {abs(diff):.2f}-point difference"
+    spread = 100 * (a[1] + b[1])
+    if abs(diff) > spread:
+        leader = names[0] if diff > 0 else names[1]
+        text = f"{leader} ahead by {abs(diff):.2f} points, more than the seeds' spread"
+        text += f" (std sum {spread:.2f})"
+        return ("ahead" if diff > 0 else "behind"), text
+    count = str(seeds[0]) if seeds[0] == seeds[1] else f"{seeds[0]} and {seeds[1]}"
+    return "unclear", (
+        f"a difference of {abs(diff):.2f} points, within the seeds' spread (std sum {spread:.2f}): "
+        f"no clear difference at {count} seeds"
+    )
+
+
+def _angle_words(key: str, target: float) -> str:
+    angle = float(key)
+    if angle == 0:
+        return "at 0° (upright MNIST)"
+    if angle == target:
+        return f"at {angle:g}°"
+    return f"at {angle:g}° (the evaluated angle nearest {target:g}°)"
+
+
+def _pair(prefix: str, caps: tuple[str, dict], base: tuple[str, dict], key: str, target: float):
+    """(outcome, sentence) comparing two groups at angle ``key``; None when one lacks it."""
+    a, b = stat(caps[1], key), stat(base[1], key)
+    if a is None or b is None:
+        return None
+    kind, words = verdict(a, b, (caps[0], base[0]), (_seeds(caps[1]), _seeds(base[1])))
+    return kind, (
+        f"{prefix} {_angle_words(key, target)}: {caps[0]} {show(a)} against "
+        f"{base[0]} {show(b)}; {words}."
+    )
+
+
+def _time_sentence(arm: dict, label: str, group: dict, reference: str) -> str:
+    budget = arm.get("time_budget_seconds")
+    seconds = group.get("train_seconds")
+    if not isinstance(budget, (int, float)) or not isinstance(seconds, (int, float)):
+        return f"Equal training time: no time budget was recorded for {label}."
+    tolerance = arm.get("tolerance") or 0.25
+    ratio = group.get("time_ratio")
+    if not isinstance(ratio, (int, float)):
+        ratio = seconds / budget if budget else math.inf
+    within = group.get("within_tolerance")
+    if not isinstance(within, bool):
+        within = abs(ratio - 1) <= tolerance
+    epochs = group.get("epochs")
+    ran = f", {epochs:g} epochs" if isinstance(epochs, (int, float)) else ""
+    head = (
+        f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
+        f"time; {label} trained {seconds:.1f} s ({ratio:.2f} of the budget{ran})"
+    )
+    if within:
+        return head + f", within the {tolerance:.0%} tolerance."
+    return head + (
+        f", NOT within the {tolerance:.0%} tolerance, so this arm is not an equal-time comparison."
+    )
+
+
+def _prefix(name: str, arm: dict, group: dict, reference: str | None) -> str:
+    title = ARM_TITLES.get(name, name)
+    if name == "baseline_augmentation":
+        augment = group.get("augment") or "its own"
+        return f"{title} ({augment} augmentation, against the equal-augmentation {reference})"
+    details = [str(arm["augment"])] if arm.get("augment") else []
+    if isinstance(arm.get("epochs"), (int, float)):
+        details.append(f"{arm['epochs']:g} epochs")
+    return f"{title} ({', '.join(details)})" if details else title
+
+
+def _arm_sentences(name: str, arm: dict, keys: list[str], target: float, ref_arm: dict):
+    """(outcomes at the headline angle, sentences) for one arm; the augmented baseline is
+    compared at the headline angle with the capsule group of ``ref_arm``."""
+    if name == "baseline_augmentation":
+        ref = _reference(ref_arm, arm.get("reference"))
+        caps = (ref, _groups(ref_arm)[ref]) if ref else None
+        keys = keys[-1:]
+    else:
+        ref = _reference(arm)
+        caps = (ref, _groups(arm)[ref]) if ref else None
+    outcomes, lines = [], []
+    for label, group in _groups(arm).items():
+        if label == ref:
+            continue
+        if name == "equal_time":
+            lines.append(_time_sentence(arm, label, group, ref or str(arm.get("reference"))))
+        prefix = _prefix(name, arm, group, ref)
+        for key in keys if caps else []:
+            found = _pair(prefix, caps, (label, group), key, target)
+            if found:
+                lines.append(found[1])
+                outcomes += [found[0]] if key == keys[-1] else []
+    return outcomes, lines
+
+
+def _summary(outcomes: list[str], key: str, target: float) -> str:
+    where = _angle_words(key, target)
+    counts = {k: outcomes.count(k) for k in ("ahead", "behind", "unclear", "one seed")}
+    parts = [
+        f"ahead by more than the seeds' spread in {counts['ahead']}",
+        f"behind by more than the spread in {counts['behind']}",
+        f"within the spread in {counts['unclear']}",
+    ]
+    if counts["one seed"]:
+        parts.append(f"trained with one seed (no spread) in {counts['one seed']}")
+    return (
+        f"{where[0].upper()}{where[1:]}, of {len(outcomes)} comparison(s) the capsule model is "
+        + ", ".join(parts[:-1])
+        + f" and {parts[-1]}."
+    )
+
+
+def _paper_context(target: float) -> str | None:
+    """The seed article's numbers (pipeline/paper.py) as context, never as our results."""
+    found = [
+        paper_number(metric, model)
+        for model in ("lenet5", "capsnet")
+        for metric in ("mnist", "rotated-mnist@35")
+    ]
+    if None in found:
+        return None
+    lenet, lenet35, caps, caps35 = (percent(p.accuracy) for p in found)
+    return (
+        f"For context, not our results: the seed article reports LeNet5 {lenet} on MNIST and "
+        f"{lenet35} at 35°, CapsNet {caps} and {caps35}, each trained in its own setup."
+    )
+
+
+def sentences(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[str]:
+    """Plain-English sentences saying what the comparison shows, favourable to capsules or
+    not: a summary at the headline angle, then each arm's numbers; [] without arms."""
+    found = arms(comparison)
+    upright, headline = angle_key(comparison, 0.0), angle_key(comparison, angle)
+    if not found or headline is None:
+        return []
+    keys = list(dict.fromkeys(k for k in (upright, headline) if k is not None))
+    ref_arm = found.get("equal_augmentation") or next(iter(found.values()))
+    outcomes, lines = [], []
+    for name, arm in found.items():
+        arm_outcomes, arm_lines = _arm_sentences(name, arm, keys, angle, ref_arm)
+        outcomes += arm_outcomes
+        lines += arm_lines
+    summary = [_summary(outcomes, headline, angle)] if outcomes else []
+    context = _paper_context(angle)
+    return summary + lines + ([context] if context else [])
+
+
+# --- rows for the tables -------------------------------------------------------------------
+
+
+def rows(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[dict[str, Any]]:
+    """One row per arm and model: arm, model (the group's label), seeds, augment, epochs,
+    train_seconds, train_seconds_std, upright and headline ((mean, std) or None) and the
+    headline angle's key."""
+    upright, headline = angle_key(comparison, 0.0), angle_key(comparison, angle)
+    out = []
+    for name, arm in arms(comparison).items():
+        for label, group in _groups(arm).items():
+            out.append(
+                {
+                    "arm": name,
+                    "model": label,
+                    "seeds": _seeds(group),
+                    "augment": group.get("augment") or arm.get("augment"),
+                    "epochs": group.get("epochs", arm.get("epochs")),
+                    "train_seconds": group.get("train_seconds"),
+                    "train_seconds_std": group.get("train_seconds_std"),
+                    "upright": stat(group, upright),
+                    "headline": stat(group, headline),
+                    "angle": headline,
+                }
+            )
+    return out
+
+
+def seconds(row: dict) -> str:
+    """A row's training time as "27.3 ± 0.4" (seconds), "–" when not recorded."""
+    value, std = row.get("train_seconds"), row.get("train_seconds_std")
+    if not isinstance(value, (int, float)):
+        return "–"
+    return f"{value:.1f}" + (f" ± {std:.1f}" if isinstance(std, (int, float)) and std else "")
+
+
+def long_rows(comparison: Any) -> list[list]:
+    """[arm, model, seeds, angle, mean, std] for every arm, model and evaluated angle."""
+    out = []
+    for name, arm in arms(comparison).items():
+        for label, group in _groups(arm).items():
+            for key in sorted(_acc(group), key=float):
+                found = stat(group, key)
+                if found is not None:
+                    out.append([name, label, _seeds(group), float(key), *found])
+    return out
+
+
+def markdown(comparison: Any, angle: float = HEADLINE_ANGLE) -> str:
+    """The README's compact comparison: a table (arm, model, seeds, train s, MNIST, the
+    headline angle; mean ± std) and the sentences; "" without a comparison."""
+    table = rows(comparison, angle)
+    words = sentences(comparison, angle)
+    if not table:
+        return ""
+    head = f"{float(table[0]['angle']):g}°" if table[0]["angle"] is not None else f"{angle:g}°"
+    lines = [
+        f"| comparison arm | model | seeds | train s | MNIST (0°) | {head} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        arm = ARM_TITLES.get(r["arm"], r["arm"]).lower()
+        cells = [
+            arm,
+            r["model"],
+            str(r["seeds"]),
+            seconds(r),
+            show(r["upright"]),
+            show(r["headline"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")
