@@ -35,6 +35,7 @@ SHRINK = {
     "train.train_size": 256,
     "train.val_size": 128,
     "train.extra_train_size": 128,
+    "train.seeds": 2,
     "evaluate.limit": 100,
     "evaluate.angles": [0, 35],
     "evaluate.robustness.epsilons": [0.1],

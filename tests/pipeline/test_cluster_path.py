@@ -393,6 +393,8 @@ JOB_SHRINK = {
     "train.train_size": 128,
     "train.val_size": 64,
     "train.extra_datasets": [],
+    "train.seeds": 1,
+    "train.equal_time": False,
 }
 
 
