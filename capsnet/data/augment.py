@@ -21,10 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from capsnet.config import AugmentParams
+from capsnet.config import STRATEGIES, AugmentParams
 from capsnet.errors import ConfigError
-
-STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 
 
 def check_strategy(strategy: str) -> None:
