@@ -32,20 +32,31 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def rotation_curve(curves: dict[str, dict[str, float]], path, title: str = "") -> Path:
-    """Accuracy versus rotation angle, one line per model: curves {model: {"<angle>": acc}}."""
+def rotation_curve(
+    curves: dict[str, dict[str, float]],
+    path,
+    title: str = "",
+    bands: dict[str, dict[str, float]] | None = None,
+) -> Path:
+    """Accuracy versus rotation angle, one line per label: curves {label: {"<angle>": acc}};
+    ``bands`` {label: {"<angle>": std}} shades mean ± std around those labels' lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for model, points in curves.items():
-        pairs = sorted((float(a), acc) for a, acc in points.items())
-        ax.plot(
-            [a for a, _ in pairs], [100 * acc for _, acc in pairs], marker="o", ms=3, label=model
-        )
+    for label, points in curves.items():
+        angles = sorted(points, key=float)
+        x = [float(a) for a in angles]
+        y = [100 * points[a] for a in angles]
+        (line,) = ax.plot(x, y, marker="o", ms=3, label=label)
+        spread = (bands or {}).get(label)
+        if spread:
+            low = [100 * (points[a] - spread.get(a, 0.0)) for a in angles]
+            high = [100 * (points[a] + spread.get(a, 0.0)) for a in angles]
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("rotation of the test digits (degrees)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7 if len(curves) > 6 else None)
     ax.set_title(title or "Accuracy on rotated MNIST")
     return save_figure(fig, path)
 

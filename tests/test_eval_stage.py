@@ -229,7 +229,7 @@ def test_metrics_json_writes_nan_as_null(tmp_path):
         "accuracy": None,
         "n": 0,
     }
-    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy\n"
+    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy,std\n"
 
 
 def test_seed_checkpoints_are_reported_with_mean_and_std():
@@ -251,6 +251,29 @@ def test_seed_checkpoints_are_reported_with_mean_and_std():
     assert agg["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
     assert agg["names"] == ["s0", "s1"]
     assert evaluation.aggregate_seeds({"s0": results["s0"]}) == {}
+
+
+def test_seed_means_are_named_after_their_first_checkpoint_when_the_model_name_is_taken():
+    def entry(name, acc):
+        return {"model": "lenet5", "checkpoint": f"{name}.pt", "mnist": {"accuracy": acc}}
+
+    runs = {  # name: (experiment, seed, accuracy), in the order the stage lists the files
+        "lenet5": ("equal", 0, 0.9),
+        "lenet5@equal-time-seed1": ("time", 1, 0.7),
+        "lenet5@equal-time": ("time", 0, 0.8),
+        "lenet5@seed1": ("equal", 1, 0.6),
+    }
+    results = {name: entry(name, acc) for name, (_, _, acc) in runs.items()}
+    experiments = {name: key for name, (key, _, _) in runs.items()}
+    seeds = {name: seed for name, (_, seed, _) in runs.items()}
+    means = evaluation.aggregate_seeds(results, experiments, seeds)
+    assert list(means) == ["lenet5 (mean)", "lenet5@equal-time (mean)"]
+    assert means["lenet5 (mean)"]["names"] == ["lenet5", "lenet5@seed1"]
+    timed = means["lenet5@equal-time (mean)"]
+    assert timed["names"] == ["lenet5@equal-time", "lenet5@equal-time-seed1"]
+    assert timed["checkpoints"] == ["lenet5@equal-time.pt", "lenet5@equal-time-seed1.pt"]
+    assert timed["mnist"]["accuracy"] == pytest.approx(0.75)
+    assert timed["std"]["mnist"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
 
 
 def trained_meta(seed: int, epochs: int, **data) -> dict:
@@ -347,7 +370,7 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["lenet5"]["mnist"]["n"] == 30
-    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy\n")
+    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy,std\n")
     assert (tmp_path / "eval" / "figures" / "confusion-lenet5.png").is_file()
 
     params.write_text("evaluate:\n  datasets: [mnist, cifar]\n")

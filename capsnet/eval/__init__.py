@@ -6,12 +6,14 @@ One entry per checkpoint: {"model", "checkpoint", "mnist": {"accuracy", "n"},
 "equivariance": {...}}; a dataset that does not fit a model is {"skipped": reason}. Several
 checkpoints of one experiment (equal model and training configs but the seed) add an
 entry with the mean of every number, the standard deviations under "std" and the grouped
-checkpoints under "names". The stage adds a "viewpoints" section.
+checkpoints under "names". Checkpoints the train stage made for the comparison add the
+"comparison" section (capsule model against baselines over seeds). The stage adds a
+"viewpoints" section.
 
 Modules by job: request (the settings of one evaluation), datasets (test sets, model fit),
-checkpoints (evaluating), seeds (aggregating), figures (drawn while each model is loaded),
-outputs (metrics.json, rotation.csv, the summary table), viewpoints (the smallNORB
-novel-viewpoint section), stage (the DVC stage).
+checkpoints (evaluating), seeds (aggregating), comparison (its section), figures (drawn
+while each model is loaded), outputs (metrics.json, rotation.csv, the summary table),
+viewpoints (the smallNORB novel-viewpoint section), stage (the DVC stage).
 """
 
 from capsnet.eval.checkpoints import checkpoint_names, evaluate_checkpoints, evaluate_model

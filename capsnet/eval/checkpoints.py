@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from capsnet import evaluate
-from capsnet.errors import DataError
+from capsnet.errors import CapsnetError, DataError
+from capsnet.eval.comparison import COMPARISON_KEY, comparison_meta, comparison_section
 from capsnet.eval.datasets import TestSets, image_shape, model_fit
 from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.request import EvalRequest
-from capsnet.eval.seeds import aggregate_seeds, experiment_key
+from capsnet.eval.seeds import aggregate_seeds, experiment_key, seed_of
 
 
 def checkpoint_names(paths: Sequence[str | Path]) -> list[str]:
@@ -39,14 +40,19 @@ def evaluate_checkpoints(
 ) -> dict[str, dict]:
     """Evaluate every checkpoint on ``request.params.datasets``; one entry per checkpoint
     (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per experiment
-    with several seeds (``capsnet.eval.seeds``). ``figures`` draws each model's figures
-    while it is loaded."""
+    with several seeds (``capsnet.eval.seeds``) and, when some checkpoint takes part in
+    the comparison, the "comparison" section (``capsnet.eval.comparison``). ``figures``
+    draws each model's figures while it is loaded."""
     from capsnet import checkpoint
 
     request = request or EvalRequest()
     loaded = [checkpoint.load(path, map_location="cpu") for path in paths]  # fail early
-    data = TestSets(request)
     names = list(names) if names is not None else checkpoint_names(paths)
+    compared = [comparison_meta(meta, str(path)) for path, (_, meta) in zip(paths, loaded)]
+    if any(compared) and COMPARISON_KEY in names:
+        path = paths[names.index(COMPARISON_KEY)]
+        raise CapsnetError(f"{path}: the name {COMPARISON_KEY!r} is the comparison section's")
+    data = TestSets(request)
     results: dict[str, dict] = {}
     for name, path, (model, meta) in zip(names, paths, loaded):
         model.to(request.device)
@@ -57,10 +63,15 @@ def evaluate_checkpoints(
             figures.add_model(name, model, entry, data, request)
         results[name] = entry
         model.cpu()
-    experiments = {name: experiment_key(meta) for name, (_, meta) in zip(results, loaded)}
-    results.update(aggregate_seeds(results, experiments))
+    metas = {name: meta for name, (_, meta) in zip(results, loaded)}
+    experiments = {name: experiment_key(meta) for name, meta in metas.items()}
+    seeds = {name: seed_of(meta) for name, meta in metas.items()}
+    results.update(aggregate_seeds(results, experiments, seeds))
+    section = comparison_section(results, metas)
     if figures is not None:
         figures.finish(results)
+    if section is not None:
+        results[COMPARISON_KEY] = section
     return results
 
 

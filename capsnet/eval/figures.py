@@ -3,7 +3,8 @@
 Per model: the confusion matrix on MNIST rotated by ``confusion_angle``, the pose
 perturbation grid and, for MultiMNIST, each digit reconstructed from its own capsule (the
 two predicted and the two true ones). Across models, drawn once all are evaluated: the
-rotation curve, the equivariance plot and the reconstructions.
+rotation curve (a mean line in a mean ± std band per seed group, a plain line per checkpoint
+in no group), the equivariance plot and the reconstructions.
 File names: rotation.png, equivariance.png, reconstructions.png, confusion-<name>.png,
 perturbation-<name>.png, multimnist-<name>.png.
 """
@@ -90,13 +91,10 @@ class FigureDrawer:
     def finish(self, results: dict) -> dict[str, Path]:
         """The figures across models (from ``results``' checkpoint entries); returns ``written``."""
         singles = {name: e for name, e in results.items() if "checkpoint" in e}
-        curves = {
-            name: e["rotated-mnist"]["accuracy"]
-            for name, e in singles.items()
-            if "accuracy" in e.get("rotated-mnist", {})
-        }
+        curves, bands = rotation_curves(results)
         if curves:
-            self.written["rotation"] = draw.rotation_curve(curves, self.fig_dir / "rotation.png")
+            path = self.fig_dir / "rotation.png"
+            self.written["rotation"] = draw.rotation_curve(curves, path, bands=bands)
         diagnostics = {
             name: e["equivariance"]
             for name, e in singles.items()
@@ -113,6 +111,30 @@ class FigureDrawer:
                 title="Inputs and their reconstructions from the predicted class capsule",
             )
         return self.written
+
+
+def rotation_curves(results: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+    """({legend label: {"<angle>": accuracy}}, {label: {"<angle>": std}}): the mean of every
+    seed group with its deviations, and each checkpoint that is in no group."""
+    curves: dict[str, dict] = {}
+    bands: dict[str, dict] = {}
+    means = {n: e for n, e in results.items() if "names" in e and _rotation(e)}
+    grouped = {n for e in means.values() for n in e["names"]}
+    for name, entry in results.items():
+        if name in means:
+            base = name.removesuffix(" (mean)")
+            label = f"{base} (mean ± std, {entry['seeds']} seeds)"
+            curves[label] = _rotation(entry)
+            bands[label] = _rotation(entry.get("std") or {})
+        elif "checkpoint" in entry and name not in grouped and _rotation(entry):
+            curves[name] = _rotation(entry)
+    return curves, bands
+
+
+def _rotation(entry: dict) -> dict:
+    """An entry's (or its "std" tree's) rotated-MNIST accuracy per angle; {} without one."""
+    sweep = entry.get("rotated-mnist")
+    return sweep.get("accuracy") or {} if isinstance(sweep, dict) else {}
 
 
 @torch.no_grad()

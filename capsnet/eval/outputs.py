@@ -1,5 +1,5 @@
 """The evaluation's files and its printed summary: metrics.json (the results, NaN as null),
-rotation.csv (angle, model, accuracy), and a table per checkpoint."""
+rotation.csv (angle, model, accuracy, std), and a table per checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from capsnet import evaluate
+from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
 from capsnet.io import atomic_write_text
 
@@ -31,26 +32,35 @@ def metrics_json(results: dict) -> str:
     return json.dumps(_finite(results), indent=2) + "\n"
 
 
-def rotation_rows(results: dict) -> list[tuple[float, str, float]]:
-    """(angle, model, accuracy) rows of every entry with a rotated-mnist sweep."""
+def rotation_rows(results: dict) -> list[tuple[float, str, float, float | None]]:
+    """(angle, entry, accuracy, std) rows of every checkpoint and seed-mean entry with a
+    rotated-mnist sweep; std is None for a single checkpoint."""
     rows = []
     for name, entry in results.items():
         sweep = entry.get("rotated-mnist")
-        if not isinstance(sweep, dict) or "accuracy" not in sweep:
+        if "model" not in entry or not isinstance(sweep, dict) or "accuracy" not in sweep:
             continue
+        spread = ((entry.get("std") or {}).get("rotated-mnist") or {}).get("accuracy") or {}
         for angle, acc in sweep["accuracy"].items():
-            rows.append((float(angle), name, acc))
+            std = spread.get(angle) if "checkpoint" not in entry else None
+            rows.append((float(angle), name, acc, std))
     return sorted(rows, key=lambda r: (r[1], r[0]))
 
 
 def rotation_csv(results: dict) -> str:
-    """rotation.csv's text: a header ``angle,model,accuracy`` and one row per point."""
+    """rotation.csv's text: a header ``angle,model,accuracy,std`` and one row per point
+    (std empty for a single checkpoint)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["angle", "model", "accuracy"])
-    for angle, name, acc in rotation_rows(results):
-        writer.writerow([evaluate.format_angle(angle), name, f"{acc:.6f}"])
+    writer.writerow(["angle", "model", "accuracy", "std"])
+    for angle, name, acc, std in rotation_rows(results):
+        writer.writerow([evaluate.format_angle(angle), name, _number(acc), _number(std)])
     return buffer.getvalue()
+
+
+def _number(value) -> str:
+    """A CSV cell: six decimals, empty for None or a non-finite number."""
+    return f"{value:.6f}" if isinstance(value, (float, int)) and math.isfinite(value) else ""
 
 
 def write_outputs(results: dict, out_dir: str | Path) -> dict[str, Path]:
@@ -64,10 +74,11 @@ def write_outputs(results: dict, out_dir: str | Path) -> dict[str, Path]:
 
 def summary_lines(results: dict) -> list[str]:
     """A human-readable table: one row per entry, accuracy per dataset (and per angle), then
-    the novel-viewpoint comparison when ``results`` has a "viewpoints" section."""
+    the "comparison" and the novel-viewpoint ("viewpoints") sections when ``results`` has them."""
     viewpoints = results.get(VIEWPOINTS_KEY)
-    entries = {n: e for n, e in results.items() if "model" in e}
-    return _table_lines(entries) + viewpoint_lines(viewpoints)
+    entries = {n: e for n, e in results.items() if n != COMPARISON_KEY and "model" in e}
+    comparison = comparison_lines(results.get(COMPARISON_KEY))
+    return _table_lines(entries) + comparison + viewpoint_lines(viewpoints)
 
 
 def _fmt(x) -> str:

@@ -84,12 +84,15 @@ def _combine(values: list) -> tuple[Any, Any]:
 
 
 def aggregate_seeds(
-    results: dict[str, dict], experiments: dict[str, str] | None = None
+    results: dict[str, dict],
+    experiments: dict[str, str] | None = None,
+    seeds: dict[str, int] | None = None,
 ) -> dict[str, dict]:
     """For each experiment with several checkpoints (``experiments``: result name ->
-    ``experiment_key``; without it, one experiment per model name): {"<model>" or
-    "<model> (mean)": entry} holding the mean of every number, the deviations under
-    "std", the grouped result names under "names" and their files under "checkpoints"."""
+    ``experiment_key``; without it, one experiment per model name): one entry holding the
+    mean of every number, the deviations under "std", the grouped result names (in the
+    order of their ``seeds``) under "names" and their files under "checkpoints". It is
+    named after the model, or "<first name> (mean)" when that name is taken."""
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
         if "checkpoint" in entry:
@@ -99,10 +102,11 @@ def aggregate_seeds(
     for (model, _), names in groups.items():
         if len(names) < 2:
             continue
+        names = sorted(names, key=lambda n: (seeds or {}).get(n, 0))
         entries = [results[n] for n in names]
         key, i = model, 1
         while key in results or key in out:  # a checkpoint name, or another experiment's mean
-            key, i = (f"{model} (mean)" if i == 1 else f"{model} (mean {i})"), i + 1
+            key, i = (f"{names[0]} (mean)" if i == 1 else f"{names[0]} (mean {i})"), i + 1
         out[key] = {
             "model": model,
             "names": names,
@@ -111,6 +115,12 @@ def aggregate_seeds(
             **_mean_entry(entries),
         }
     return out
+
+
+def seed_of(meta: dict[str, Any]) -> int:
+    """The training seed a checkpoint's metadata records (0 when it records none)."""
+    seed = (meta.get("train_config") or {}).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
 def _mean_entry(entries: list[dict]) -> dict[str, Any]:
