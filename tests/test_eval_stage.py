@@ -302,6 +302,12 @@ def test_experiment_key_ignores_only_the_seed():
     wider = trained_meta(seed=1, epochs=6)
     wider["model_config"]["input_size"] = 40
     assert experiment_key(wider) != base
+    arms = []
+    for seed, arm in ((0, "equal_augmentation"), (1, "equal_augmentation"), (0, "equal_time")):
+        compared = trained_meta(seed=seed, epochs=6)
+        compared["extra"] = {"comparison": {"arm": arm, "label": "lenet5", "reference": "c"}}
+        arms.append(experiment_key(compared))
+    assert arms[0] == arms[1] != arms[2] and base not in arms
 
 
 def test_eval_groups_checkpoints_differing_only_in_seed(mnist_root, tmp_path):

@@ -3,8 +3,8 @@ and the standard deviations under "std".
 
 An experiment is the model name, the model config, the training config without the seed
 (and without the settings that do not change what is learnt) and the training data
-recorded in the checkpoint; checkpoints differing in anything else are not seeds of one
-another and are never averaged.
+recorded in the checkpoint, and the comparison arm and label it was trained for;
+checkpoints differing in anything else are not seeds of one another and are never averaged.
 """
 
 from __future__ import annotations
@@ -29,11 +29,15 @@ def experiment_key(meta: dict[str, Any]) -> str:
     data: dict[str, Any] = {}
     for source in (meta.get("metrics") or {}, meta.get("extra") or {}):
         data.update({k: source[k] for k in DATA_FIELDS if k in source})
+    compared = (meta.get("extra") or {}).get("comparison")
     experiment = {
         "model": meta.get("model_name"),
         "model_config": meta.get("model_config"),
         "train_config": train,
         "data": data,
+        "comparison": [compared.get(k) for k in ("arm", "label")]
+        if isinstance(compared, dict)
+        else None,
     }
     return json.dumps(experiment, sort_keys=True, default=str)
 
