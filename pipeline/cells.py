@@ -109,7 +109,7 @@ def percent(value: float | None, std: float | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     text = f"{100 * value:.2f}%"
-    return text + (f" ± {100 * std:.2f}" if std else "")
+    return text + (f" ± {100 * std:.2f}" if std is not None and not math.isnan(std) else "")
 
 
 def paper_metric(column: str, entry: dict) -> str:

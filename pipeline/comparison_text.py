@@ -131,7 +131,7 @@ def _time_sentence(arm: dict, label: str, group: dict, reference: str) -> str:
     if not isinstance(within, bool):
         within = abs(ratio - 1) <= tolerance
     epochs = group.get("epochs")
-    ran = f", {epochs:g} epochs" if isinstance(epochs, (int, float)) else ""
+    ran = f", {_epochs(epochs)}" if isinstance(epochs, (int, float)) else ""
     head = (
         f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
         f"time; {label} trained {seconds:.1f} s ({ratio:.2f} of the budget{ran})"
@@ -150,7 +150,7 @@ def _prefix(name: str, arm: dict, group: dict, reference: str | None) -> str:
         return f"{title} ({augment} augmentation, against the equal-augmentation {reference})"
     details = [str(arm["augment"])] if arm.get("augment") else []
     if isinstance(arm.get("epochs"), (int, float)):
-        details.append(f"{arm['epochs']:g} epochs")
+        details.append(_epochs(arm["epochs"]))
     return f"{title} ({', '.join(details)})" if details else title
 
 
@@ -303,3 +303,7 @@ def markdown(comparison: Any, angle: float = HEADLINE_ANGLE) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")
+
+
+def _epochs(count: float) -> str:
+    return f"{count:g} epoch" + ("" if count == 1 else "s")
