@@ -126,7 +126,7 @@ def train_final(
             f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "
             f"is {sweep.dataset}; pass the matching --best or --sweep-section"
         )
-    base = section_spec(final, sweep, params, data_root, mirror)
+    base = section_spec(final, sweep, params, data_root, mirror, **final.schedule())
     specs = [run_spec(run, base) for run in final_runs(best, final)]
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)

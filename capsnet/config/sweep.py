@@ -273,11 +273,18 @@ class FinalTrainConfig(Section):
     augment: Strategy | None = None  # every run's augmentation; None: the best sweep config's
     equal_time: bool = True  # each baseline also trained for the best model's mean wall-clock time
     baseline_augments: list[Strategy] = field(default_factory=list)  # each baseline also with these
+    # Adam's learning rate times lr_decay every lr_decay_steps steps; None: TrainConfig's
+    # (the official CapsNet code's 0.96 every 2,000 steps).
+    lr_decay: float | None = None
+    lr_decay_steps: int | None = None
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "train_size", "extra_train_size", "seeds"):
             at_least(self, name, 1)
+        at_least(self, "lr_decay_steps", 1)
         at_least(self, "val_size", 0)
+        if self.lr_decay is not None and not 0 < self.lr_decay <= 1:
+            raise Invalid("lr_decay", f"must be in (0, 1], got {self.lr_decay}")
         if not all(self.baselines):
             raise Invalid("baselines", f"must be a list of model names, got {self.baselines!r}")
         if len(set(self.baseline_augments)) != len(self.baseline_augments):
@@ -285,6 +292,11 @@ class FinalTrainConfig(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def schedule(self) -> dict[str, Any]:
+        """The TrainConfig fields of the learning-rate schedule this section sets."""
+        fields = {"lr_decay": self.lr_decay, "lr_decay_steps": self.lr_decay_steps}
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 # --- the smallNORB ablation: the EM paper's defaults (SPEC 1.3): em-capsnet-small, batch 64,

@@ -147,6 +147,8 @@ def test_comparison_trains_seeds_equal_time_and_augmented_baselines(tmp_path, mn
             "seeds": 2,
             "augment": "none",
             "baseline_augments": ["rotate"],
+            "lr_decay": 0.5,
+            "lr_decay_steps": 7,
         }
     )
     sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
@@ -188,6 +190,8 @@ def test_comparison_trains_seeds_equal_time_and_augmented_baselines(tmp_path, mn
         augment = "rotate" if "@rotate" in key else "none"
         assert meta["metrics"]["augment"] == augment == meta["extra"]["run_config"]["augment"]
         assert (meta["extra"]["role"] == "best") == key.startswith("capsnet-small")
+        schedule = meta["train_config"]["lr_decay"], meta["train_config"]["lr_decay_steps"]
+        assert schedule == (0.5, 7)
     weights = [
         checkpoint.load(out / f"{key}.pt")[0].state_dict() for key in ("lenet5", "lenet5@seed5")
     ]
