@@ -1,5 +1,8 @@
 """Compiled EM routing with ``routing_scope`` "global": a few windows per compiled call, one
-EM iteration at a time, the E-step normalised per child across all windows between calls."""
+EM iteration at a time. Between iterations only per-slot statistics, (windows, children),
+cross the window boundary: each call returns the E-step logits of its windows with their
+maximum and sum of exponentials per child slot, the per-child normaliser is formed from those
+small tensors, and the next call turns the logits into assignments inside its kernel."""
 
 from __future__ import annotations
 
@@ -11,20 +14,38 @@ from capsnet.routing import em_inverse_temperatures
 COMPILED_BLOCK = 8  # windows per compiled call (as em_layers.compiled_em_routing)
 _LOG_2PI = 1.8378770664093453  # log(2 pi)
 _compiled_step = None
+_compiled_last = None
 
 
-def em_step(children, weight, activations, r, beta_v, beta_a, lam, min_var, last, eps=1e-6):
-    """One EM iteration of a block of windows, votes made from the child poses inside.
-
-    children (n, I, 16), weight (I, J, c, c), activations (n, I), r (n, I, J) assignments,
-    lam a 0-d tensor -> E-step logits (n, I, J) (log a_j + log N(V_ij)), or with ``last``
-    pose (n, J, 16) and activation (n, J).
-    """
+def expand_poses(children: torch.Tensor, cols: int) -> torch.Tensor:
+    """children (N, I, 16) as rows x cols matrices -> (N, I, c, 16), [n, i, k, (r, d)] =
+    m[n, i, r, k] (for 16-vectors (N, I, 16, 1)): a vote is then sum_k of entry-wise
+    products with ``expand_weight``."""
     n, n_in, pose_dim = children.shape
-    n_out, cols = weight.shape[1], weight.shape[-1]
-    m = children.reshape(n, n_in, 1, pose_dim // cols, cols, 1)  # (n, I, 1, r, c, 1)
-    votes = (m * weight.reshape(1, n_in, n_out, 1, cols, cols)).sum(dim=4)  # (n, I, J, r, c)
-    votes = votes.reshape(n, n_in, n_out, pose_dim)  # (n, I, J, P)
+    m = children.reshape(n, n_in, pose_dim // cols, cols).transpose(2, 3)  # (N, I, c, r)
+    if pose_dim == cols:  # 16-vectors: (N, I, 16, 1) broadcasts over the vote entries
+        return m
+    return m.unsqueeze(4).expand(-1, -1, -1, -1, cols).reshape(n, n_in, cols, pose_dim)
+
+
+def expand_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """weight (I, J, c, c) -> (I, J, c, 16), [i, j, k, (r, d)] = W[i, j, k, d]."""
+    n_in, n_out, cols, _ = weight.shape
+    we = weight.unsqueeze(3).expand(-1, -1, -1, rows, -1)  # (I, J, c, r, c)
+    return we.reshape(n_in, n_out, cols, rows * cols)  # (I, J, c, 16)
+
+
+def _m_step(children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """M-step of a block of windows, votes made from the child poses inside: the arguments
+    of ``em_step`` -> mu (n, 1, J, P), squared deviations (n, I, J, P), var (n, 1, J, P),
+    log sigma (n, 1, J, P), activation logits (n, 1, J)."""
+    eps = 1e-6
+    n_in, cols = children.shape[1], children.shape[2]
+    n_out = weight.shape[1]
+    votes = children[:, :, None, 0] * weight[:, :, 0]  # (n, I, J, P): pose @ W, k = 0
+    for k in range(1, cols):  # unrolled: entry-wise products, 16 wide, fused into the sums
+        votes = votes + children[:, :, None, k] * weight[:, :, k]  # (n, I, J, P)
+    r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J)
     r_a = r * activations.unsqueeze(2)  # (n, I, J)
     mass = r_a.sum(dim=1, keepdim=True)  # (n, 1, J)
     weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (n, I, J, 1): sum_i 1
@@ -34,11 +55,47 @@ def em_step(children, weight, activations, r, beta_v, beta_a, lam, min_var, last
     log_sigma = 0.5 * torch.log(var)  # (n, 1, J, P)
     cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (n,1,J)
     logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (n, 1, J)
-    if last:
-        return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
+    return mu, sq_diff, var, log_sigma, logit_a
+
+
+def em_step(children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """One EM iteration but the last of a block of windows.
+
+    children (n, I, c, 16) from ``expand_poses``, weight (I, J, c, 16) from
+    ``expand_weight``, activations (n, I); the assignments are ``exp(logits - log_total)``
+    for the previous E-step's logits (n, I, J) (zeros in the first iteration) and log_total
+    (n, I), the log of the child's total of exp(logits) over all its parents; lam a 0-d
+    tensor. -> the E-step logits (n, I, J), their maximum over the parents (n, I) (no
+    gradient) and sum of exp(logits - maximum) (n, I).
+    """
+    _, sq_diff, var, log_sigma, logit_a = _m_step(
+        children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var
+    )
     half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (n, I, J)
-    log_norm = log_sigma.sum(dim=3) + 0.5 * pose_dim * _LOG_2PI  # (n, 1, J)
-    return F.logsigmoid(logit_a) - half_quad - log_norm  # (n, I, J)
+    log_norm = log_sigma.sum(dim=3) + 0.5 * children.shape[3] * _LOG_2PI  # (n, 1, J)
+    out = F.logsigmoid(logit_a) - half_quad - log_norm  # (n, I, J)
+    peak = out.detach().amax(dim=2)  # (n, I): a shift, no gradient
+    return out, peak, torch.exp(out - peak.unsqueeze(2)).sum(dim=2)  # (n,I,J), (n,I), (n,I)
+
+
+def em_last_step(children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """The last EM iteration (the arguments of ``em_step``) -> pose (n, J, 16), activation
+    (n, J)."""
+    mu, _, _, _, logit_a = _m_step(
+        children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var
+    )
+    return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
+
+
+def _compiled_functions():
+    """``em_step`` and ``em_last_step`` compiled (once): two functions, so that each keeps
+    its own few cache entries (shapes per layer, grad mode) within dynamo's recompile limit."""
+    global _compiled_step, _compiled_last
+    if _compiled_step is None:
+        _compiled_step = torch.compile(em_step, dynamic=False)
+    if _compiled_last is None:
+        _compiled_last = torch.compile(em_last_step, dynamic=False)
+    return _compiled_step, _compiled_last
 
 
 def compiled_global_routing(
@@ -56,30 +113,46 @@ def compiled_global_routing(
     """EM routing of all N windows of a layer with the assignments normalised per child
     across windows (``scope``: em_layers.GlobalScope), ``em_step`` compiled with
     torch.compile and run ``block`` windows per call: children (N, I, 16), activations
-    (N, I), weight (I, J, c, c) -> pose (N, J, 16), activation (N, J). The last block is
-    padded with inactive all-zero children, so every call has one shape."""
-    global _compiled_step
-    if _compiled_step is None:
-        _compiled_step = torch.compile(em_step, dynamic=False)
-    n, n_out = children.shape[0], weight.shape[1]
+    (N, I), weight (I, J, c, c) for rows x c poses -> pose (N, J, 16), activation (N, J).
+    The last block is padded with inactive all-zero children, so every call has one shape.
+    Routing runs in fp32 (fp64 for fp64 inputs); between iterations only the logits of each
+    block (block, I, J) and the per-slot normalisers (N, I) are kept."""
+    step, last_step = _compiled_functions()
+    n, n_in = activations.shape
+    n_out, cols = weight.shape[1], weight.shape[-1]
     pad = (-n) % block
-    with torch.autocast(children.device.type, enabled=False):  # routing in fp32
-        kids = F.pad(children.float(), (0, 0, 0, 0, 0, pad)).split(block)  # (block, I, 16) each
-        acts = F.pad(activations.float(), (0, 0, 0, pad)).split(block)  # (block, I) each
-        w, b_v, b_a = weight.float(), beta_v.float(), beta_a.float()
-        r = scope.initial(n_out).float().transpose(1, 2)  # (N, I, J)
-        for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
-            last = it == iterations - 1
-            lam_t = torch.tensor(lam, device=children.device)  # 0-d: one kernel for every lam
-            blocks = F.pad(r, (0, 0, 0, 0, 0, pad)).split(block)  # (block, I, J) each
+    with torch.autocast(children.device.type, enabled=False):  # routing in fp32 or fp64
+        dtype = torch.promote_types(children.dtype, torch.float32)
+        kids = expand_poses(F.pad(children.to(dtype), (0, 0, 0, 0, 0, pad)), cols)
+        kids = kids.split(block)  # (block, I, c, 16) each
+        acts = F.pad(activations.to(dtype), (0, 0, 0, pad)).split(block)  # (block, I) each
+        w = expand_weight(weight.to(dtype), children.shape[-1] // cols)  # (I, J, c, 16)
+        b_v, b_a = beta_v.to(dtype), beta_a.to(dtype)
+        logits = [kids[0].new_zeros(block, n_in, n_out)] * len(kids)  # (block, I, J) each
+        log_total = F.pad(scope.log_uniform_total(n_out).to(dtype), (0, 0, 0, pad))  # (N+pad,I)
+        lams = em_inverse_temperatures(iterations, final_lambda)
+        for lam in lams[:-1]:
+            lam_t = torch.tensor(lam, dtype=dtype, device=children.device)  # 0-d: one kernel
             outs = [
-                _compiled_step(c, w, a, rb, b_v, b_a, lam_t, min_var, last)
-                for c, a, rb in zip(kids, acts, blocks)
-            ]  # logits (block, I, J), or (pose (block, J, 16), activation (block, J))
-            if last:
-                break
-            logits = torch.cat(outs)[:n]  # (N, I, J)
-            r = scope.softmax(logits.transpose(1, 2)).transpose(1, 2)  # (N, I, J)
+                step(c, w, a, lg, t, b_v, b_a, lam_t, min_var)
+                for c, a, lg, t in zip(kids, acts, logits, log_total.split(block))
+            ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
+            logits = [o[0] for o in outs]  # (block, I, J) each
+            log_total = _log_totals(scope, outs, n)  # (N + pad, I)
+        lam_t = torch.tensor(lams[-1], dtype=dtype, device=children.device)
+        outs = [
+            last_step(c, w, a, lg, t, b_v, b_a, lam_t, min_var)
+            for c, a, lg, t in zip(kids, acts, logits, log_total.split(block))
+        ]  # pose (block, J, 16), activation (block, J) per block
     pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
     act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
     return pose, act
+
+
+def _log_totals(scope, outs, n: int) -> torch.Tensor:
+    """Per-slot log normalisers (N + pad, I) from the blocks' (logits, peak, sumexp): per
+    child across windows for the N real windows, per window for the padding."""
+    peak = torch.cat([o[1] for o in outs])  # (N + pad, I)
+    sumexp = torch.cat([o[2] for o in outs])  # (N + pad, I)
+    own = peak[n:] + torch.log(sumexp[n:])  # (pad, I)
+    return torch.cat([scope.log_total(peak[:n], sumexp[:n]), own])  # (N + pad, I)

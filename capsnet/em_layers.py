@@ -171,6 +171,21 @@ class GlobalScope:
         count = self._per_child_sum(ones)  # (N, I): windows holding each slot's child
         return (1.0 / (count * n_out)).unsqueeze(1).expand(-1, n_out, -1)  # (N, n_out, I)
 
+    def log_uniform_total(self, n_out: int) -> torch.Tensor:
+        """(N, I) log(windows * n_out) per slot: with logits 0, exp(logits - this) is the
+        uniform first assignment of ``initial``."""
+        ones = torch.ones(self.index.shape, dtype=torch.float64, device=self.index.device)
+        return torch.log(self._per_child_sum(ones) * n_out)  # (N, I)
+
+    def log_total(self, peak: torch.Tensor, sumexp: torch.Tensor) -> torch.Tensor:
+        """Log of each child's sum of exp(logits) over all its parents, read back per slot
+        (N, I), from per slot maxima ``peak`` (N, I) (no gradient) and sums of
+        exp(logits - peak) ``sumexp`` (N, I) over the slot's parents."""
+        child_peak = peak.new_full((self.n_children,), -torch.inf)  # (children,)
+        child_peak = child_peak.scatter_reduce(0, self.flat, peak.reshape(-1), "amax")
+        shift = child_peak[self.index]  # (N, I): the child's maximum logit
+        return shift + torch.log(self._per_child_sum(sumexp * torch.exp(peak - shift)))
+
     def softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits (N, n_out, n_in) -> assignments normalised per child across windows."""
         peak = logits.detach().amax(dim=1).reshape(-1)  # (N*I,)

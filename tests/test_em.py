@@ -411,6 +411,50 @@ def test_global_assignments_total_one_per_child(stride):
         torch.testing.assert_close(child_total, torch.ones_like(child_total))
 
 
+def test_global_log_total_normalises_each_child_across_windows():
+    """GlobalScope.log_total from per-slot maxima and sums of exponentials: exp(logits -
+    log_total) is the cross-window softmax, and gradients agree with it too."""
+    index = child_index(2, 5, 5, 2, kernel=3, stride=1)  # (N, 18)
+    scope = GlobalScope(index, 2 * 5 * 5 * 2)
+    g = torch.Generator().manual_seed(0)
+    logits = 30 * torch.randn(index.shape[0], 18, 4, generator=g, dtype=torch.float64)
+    logits.requires_grad_()  # (N, I, J): slot-major as the compiled routing keeps them
+    peak = logits.detach().amax(dim=2)  # (N, I)
+    sumexp = torch.exp(logits - peak.unsqueeze(2)).sum(dim=2)  # (N, I)
+    r = torch.exp(logits - scope.log_total(peak, sumexp).unsqueeze(2))  # (N, I, J)
+    want = scope.softmax(logits.transpose(1, 2)).transpose(1, 2)  # (N, I, J)
+    torch.testing.assert_close(r, want, rtol=1e-12, atol=1e-15)
+    weights = torch.randn(r.shape, generator=g, dtype=torch.float64)
+    got_grad = torch.autograd.grad((r * weights).sum(), logits)[0]
+    want_grad = torch.autograd.grad((want * weights).sum(), logits)[0]
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-12)
+    uniform = torch.exp(-scope.log_uniform_total(4)).unsqueeze(1).expand(-1, 4, -1)
+    torch.testing.assert_close(uniform, scope.initial(4))  # (N, J, I)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stride", "iterations"), [(1, 1), (1, 3), (2, 4)])
+def test_compiled_global_routing_matches_loop_reference(stride, iterations):
+    """The compiled global path (capsnet.em_compiled) == the loop reference over the
+    convolution geometry in values and all gradients, in fp64 (40 windows at stride 1, 12 at
+    stride 2: the last block of 8 padded)."""
+    layer, poses, acts = _conv_layer_inputs(stride, iterations)
+    layer.compiled = True
+    fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
+    assert layer.compiled  # no fallback to eager
+    ref_poses, ref_acts, _ = conv_caps_global_reference(layer, poses, acts)
+    torch.testing.assert_close(fast[0], ref_poses, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fast[1], ref_acts, rtol=1e-10, atol=1e-12)
+    g_pose, g_act = torch.randn_like(ref_poses), torch.randn_like(ref_acts)
+    wrt = (poses, acts, layer.weight, layer.beta_v, layer.beta_a)
+    fast_grads = torch.autograd.grad(fast, wrt, (g_pose, g_act))
+    ref_grads = torch.autograd.grad((ref_poses, ref_acts), wrt, (g_pose, g_act))
+    for name, got, want in zip(
+        ("poses", "acts", "weight", "beta_v", "beta_a"), fast_grads, ref_grads
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=name)
+
+
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
 def test_global_routing_model_is_nan_free(iterations):
     torch.manual_seed(iterations)
@@ -440,6 +484,7 @@ def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatc
 
     monkeypatch.setattr(em_layers, "_compiled_routing", no_compiler)
     monkeypatch.setattr(em_compiled, "_compiled_step", no_compiler)
+    monkeypatch.setattr(em_compiled, "_compiled_last", no_compiler)
     torch.manual_seed(0)
     eager = models.build("em-capsnet-small", routing_scope=scope, **TINY)
     compiled = models.build("em-capsnet-small", routing_scope=scope, **TINY).compile_routing()
