@@ -144,3 +144,15 @@ def update_readme(
         return False
     atomic_write_text(readme, text.replace(old, new, 1))
     return True
+
+
+if __name__ == "__main__":  # python -m pipeline.readme DOC METRICS [FIGURE]
+    import sys
+
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: python -m pipeline.readme DOC METRICS [FIGURE]")
+    try:
+        changed = update_readme(sys.argv[1], sys.argv[2], *sys.argv[3:])
+    except CapsnetError as exc:
+        sys.exit(f"error: {exc}")
+    print(f"{sys.argv[1]}: results table {'updated' if changed else 'unchanged'}")

@@ -264,3 +264,19 @@ def test_committed_readme_table_matches_committed_metrics(repo_root):
         "README.md's results table differs from eval/metrics.json: run "
         "`capsnet publish --readme README.md` (or `dvc repro publish`)"
     )
+
+
+def test_cpu_profile_doc_table_matches_its_metrics(repo_root):
+    """docs/cpu-profile.md holds the block the profile's publish stage wrote, regenerated
+    from the profile's eval/metrics.json (kept beside it)."""
+    doc = repo_root / "docs" / "cpu-profile.md"
+    metrics = json.loads((repo_root / "docs" / "cpu-profile" / "metrics.json").read_text())
+    committed = readme.current_block(doc.read_text(), doc)
+    assert committed == readme.block(metrics, "cpu-profile/rotation.png"), (
+        "docs/cpu-profile.md's table differs from docs/cpu-profile/metrics.json: run "
+        "python -m pipeline.readme docs/cpu-profile.md docs/cpu-profile/metrics.json "
+        "cpu-profile/rotation.png"
+    )
+    assert (repo_root / "docs" / "cpu-profile" / "rotation.png").stat().st_size > 0
+    capsules = metrics["comparison"]["arms"]["equal_augmentation"]["models"]["capsnet-small"]
+    assert capsules["seeds"] == 3 and capsules["augment"] == "shift"
