@@ -143,7 +143,7 @@ def _union(args, value, key: str, source: str):
             return None
         _fail(source, key, "must not be empty")
     options = [a for a in args if a is not type(None)]
-    if len(options) == 1:  # Optional[T]: T's own message (a Literal names its choices)
+    if len(options) == 1 and typing.get_origin(options[0]) is Literal:  # names the choices
         return _convert(options[0], value, key, source)
     for option in options:
         try:

@@ -203,3 +203,8 @@ def test_smallnorb_final_training_refuses_augmentation():
 
     with pytest.raises(ConfigError, match=r"smallnorb_train\.augment: smallNORB augments itself"):
         SmallnorbTrainConfig.from_dict({"baseline_augments": ["rotate"]})
+
+
+def test_unknown_forced_augmentation_names_the_strategies():
+    with pytest.raises(ConfigError, match=r"train\.augment: 'spin' unknown; choose one of none"):
+        FinalTrainConfig.from_dict({"augment": "spin"})
