@@ -184,6 +184,7 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
     config = {"model": "capsnet-small", "routing_iterations": 1, "augment": "none"}
     (tmp_path / "best.json").write_text(json.dumps({"sweep": "tiny", "config": config}))
     final = {"epochs": 1, "train_size": 100, "val_size": 50, "out_dir": str(models_dir)}
+    final |= {"seeds": 1, "equal_time": False}
     killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final))
     assert killed.returncode == 9, killed.stderr
     assert {p.name: p.read_text() for p in models_dir.iterdir()} == old  # the first run's
