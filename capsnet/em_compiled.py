@@ -6,6 +6,8 @@ small tensors, and the next call turns the logits into assignments inside its ke
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -87,14 +89,27 @@ def em_last_step(children, weight, activations, logits, log_total, beta_v, beta_
     return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
 
 
+def compile_routing_function(function):
+    """``torch.compile(function, dynamic=False)`` with Inductor's on-disk cache kept apart
+    per ``ATEN_CPU_CAPABILITY``: the cache does not key its CPU kernels on that setting, so a
+    process run with another one would load kernels built for the other instruction set
+    (wrong results, NaN, or a crash). An explicit ``TORCHINDUCTOR_CACHE_DIR`` is kept."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
+    return torch.compile(function, dynamic=False)
+
+
 def _compiled_functions():
     """``em_step`` and ``em_last_step`` compiled (once): two functions, so that each keeps
     its own few cache entries (shapes per layer, grad mode) within dynamo's recompile limit."""
     global _compiled_step, _compiled_last
     if _compiled_step is None:
-        _compiled_step = torch.compile(em_step, dynamic=False)
+        _compiled_step = compile_routing_function(em_step)
     if _compiled_last is None:
-        _compiled_last = torch.compile(em_last_step, dynamic=False)
+        _compiled_last = compile_routing_function(em_last_step)
     return _compiled_step, _compiled_last
 
 

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from capsnet.em_compiled import compiled_global_routing
+from capsnet.em_compiled import compile_routing_function, compiled_global_routing
 from capsnet.routing import (
     EM_FINAL_LAMBDA,
     EM_MIN_VAR,
@@ -126,7 +126,7 @@ def compiled_em_routing(
     """
     global _compiled_routing
     if _compiled_routing is None:
-        _compiled_routing = torch.compile(em_routing_from_poses, dynamic=False)
+        _compiled_routing = compile_routing_function(em_routing_from_poses)
     n = children.shape[0]
     pad = (-n) % block
     with torch.autocast(children.device.type, enabled=False):  # routing in fp32

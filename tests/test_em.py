@@ -659,3 +659,22 @@ def test_overfits_a_small_smallnorb_batch(seed):
     history = fit(model, data, None, config)
     assert history[-1]["train_loss"] < 0.01
     assert accuracy(model, data, 32, "cpu")["accuracy"] == 1.0
+
+
+def test_compiled_routing_keeps_an_inductor_cache_per_cpu_capability(monkeypatch):
+    """Inductor's cache does not key CPU kernels on ATEN_CPU_CAPABILITY (kernels built for
+    AVX-512 loaded under avx2 gave NaN): each setting gets its own directory, unless the
+    user chose one."""
+    import os
+
+    from capsnet.em_compiled import compile_routing_function
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    compile_routing_function(torch.sigmoid)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
+    compile_routing_function(torch.sigmoid)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
