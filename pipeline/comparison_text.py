@@ -306,4 +306,6 @@ def markdown(comparison: Any, angle: float = HEADLINE_ANGLE) -> str:
 
 
 def _epochs(count: float) -> str:
-    return f"{count:g} epoch" + ("" if count == 1 else "s")
+    """'1 epoch', '3 epochs', or a mean over seeds to one decimal ('29.3 epochs')."""
+    shown = f"{count:g}" if float(count).is_integer() else f"{count:.1f}"
+    return f"{shown} epoch" + ("" if count == 1 else "s")
