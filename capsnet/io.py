@@ -196,6 +196,20 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
+def read_json(
+    path: str | os.PathLike, missing: str = "", error: type[CapsnetError] = CapsnetError
+) -> Any:
+    """The JSON value in ``path``; ``error`` naming the file when it is missing (with
+    ``missing``: what makes it) or not valid JSON (with the parser's reason and line)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{path}: not found" + (f"; {missing}" if missing else "")) from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces ``path`` when the block succeeds.

@@ -415,7 +415,8 @@ def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[
 def read_results(out_dir: str | Path) -> tuple[dict | None, str | None]:
     """(viewpoints.json content, None), or (None, why there are no results) for a missing,
     switched-off or unreadable ``out_dir``."""
-    from capsnet.io import DISABLED_MARKER, is_disabled
+    from capsnet.errors import CapsnetError
+    from capsnet.io import DISABLED_MARKER, is_disabled, read_json
 
     out = Path(out_dir)
     if not out.is_dir():
@@ -424,11 +425,9 @@ def read_results(out_dir: str | Path) -> tuple[dict | None, str | None]:
         return None, (out / DISABLED_MARKER).read_text().strip()
     path = out / RESULTS_FILE
     try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, f"{path} not found"
-    except json.JSONDecodeError as exc:
-        return None, f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})"
+        payload = read_json(path)
+    except CapsnetError as exc:
+        return None, str(exc)
     if not isinstance(payload, dict) or not isinstance(payload.get("kinds"), dict):
         return None, f"{path}: no per-kind results"
     return payload, None

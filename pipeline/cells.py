@@ -4,23 +4,18 @@ report.html (pipeline/report.py) and the README block (pipeline/readme.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from pathlib import Path
 
 from capsnet.errors import CapsnetError
+from capsnet.io import read_json
 
 
 def load_results(path: str | os.PathLike) -> dict[str, dict]:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CapsnetError(f"{path}: not found; run the evaluate stage first") from None
-    except json.JSONDecodeError as exc:
-        raise CapsnetError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    data = read_json(path, "run the evaluate stage first")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise CapsnetError(f"{path}: not an evaluation result ({{name: {{...}}}} expected)")
     return data

@@ -23,7 +23,6 @@ killed stage leaves the earlier directory, never a mix of old and new checkpoint
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 
 from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.io import atomic_directory, atomic_write_json, write_marker
+from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
 from pipeline.trainable import run_spec
@@ -46,12 +45,7 @@ EQUAL_TIME_MAX_EPOCHS = 10_000
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
-    try:
-        best = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found; run the sweep first (capsnet sweep)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
+    best = read_json(path, "run the sweep first (capsnet sweep)", ConfigError)
     if isinstance(best, dict) and "disabled" in best:
         raise ConfigError(
             f"{path}: the sweep did not run ({best['disabled']}); rerun it with its data on"

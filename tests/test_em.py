@@ -362,13 +362,9 @@ def _conv_layer_inputs(stride, iterations, seed=0, size=(7, 6), scope="global"):
     return layer, poses, acts
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
-def test_global_routing_matches_loop_reference(stride, iterations):
-    """Global-scope ConvMatrixCaps == the loop reference over the convolution geometry, in
-    values and in the gradients of every input and parameter (fp64)."""
-    layer, poses, acts = _conv_layer_inputs(stride, iterations)
-    fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
+def _assert_matches_global_reference(layer, poses, acts, fast) -> None:
+    """``fast`` (the layer's (poses, activations)) equals the loop reference over the
+    convolution geometry in values and in the gradients of every input and parameter."""
     ref_poses, ref_acts, _ = conv_caps_global_reference(layer, poses, acts)
     torch.testing.assert_close(fast[0], ref_poses, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(fast[1], ref_acts, rtol=1e-10, atol=1e-12)
@@ -380,6 +376,16 @@ def test_global_routing_matches_loop_reference(stride, iterations):
         ("poses", "acts", "weight", "beta_v", "beta_a"), fast_grads, ref_grads
     ):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
+def test_global_routing_matches_loop_reference(stride, iterations):
+    """Global-scope ConvMatrixCaps == the loop reference over the convolution geometry, in
+    values and in the gradients of every input and parameter (fp64)."""
+    layer, poses, acts = _conv_layer_inputs(stride, iterations)
+    fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
+    _assert_matches_global_reference(layer, poses, acts, fast)
 
 
 def test_global_and_window_routing_differ_where_windows_overlap():
@@ -442,17 +448,7 @@ def test_compiled_global_routing_matches_loop_reference(stride, iterations):
     layer.compiled = True
     fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
     assert layer.compiled  # no fallback to eager
-    ref_poses, ref_acts, _ = conv_caps_global_reference(layer, poses, acts)
-    torch.testing.assert_close(fast[0], ref_poses, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(fast[1], ref_acts, rtol=1e-10, atol=1e-12)
-    g_pose, g_act = torch.randn_like(ref_poses), torch.randn_like(ref_acts)
-    wrt = (poses, acts, layer.weight, layer.beta_v, layer.beta_a)
-    fast_grads = torch.autograd.grad(fast, wrt, (g_pose, g_act))
-    ref_grads = torch.autograd.grad((ref_poses, ref_acts), wrt, (g_pose, g_act))
-    for name, got, want in zip(
-        ("poses", "acts", "weight", "beta_v", "beta_a"), fast_grads, ref_grads
-    ):
-        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=name)
+    _assert_matches_global_reference(layer, poses, acts, fast)
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
