@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from capsnet.routing import em_inverse_temperatures
+from capsnet.routing.em import m_step_child_major
 
 COMPILED_BLOCK = 8  # windows per compiled call (as em_layers.compiled_em_routing)
 _LOG_2PI = 1.8378770664093453  # log(2 pi)
@@ -41,23 +42,12 @@ def _m_step(children, weight, activations, logits, log_total, beta_v, beta_a, la
     """M-step of a block of windows, votes made from the child poses inside: the arguments
     of ``em_step`` -> mu (n, 1, J, P), squared deviations (n, I, J, P), var (n, 1, J, P),
     log sigma (n, 1, J, P), activation logits (n, 1, J)."""
-    eps = 1e-6
-    n_in, cols = children.shape[1], children.shape[2]
-    n_out = weight.shape[1]
+    cols = children.shape[2]
     votes = children[:, :, None, 0] * weight[:, :, 0]  # (n, I, J, P): pose @ W, k = 0
     for k in range(1, cols):  # unrolled: entry-wise products, 16 wide, fused into the sums
         votes = votes + children[:, :, None, k] * weight[:, :, k]  # (n, I, J, P)
     r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J)
-    r_a = r * activations.unsqueeze(2)  # (n, I, J)
-    mass = r_a.sum(dim=1, keepdim=True)  # (n, 1, J)
-    weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (n, I, J, 1): sum_i 1
-    mu = (weights * votes).sum(dim=1, keepdim=True)  # (n, 1, J, P)
-    sq_diff = (votes - mu) ** 2  # (n, I, J, P)
-    var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (n, 1, J, P)
-    log_sigma = 0.5 * torch.log(var)  # (n, 1, J, P)
-    cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (n,1,J)
-    logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (n, 1, J)
-    return mu, sq_diff, var, log_sigma, logit_a
+    return m_step_child_major(r * activations.unsqueeze(2), votes, beta_v, beta_a, lam, min_var)
 
 
 def em_step(children, weight, activations, logits, log_total, beta_v, beta_a, lam, min_var):

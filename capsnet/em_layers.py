@@ -278,19 +278,20 @@ class ConvMatrixCaps(nn.Module):
         children, a_in, (h_out, w_out) = self.windows(poses, activations)
         if self.routing_scope == "global":
             pose, act = self._global_forward(poses.shape, children, a_in)
-        elif self.compiled:
-            pose, act = self._compiled_forward(children, a_in)  # (N, T_out, 16), (N, T_out)
         else:
-            pose, act = em_routing_blocked(
+            settings = (self.iterations, self.final_lambda, self.min_var)
+            found = None
+            if self.compiled:
+                weights = (self.weight, self.beta_v, self.beta_a)
+                found = self._try_compiled(compiled_em_routing, children, a_in, *weights, *settings)
+            pose, act = found or em_routing_blocked(
                 expanded_transform,  # votes of a block of windows: (n, T_out, KKT, 16)
                 children,
                 a_in,
                 _expand_weight(self.weight, self.rows),  # (c, T_out, KKT, 16), once per call
                 self.beta_v,
                 self.beta_a,
-                self.iterations,
-                self.final_lambda,
-                self.min_var,
+                *settings,
             )  # (N, T_out, 16), (N, T_out)
         out_types = self.weight.shape[1]
         return (
@@ -305,19 +306,12 @@ class ConvMatrixCaps(nn.Module):
         scope = GlobalScope(index, batch * h * w * t_in)
         settings = (self.iterations, self.final_lambda, self.min_var)
         if self.compiled:
-            try:
-                return compiled_global_routing(
-                    children, a_in, self.weight, self.beta_v, self.beta_a, scope, *settings
-                )
-            except Exception as exc:  # no C++ compiler / triton: fall back to the eager path
-                if not _is_compile_failure(exc):
-                    raise
-                warnings.warn(
-                    f"compiled EM routing unavailable ({type(exc).__name__}); using eager",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self.compiled = False
+            weights = (self.weight, self.beta_v, self.beta_a)
+            found = self._try_compiled(
+                compiled_global_routing, children, a_in, *weights, scope, *settings
+            )
+            if found is not None:
+                return found
         votes = expanded_transform(children, _expand_weight(self.weight, self.rows))  # (N,J,I,16)
         return em_routing(
             votes.transpose(1, 2),  # (N, I, J, 16) view of parent-major votes
@@ -328,30 +322,21 @@ class ConvMatrixCaps(nn.Module):
             scope=scope,
         )  # (N, T_out, 16), (N, T_out)
 
-    def _compiled_forward(self, children, a_in):
-        settings = (self.iterations, self.final_lambda, self.min_var)
+    def _try_compiled(self, function, *args):
+        """``function(*args)``; None, with a warning and ``compiled`` switched off, where
+        torch.compile cannot run here (no C++ compiler): the caller routes eagerly."""
         try:
-            return compiled_em_routing(
-                children, a_in, self.weight, self.beta_v, self.beta_a, *settings
-            )
-        except Exception as exc:  # no C++ compiler / triton: fall back to the eager path
+            return function(*args)
+        except Exception as exc:
             if not _is_compile_failure(exc):
                 raise
             warnings.warn(
                 f"compiled EM routing unavailable ({type(exc).__name__}); using eager",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=4,
             )
             self.compiled = False
-            return em_routing_blocked(
-                expanded_transform,
-                children,
-                a_in,
-                _expand_weight(self.weight, self.rows),
-                self.beta_v,
-                self.beta_a,
-                *settings,
-            )
+            return None
 
 
 def _is_compile_failure(exc: Exception) -> bool:

@@ -422,15 +422,9 @@ def em_routing_from_poses(
     a_in = activations.unsqueeze(2)  # (N, I, 1)
     r = votes.new_full((n, n_in, n_out), 1.0 / n_out)  # (N, I, J): uniform assignments
     for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
-        r_a = r * a_in  # (N, I, J)
-        mass = r_a.sum(dim=1, keepdim=True)  # (N, 1, J)
-        weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (N, I, J, 1): sum_i 1
-        mu = (weights * votes).sum(dim=1, keepdim=True)  # (N, 1, J, P)
-        sq_diff = (votes - mu) ** 2  # (N, I, J, P)
-        var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (N, 1, J, P)
-        log_sigma = 0.5 * torch.log(var)  # (N, 1, J, P)
-        cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)
-        logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (N, 1, J)
+        mu, sq_diff, var, log_sigma, logit_a = m_step_child_major(
+            r * a_in, votes, beta_v, beta_a, lam, min_var, eps
+        )
         if it == iterations - 1:
             break
         half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (N, I, J): sum_h (V - mu)^2 / 2var
@@ -438,3 +432,19 @@ def em_routing_from_poses(
         logits = torch.nn.functional.logsigmoid(logit_a) - half_quad - log_norm  # (N, I, J)
         r = torch.softmax(logits, dim=2)  # (N, I, J): sums to 1 over parents
     return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (N, J, P), (N, J)
+
+
+def m_step_child_major(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = 1e-6):
+    """The M-step over child-major votes (N, I, J, P) with activation-weighted assignments
+    r_a (N, I, J) -> mu (N, 1, J, P), squared deviations (N, I, J, P), var (N, 1, J, P),
+    log sigma (N, 1, J, P), activation logits (N, 1, J); torch.compile fuses it inline."""
+    n_in, n_out = votes.shape[1], votes.shape[2]
+    mass = r_a.sum(dim=1, keepdim=True)  # (N, 1, J)
+    weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (N, I, J, 1): sum_i 1
+    mu = (weights * votes).sum(dim=1, keepdim=True)  # (N, 1, J, P)
+    sq_diff = (votes - mu) ** 2  # (N, I, J, P)
+    var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (N, 1, J, P)
+    log_sigma = 0.5 * torch.log(var)  # (N, 1, J, P)
+    cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (N,1,J)
+    logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (N, 1, J)
+    return mu, sq_diff, var, log_sigma, logit_a
