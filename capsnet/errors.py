@@ -15,3 +15,7 @@ class DataError(CapsnetError):
 
 class ConfigError(CapsnetError):
     """A parameter or option has an unknown name or an invalid value."""
+
+
+class TrainingDiverged(CapsnetError):
+    """Training produced a non-finite loss or non-finite weights (a too-high learning rate)."""

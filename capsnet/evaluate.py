@@ -9,10 +9,22 @@ from torch.utils.data import DataLoader, Dataset
 EVAL_BATCH_SIZE = 500
 
 
-def _batches(dataset: Dataset, batch_size: int):
-    """Yield (images float (B, C, H, W) in [0, 1], targets) in dataset order."""
+def autocast(device: torch.device, amp: str | None = None):
+    """The precision policy of training and evaluation (``TrainConfig.amp``, default when
+    None): bf16 autocast on CUDA for ``bf16``; fp32 everywhere else and for ``fp32``.
+    Under it squash, the routing softmax and the losses still compute in fp32."""
+    from capsnet.config.training import TrainConfig
+
+    enabled = (amp or TrainConfig.amp) == "bf16" and device.type == "cuda"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def _batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):
+    """Yield (images float (B, C, H, W) in [0, 1], targets) in dataset order, on ``device``
+    (default: the CPU); an in-memory set is moved there once, as uint8."""
+    device = device or torch.device("cpu")
     if hasattr(dataset, "tensors"):
-        images, targets = dataset.tensors
+        images, targets = (t.to(device) for t in dataset.tensors)  # (N, C, H, W) uint8, (N,)
         for start in range(0, images.shape[0], batch_size):
             yield (
                 images[start : start + batch_size].float().div_(255.0),
@@ -20,7 +32,13 @@ def _batches(dataset: Dataset, batch_size: int):
             )
     else:
         for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            yield batch[0], batch[1]  # items may carry more (MultiMNIST digit components)
+            # items may carry more (MultiMNIST digit components)
+            yield batch[0].to(device, non_blocking=True), torch.as_tensor(batch[1]).to(device)
+
+
+def model_device(model: nn.Module, device: torch.device | str | None = None) -> torch.device:
+    """``device``, else the device of the model's parameters."""
+    return torch.device(device) if device is not None else next(model.parameters()).device
 
 
 @torch.no_grad()
@@ -29,38 +47,43 @@ def predict(
     dataset: Dataset,
     batch_size: int = EVAL_BATCH_SIZE,
     device: torch.device | str | None = None,
+    amp: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class scores (N, K) float32 on the CPU and the targets, in dataset order."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    """Class scores (N, K) float32 on the CPU and the targets, in dataset order.
+
+    Runs on ``device`` (default: the model's) under the ``amp`` precision policy; scores and
+    targets stay there until one transfer at the end."""
+    device = model_device(model, device)
     was_training = model.training
     model.eval()
     all_scores, all_targets = [], []
     try:
-        for images, targets in _batches(dataset, batch_size):
-            with _autocast(device):
-                scores = model(images.to(device, non_blocking=True)).scores  # (B, K)
-            all_scores.append(scores.float().cpu())
-            all_targets.append(torch.as_tensor(targets))
+        for images, targets in _batches(dataset, batch_size, device):
+            torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
+            with autocast(device, amp):
+                scores = model(images).scores  # (B, K)
+            all_scores.append(scores.float().clone())
+            all_targets.append(targets)
     finally:
         model.train(was_training)
-    return torch.cat(all_scores), torch.cat(all_targets)
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
+    if not all_scores:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
+    return torch.cat(all_scores).cpu(), torch.cat(all_targets).cpu()
 
 
 def accuracy(
-    model: nn.Module, dataset: Dataset, batch_size: int = EVAL_BATCH_SIZE, device=None
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
 ) -> dict:
     """{"accuracy": fraction correct (argmax of scores), "n": number of examples}.
 
     For multi-hot targets (MultiMNIST) the accuracy is the strict one: both true classes
-    are the two highest scores.
+    are the two highest scores. ``device`` and ``amp`` as for ``predict``.
     """
-    scores, targets = predict(model, dataset, batch_size, device)
+    scores, targets = predict(model, dataset, batch_size, device, amp)
     if targets.dim() == 2:
         multi = multimnist_scores(scores, targets)
         return {"accuracy": multi["strict_accuracy"], "n": multi["n"]}
@@ -79,6 +102,7 @@ def rotation_sweep(
     angles,
     batch_size: int = EVAL_BATCH_SIZE,
     device=None,
+    amp: str | None = None,
 ) -> dict:
     """Accuracy on copies of ``dataset`` (a TensorImageDataset) rotated by each angle.
 
@@ -90,7 +114,8 @@ def rotation_sweep(
     result: dict[str, float] = {}
     for angle in angles:
         rotated = TensorImageDataset(rotate_images(images, angle), targets)
-        result[format_angle(angle)] = accuracy(model, rotated, batch_size, device)["accuracy"]
+        scored = accuracy(model, rotated, batch_size, device, amp)
+        result[format_angle(angle)] = scored["accuracy"]
     return {"n": int(targets.shape[0]), "accuracy": result}
 
 
@@ -119,9 +144,15 @@ def multimnist_scores(scores: torch.Tensor, targets: torch.Tensor) -> dict:
 
 
 def evaluate_multimnist(
-    model: nn.Module, dataset: Dataset, batch_size: int = EVAL_BATCH_SIZE, device=None
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
 ) -> dict:
-    scores, targets = predict(model, dataset, batch_size, device)
+    """``multimnist_scores`` of the model on ``dataset`` (``device`` and ``amp`` as for
+    ``predict``)."""
+    scores, targets = predict(model, dataset, batch_size, device, amp)
     return multimnist_scores(scores, targets)
 
 
@@ -173,11 +204,10 @@ def robustness(
     device=None,
 ) -> dict:
     """Accuracy under FGSM and BIM at each epsilon: {"fgsm": {"<eps>": x}, "bim": {...}, "n"}."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     counts = {attack: {format_angle(e): 0 for e in epsilons} for attack in ("fgsm", "bim")}
     n = 0
-    for images, targets in _batches(dataset, batch_size):
-        images, targets = images.to(device), torch.as_tensor(targets).to(device)
+    for images, targets in _batches(dataset, batch_size, device):
         n += images.shape[0]
         for eps in epsilons:
             for attack, steps in (("fgsm", 1), ("bim", bim_steps)):
@@ -204,7 +234,7 @@ def pose_equivariance(
     """
     from capsnet.data.datasets import TensorImageDataset, rotate_images
 
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     model.eval()
     images, targets = dataset.tensors
     angles = [float(a) for a in angles]
@@ -212,13 +242,13 @@ def pose_equivariance(
     for angle in angles:
         rotated = TensorImageDataset(rotate_images(images, angle), targets)
         per_angle = []
-        for batch, labels in _batches(rotated, batch_size):
-            out = model(batch.to(device))
+        for batch, labels in _batches(rotated, batch_size, device):
+            out = model(batch)
             if out.poses is None:
                 return None
-            index = labels.to(device).view(-1, 1, 1).expand(-1, 1, out.poses.shape[-1])
-            per_angle.append(out.poses.float().gather(1, index).squeeze(1).cpu())  # (B, D)
-        poses.append(torch.cat(per_angle))
+            index = labels.view(-1, 1, 1).expand(-1, 1, out.poses.shape[-1])  # (B, 1, D)
+            per_angle.append(out.poses.float().gather(1, index).squeeze(1))  # (B, D)
+        poses.append(torch.cat(per_angle).cpu())
     stacked = torch.stack(poses, dim=1)  # (N, A, D)
     centred = stacked - stacked.mean(dim=1, keepdim=True)  # (N, A, D)
     angle_t = torch.tensor(angles)

@@ -11,7 +11,13 @@ from torch import nn
 
 from capsnet.routing import dynamic_routing, squash
 
-ROUTING_CHUNK = 32  # examples per routing chunk (best of 16..128 on a 2-core CPU, batch 128)
+ROUTING_CHUNK = 32  # examples per routing chunk on a CPU (best of 16..128 on 2 cores, batch 128)
+
+
+def routing_chunk(device: torch.device, batch: int) -> int:
+    """Examples routed together on ``device``: ``ROUTING_CHUNK`` on a CPU, where the chunk's
+    tensors should stay in cache; the whole batch elsewhere (a GPU wants few, large kernels)."""
+    return ROUTING_CHUNK if device.type == "cpu" else max(1, batch)
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
@@ -32,7 +38,8 @@ def fused_dynamic_routing(
         s_j = sum_i c_ij W_ij u_i = W_j (c_j * u)          (one GEMM per parent j)
         <u_hat[j|i], v_j> = <u_i, W_ij^T v_j>               (q = v_j W_j, then a dot over d_in)
     The largest tensors are (n_out, b, n_in * d_in), half the size of u_hat, and the batch
-    is routed ``chunk_size`` examples at a time so they stay in cache.
+    is routed ``chunk_size`` examples at a time so they stay in cache. Under bf16 autocast
+    the products run in bf16; squash and the softmax of the routing logits stay fp32.
 
     Args:
         u: child capsules, (B, n_in, d_in).
@@ -75,7 +82,7 @@ def _route_chunk(
                 if last:
                     c = u_flat.new_full((n_out, batch, n_in), 1.0 / n_out)  # (J, b, I)
             else:
-                c = torch.softmax(logits, dim=0)  # (J, b, I)
+                c = torch.softmax(logits, dim=0, dtype=torch.float32)  # (J, b, I)
                 z = (c.unsqueeze(-1) * u.unsqueeze(0)).view(n_out, batch, n_in * d_in)  # (J,b,I*K)
                 s = torch.bmm(z, w_j)  # (J, b, D)
             v = squash(s)  # (J, b, D), fp32
@@ -121,12 +128,13 @@ class DenseCapsules(nn.Module):
         d_out: int,
         iterations: int = 3,
         detach_inner: bool = True,
-        chunk_size: int = ROUTING_CHUNK,
+        chunk_size: int | None = None,
     ):
         super().__init__()
         self.iterations = iterations
         self.detach_inner = detach_inner
-        self.chunk_size = chunk_size  # examples routed together (cache size); 0: reference path
+        # examples routed together; None: per device (routing_chunk); 0: the reference path
+        self.chunk_size = chunk_size
         self.weight = nn.Parameter(torch.empty(n_in, n_out, d_out, d_in))
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(d_in) * 0.1)
 
@@ -138,15 +146,14 @@ class DenseCapsules(nn.Module):
         """u (B, n_in, d_in) -> (v (B, n_out, d_out), c (B, n_in, n_out)).
 
         Same result as ``dynamic_routing(self.votes(u), ...)`` (to fp32 rounding), computed
-        by ``fused_dynamic_routing`` in chunks of ``chunk_size`` examples; ``chunk_size=0``
-        runs the plain reference path instead.
+        by ``fused_dynamic_routing`` in chunks of ``chunk_size`` examples (None: chosen per
+        device by ``routing_chunk``); ``chunk_size=0`` runs the plain reference path instead.
         """
-        if self.chunk_size <= 0:
+        if self.chunk_size == 0:
             u_hat = self.votes(u)  # (B, n_in, n_out, d_out)
             return dynamic_routing(u_hat, self.iterations, self.detach_inner)
-        return fused_dynamic_routing(
-            u, self.weight, self.iterations, self.detach_inner, self.chunk_size
-        )
+        chunk = self.chunk_size or routing_chunk(u.device, u.shape[0])
+        return fused_dynamic_routing(u, self.weight, self.iterations, self.detach_inner, chunk)
 
 
 class Decoder(nn.Module):

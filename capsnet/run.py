@@ -75,9 +75,11 @@ def section_spec(
 ) -> RunSpec:
     """The RunSpec a params section starts its runs from (a sweep's trials or the final
     training; they set the model, augmentation and searched settings): ``section``'s
-    epochs, batch size, seed, compile and sizes on ``sweep``'s dataset and channels, with
+    epochs, batch size, seed, compile, amp and sizes on ``sweep``'s dataset and channels, with
     params.yaml's augmentation and smallNORB settings; ``train``: more TrainConfig fields."""
     params = params or Params()
+    if section.amp is not None:
+        train = {"amp": section.amp, **train}
     return RunSpec(
         model="",
         train=TrainConfig(
@@ -222,15 +224,15 @@ def train_run(
     """Load the data (unless ``split`` is given), build the model, fit it; return the
     model (moved to the CPU) and its history. ``on_epoch(record, state, model)`` runs
     after every epoch; ``resume`` is (model weights, TrainState) of an interrupted run."""
-    from capsnet.data.augment import for_training
     from capsnet.data.datasets import shape_of
 
     check(spec)
     split = split if split is not None else load_split(spec, progress)
     if len(split.train) == 0:
         raise DataError(f"{spec.dataset}: no training items left")
-    train_set, shift = for_training(split.train, spec.augment, spec.augment_params, spec.train.seed)
-    config = dataclasses.replace(spec.train, shift_pixels=shift)
+    config = dataclasses.replace(
+        spec.train, augment=spec.augment, augment_params=spec.augment_params
+    )
     model = build_model(spec, shape_of(split.train))
     state = None
     if resume is not None:
@@ -242,6 +244,6 @@ def train_run(
             on_epoch(record, train_state, model)
 
     started = time.perf_counter()
-    history = fit(model, train_set, split.val, config, on_epoch=report, resume=state)
+    history = fit(model, split.train, split.val, config, on_epoch=report, resume=state)
     seconds = time.perf_counter() - started
-    return RunResult(model.cpu(), history, seconds, config, len(train_set))
+    return RunResult(model.cpu(), history, seconds, config, len(split.train))

@@ -13,9 +13,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from capsnet import losses
 from capsnet.config.training import TrainConfig
-from capsnet.data.augment import random_shift
-from capsnet.errors import ConfigError
-from capsnet.evaluate import accuracy
+from capsnet.data.augment import augment_batch
+from capsnet.data.batches import as_renderable, to_device
+from capsnet.errors import ConfigError, TrainingDiverged
+from capsnet.evaluate import accuracy, autocast
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -106,7 +107,10 @@ def compute_loss(
 
 @dataclass
 class TrainState:
-    """What a resumed run needs besides the model weights."""
+    """What a resumed run needs besides the model weights: ``rng`` is the state of the
+    CPU generator (shuffling of DataLoader sets; everything on a CPU run), ``device_rng``
+    that of the training device's generator on an accelerator (shuffling, rendering and
+    augmentation of resident sets, augmentation of every batch)."""
 
     epoch: int = 0
     step: int = 0
@@ -114,41 +118,30 @@ class TrainState:
     optimizer: dict | None = None
     scheduler: dict | None = None
     rng: torch.Tensor | None = None
+    device_rng: torch.Tensor | None = None
 
 
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _tensor_batches(dataset: Dataset, config: TrainConfig, device, generator):
-    """Shuffled (images float (B, C, H, W), targets) from an in-memory dataset, on ``device``."""
-    images, targets = dataset.tensors
-    images, targets = images.to(device), targets.to(device)
-    order = torch.randperm(images.shape[0], generator=generator, device=generator.device)
-    order = order.to(device)
-    for start in range(0, images.shape[0], config.batch_size):
-        index = order[start : start + config.batch_size]
-        yield images[index].float().div_(255.0), targets[index]
-
-
-def _loader_batches(dataset: Dataset, config: TrainConfig, generator, epoch: int):
-    loader = DataLoader(
-        dataset,
-        batch_size=config.batch_size,
-        shuffle=True,
-        generator=generator,
-        num_workers=config.num_workers,
-        worker_init_fn=getattr(dataset, "worker_init_fn", None),
-        persistent_workers=False,
-    )
-    if hasattr(dataset, "set_epoch"):
-        dataset.set_epoch(epoch)
-    yield from loader
+def configure_backends(device: torch.device) -> None:
+    """The speed policy of a CUDA run, set in this one place (docs/gpu.md): cuDNN picks
+    the fastest convolution for the (fixed) batch shape, and fp32 matmuls may use TF32
+    ("high"; bf16 runs keep their few fp32 matmuls fast too). Nothing changes elsewhere."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")
 
 
 def _optimiser(model: nn.Module, config: TrainConfig, state: TrainState):
-    """Adam with the exponential step decay of the official code, restored from ``state``."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    """Adam with the exponential step decay of the official code, restored from ``state``;
+    the fused CUDA kernel when every parameter is a CUDA float tensor."""
+    params = list(model.parameters())
+    fused = all(p.is_cuda and p.is_floating_point() for p in params) and bool(params)
+    optimizer = torch.optim.Adam(
+        params, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: config.lr_decay ** (step / config.lr_decay_steps)
     )
@@ -159,67 +152,157 @@ def _optimiser(model: nn.Module, config: TrainConfig, state: TrainState):
     return optimizer, scheduler
 
 
-def _component_batch(images, parts, config: TrainConfig, device, generator):
-    """(images, components (B, n, C, H, W), labels (B, n)) on ``device`` of a batch whose
-    items carry each digit alone and its label; a batch shift moves the digits with their
-    merge (one offset per example)."""
-    components, labels = (p.to(device, non_blocking=True) for p in parts)
-    if config.shift_pixels:
-        batch, n, channels, height, width = components.shape
-        stacked = torch.cat([images, components.flatten(1, 2)], 1)  # (B, C + n*C, H, W)
-        stacked = random_shift(stacked, config.shift_pixels, generator)  # (B, C + n*C, H, W)
-        images = stacked[:, :channels]  # (B, C, H, W)
-        components = stacked[:, channels:].view(batch, n, channels, height, width)
-    return images, components, labels
+def train_step(
+    model: nn.Module,
+    batch: tuple,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    config: TrainConfig,
+    step: int = 0,
+    total_steps: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step on ``batch`` = (images (B, C, H, W), targets[, components
+    (B, n, C, H, W), labels (B, n)]), already on the model's device and augmented.
+
+    Returns (the batch's summed loss, its correct count) as device scalars: nothing here
+    reads a value back to the host, so steps queue without a sync."""
+    images, targets, *parts = batch
+    components, mask = (parts if parts else (None, targets if targets.dim() == 1 else None))
+    torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
+    with autocast(images.device, config.amp):
+        output = model(images, mask)
+        loss = compute_loss(model, output, images, targets, config, step, total_steps, components)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    if targets.dim() == 1:
+        correct = (output.scores.detach().argmax(1) == targets).sum()
+    else:
+        correct = torch.zeros((), dtype=torch.long, device=images.device)
+    return loss.detach().float() * images.shape[0], correct
 
 
-def _train_epoch(model, train_data, config, device, generator, state, optimizer, scheduler):
-    """One pass over ``train_data``; returns (images seen, summed loss, correct count)."""
+def augment(batch: tuple, config: TrainConfig, generator: torch.Generator) -> tuple:
+    """``config.augment`` applied to a batch on its device; a batch that carries each digit
+    alone (MultiMNIST) moves the digits with their merge (one draw per example)."""
+    images, targets, *parts = batch
+    if config.augment == "none":
+        return batch
+    if not parts:
+        return (augment_batch(images, config.augment, config.augment_params, generator), targets)
+    components, labels = parts
+    batch_size, n, channels, height, width = components.shape
+    stacked = torch.cat([images, components.flatten(1, 2)], 1)  # (B, C + n*C, H, W)
+    stacked = augment_batch(stacked, config.augment, config.augment_params, generator)
+    images = stacked[:, :channels]  # (B, C, H, W)
+    components = stacked[:, channels:].reshape(batch_size, n, channels, height, width)
+    return images, targets, components, labels
+
+
+class _Batches:
+    """The batches of one training set for ``fit``: rendered on the device from tensors
+    moved there once (``DeviceRenderable``), or from a DataLoader and moved per batch."""
+
+    def __init__(self, dataset: Dataset, config: TrainConfig, device, drop_last: bool):
+        self.dataset, self.config, self.device = dataset, config, device
+        self.source = as_renderable(dataset)
+        self.tensors = (
+            to_device(self.source.resident_tensors(), device) if self.source is not None else None
+        )
+        self.drop_last = drop_last and len(dataset) >= config.batch_size
+
+    def __len__(self) -> int:
+        n, size = len(self.dataset), self.config.batch_size
+        return n // size if self.drop_last else math.ceil(n / size)
+
+    def epoch(self, epoch: int, generator: torch.Generator, cpu_generator: torch.Generator):
+        """Shuffled batches of ``epoch`` on the device, not yet augmented."""
+        size = self.config.batch_size
+        if self.source is not None:
+            n = len(self.source)
+            order = torch.randperm(n, generator=generator, device=self.device)  # (N,)
+            for start in range(0, len(self) * size, size):
+                index = order[start : start + size]  # (B,)
+                yield self.source.render_batch(self.tensors, index, epoch, generator)
+            return
+        loader = DataLoader(
+            self.dataset,
+            batch_size=size,
+            shuffle=True,
+            generator=cpu_generator,
+            num_workers=self.config.num_workers,
+            worker_init_fn=getattr(self.dataset, "worker_init_fn", None),
+            persistent_workers=False,
+            drop_last=self.drop_last,
+            pin_memory=self.device.type == "cuda",
+        )
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        for batch in loader:
+            yield tuple(torch.as_tensor(t).to(self.device, non_blocking=True) for t in batch)
+
+
+def _train_epoch(model, batches, config, generators, state, optimizer, scheduler):
+    """One pass over ``batches``; returns (images seen, summed loss, correct count), the
+    two sums still on the device."""
     from tqdm.auto import tqdm
 
-    use_amp = device.type == "cuda" and config.amp in ("auto", "bf16")
-    steps_per_epoch = math.ceil(len(train_data) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
+    generator, cpu_generator = generators
+    total_steps = len(batches) * config.epochs
+    loss_sum = torch.zeros((), device=batches.device)
+    correct = torch.zeros((), device=batches.device, dtype=torch.long)
     seen = 0
-    batches = (
-        _tensor_batches(train_data, config, device, generator)
-        if hasattr(train_data, "tensors")
-        else _loader_batches(train_data, config, generator, state.epoch)
-    )
     bar = tqdm(
-        batches,
-        total=steps_per_epoch,
+        batches.epoch(state.epoch, generator, cpu_generator),
+        total=len(batches),
         desc=f"epoch {state.epoch + 1}/{config.epochs}",
         disable=None if config.progress is None else not config.progress,
         leave=False,
         unit="batch",
     )
-    for images, targets, *parts in bar:
-        images = images.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
-        components, mask = None, (targets if targets.dim() == 1 else None)
-        if parts:
-            images, components, mask = _component_batch(images, parts, config, device, generator)
-        elif config.shift_pixels:
-            images = random_shift(images, config.shift_pixels, generator)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            output = model(images, mask)
-            loss = compute_loss(
-                model, output, images, targets, config, state.step, total_steps, components
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+    for batch in bar:
+        batch = augment(batch, config, generator)
+        batch_loss, batch_correct = train_step(
+            model, batch, optimizer, scheduler, config, state.step, total_steps
+        )
         state.step += 1
-        seen += images.shape[0]
-        loss_sum += loss.detach() * images.shape[0]
-        if targets.dim() == 1:
-            correct += (output.scores.detach().argmax(1) == targets).sum()
+        seen += batch[0].shape[0]
+        loss_sum += batch_loss
+        correct += batch_correct
     bar.close()
-    return seen, loss_sum.item(), correct.item()
+    return seen, loss_sum, correct
+
+
+def _epoch_totals(model: nn.Module, loss_sum, correct, epoch: int, lr: float):
+    """(summed loss, correct count) read back once per epoch; TrainingDiverged when the
+    loss or any weight is not finite (checked on the device, read with them)."""
+    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+    totals = torch.stack([loss_sum.float(), correct.float(), finite.float()])  # (3,)
+    loss, right, weights_ok = totals.tolist()  # the epoch's one read-back
+    if not math.isfinite(loss) or not weights_ok:
+        what = f"the training loss is {loss}" if not math.isfinite(loss) else "weights are not finite"
+        raise TrainingDiverged(
+            f"training diverged in epoch {epoch}: {what} (lr {lr:g}); "
+            f"lower the learning rate (train.lr, --lr)"
+        )
+    return loss, int(right)
+
+
+def _generators(config: TrainConfig, device: torch.device, state: TrainState):
+    """(device generator, CPU generator), both seeded by ``config.seed`` and restored from
+    ``state``: one generator on a CPU run."""
+    cpu_generator = torch.Generator(device="cpu")
+    cpu_generator.manual_seed(config.seed)
+    if state.rng is not None:
+        cpu_generator.set_state(state.rng)
+    if device.type == "cpu":
+        return cpu_generator, cpu_generator
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed)
+    if state.device_rng is not None:
+        generator.set_state(state.device_rng)
+    return generator, cpu_generator
 
 
 def fit(
@@ -235,45 +318,52 @@ def fit(
     Each epoch's record holds epoch, train_loss, train_accuracy, val_accuracy (when
     ``val_data`` is given), lr, seconds and images_per_second; ``on_epoch(record, state)``
     is called after each epoch (Ray Tune reports and checkpoints there). ``resume`` continues
-    a run from a saved TrainState (weights already loaded into ``model``).
+    a run from a saved TrainState (weights already loaded into ``model``). A training set
+    that is ``DeviceRenderable`` (or in memory) lives on the device for the whole run.
+    Raises TrainingDiverged (before ``on_epoch``, so nothing is saved) when the loss or
+    the weights stop being finite.
     """
     config = config or TrainConfig()
     device = select_device(config.device)
+    configure_backends(device)
     _seed_everything(config.seed)
     model.to(device)
-    if config.compile and hasattr(model, "compile_routing"):
+    compiled = config.compile and hasattr(model, "compile_routing")
+    if compiled:
         model.compile_routing()
     state = resume or TrainState()
     optimizer, scheduler = _optimiser(model, config, state)
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(config.seed)
-    if state.rng is not None:
-        generator.set_state(state.rng)
+    generators = _generators(config, device, state)
+    # CUDA graphs replay one batch shape: a compiled CUDA run drops the last partial batch
+    batches = _Batches(train_data, config, device, drop_last=compiled and device.type == "cuda")
 
     fit_started = time.perf_counter()
     while state.epoch < config.epochs:
         model.train()
         started = time.perf_counter()
         seen, loss_sum, correct = _train_epoch(
-            model, train_data, config, device, generator, state, optimizer, scheduler
+            model, batches, config, generators, state, optimizer, scheduler
         )
+        lr = scheduler.get_last_lr()[0]
+        loss_total, correct_total = _epoch_totals(model, loss_sum, correct, state.epoch + 1, lr)
         seconds = time.perf_counter() - started
         record = {
             "epoch": state.epoch + 1,
-            "train_loss": loss_sum / max(1, seen),
-            "train_accuracy": correct / max(1, seen),
-            "lr": scheduler.get_last_lr()[0],
+            "train_loss": loss_total / max(1, seen),
+            "train_accuracy": correct_total / max(1, seen),
+            "lr": lr,
             "seconds": seconds,
             "images_per_second": seen / seconds if seconds > 0 else float("nan"),
         }
         if val_data is not None and len(val_data):
-            scored = accuracy(model, val_data, config.eval_batch_size, device)
+            scored = accuracy(model, val_data, config.eval_batch_size, device, config.amp)
             record["val_accuracy"] = scored["accuracy"]
         state.epoch += 1
         state.history.append(record)
         state.optimizer = optimizer.state_dict()
         state.scheduler = scheduler.state_dict()
-        state.rng = generator.get_state()
+        state.rng = generators[1].get_state()
+        state.device_rng = None if device.type == "cpu" else generators[0].get_state()
         if on_epoch is not None:
             on_epoch(record, state)
         if _budget_spent(config.time_budget, fit_started, started):

@@ -33,6 +33,8 @@ def models_command() -> None:
 #: `capsnet train --help` imports no torch (tests/test_core_cli.py checks they agree).
 TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
 AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
+#: capsnet.config.sweep.PRECISIONS (checked equal in tests/test_train.py).
+PRECISIONS = ("bf16", "fp32")
 
 
 @click.command("train")
@@ -105,10 +107,16 @@ AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 @click.option(
     "--compile/--no-compile",
     "compile_routing",
-    default=False,
-    show_default=True,
-    help="EM models: torch.compile the EM routing (a one-off compilation, then several "
-    "times faster steps).",
+    **train_default("compile"),
+    help="torch.compile models that offer it: CapsNet's whole forward (CUDA graphs on "
+    "CUDA), the EM routing (a one-off compilation, then several times faster steps).",
+)
+@click.option(
+    "--amp",
+    type=click.Choice(PRECISIONS),
+    **train_default("amp"),
+    help="Precision: bf16 autocast on CUDA (squash, routing softmax and losses in fp32; "
+    "CPU runs stay fp32), or fp32 everywhere. Also used for the test score.",
 )
 @data_root_option()
 @mirror_option
@@ -138,6 +146,7 @@ def train_command(
     seed,
     device,
     compile_routing,
+    amp,
     data_root,
     mirror,
     out,
@@ -153,7 +162,7 @@ def train_command(
         model=model_name,
         train=TrainConfig(
             epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, loss=loss,
-            seed=seed, device=device, compile=compile_routing,
+            seed=seed, device=device, compile=compile_routing, amp=amp,
         ),
         overrides=_model_overrides(model_name, routing_iterations, detach_inner),
         dataset=dataset,
@@ -221,14 +230,17 @@ def _run_metrics(spec, result, test_limit: int | None) -> dict:
     """metrics.json of a ``capsnet train`` run: the test score under the dataset's name."""
     from capsnet import evaluate, models
     from capsnet.run import load_test
+    from capsnet.train import select_device
 
     test = load_test(spec, test_limit)
-    batch = result.train_config.eval_batch_size
+    batch, amp = result.train_config.eval_batch_size, result.train_config.amp
+    result.model.to(select_device(spec.train.device))  # scored where it trained
     if spec.dataset == "multimnist":
-        scored = evaluate.evaluate_multimnist(result.model, test, batch)
+        scored = evaluate.evaluate_multimnist(result.model, test, batch, amp=amp)
         scored["accuracy"] = scored["strict_accuracy"]
     else:
-        scored = evaluate.accuracy(result.model, test, batch, "cpu")
+        scored = evaluate.accuracy(result.model, test, batch, amp=amp)
+    result.model.cpu()
     history = result.history
     return {
         "model": spec.model,

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from capsnet import models
+from capsnet.config import AugmentParams, ShiftAugment
 from capsnet.config.training import TrainConfig
 from capsnet.data.augment import random_shift
 from capsnet.run import RunSpec, load_split, train_run
-from capsnet.train import _component_batch, compute_loss
+from capsnet.train import augment, compute_loss
 
 
 def _pair_batch():
@@ -73,11 +74,10 @@ def test_components_with_a_single_reconstruction_are_refused():
 
 
 def test_a_batch_shift_moves_both_digits_with_their_merge():
-    images, _, components, labels = _pair_batch()
-    config = TrainConfig(shift_pixels=3)
-    shifted, parts, out_labels = _component_batch(
-        images, [components, labels], config, torch.device("cpu"), torch.Generator().manual_seed(5)
-    )
+    images, targets, components, labels = _pair_batch()
+    config = TrainConfig(augment="shift", augment_params=AugmentParams(shift=ShiftAugment(3)))
+    generator = torch.Generator().manual_seed(5)
+    shifted, _, parts, out_labels = augment((images, targets, components, labels), config, generator)
     alone = random_shift(images, 3, torch.Generator().manual_seed(5))  # (2, 1, 36, 36)
     assert torch.equal(shifted, alone) and not torch.equal(shifted, images)
     assert torch.equal(parts.sum(1).clamp(max=1.0), shifted)

@@ -9,7 +9,6 @@ import torch
 
 from capsnet import models
 from capsnet.config import AugmentParams, ShiftAugment
-from capsnet.data.augment import AugmentedDataset, for_training
 from capsnet.data.datasets import TensorImageDataset, shape_of
 from capsnet.errors import ConfigError
 from capsnet.run import RunSpec, Split, check, load_split, train_run
@@ -41,22 +40,21 @@ def test_shape_fields_may_not_be_overridden():
         train_run(spec(overrides={"input_size": 32}), tiny_split())
 
 
-def test_shift_is_the_batched_shift_with_the_params_pixels():
+def test_the_strategy_and_its_params_reach_the_training_config():
     split = tiny_split()
     params = AugmentParams(shift=ShiftAugment(pixels=3))
-    train, pixels = for_training(split.train, "shift", params)
-    assert train is split.train and pixels == 3
     result = train_run(spec(augment="shift", augment_params=params), split)
-    assert result.train_config.shift_pixels == 3
-    assert train_run(spec(augment="none"), split).train_config.shift_pixels == 0
+    assert result.train_config.augment == "shift"
+    assert result.train_config.augment_params.shift.pixels == 3
+    assert train_run(spec(augment="none"), split).train_config.augment == "none"
 
 
-def test_other_strategies_wrap_the_training_set():
-    pytest.importorskip("albumentations")
+@pytest.mark.parametrize("strategy", ["rotate", "affine", "elastic"])
+def test_every_strategy_trains_on_the_unwrapped_training_set(strategy):
     split = tiny_split()
-    train, pixels = for_training(split.train, "affine", AugmentParams(), seed=3)
-    assert isinstance(train, AugmentedDataset) and pixels == 0 and train.seed == 3
-    assert shape_of(train) == shape_of(split.train) == (1, 28, 10)
+    result = train_run(spec(augment=strategy), split)
+    assert result.train_config.augment == strategy and result.train_images == len(split.train)
+    assert shape_of(split.train) == (1, 28, 10)
 
 
 def test_same_spec_same_weights_and_history():

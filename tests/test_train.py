@@ -36,7 +36,7 @@ def test_training_is_repeatable_on_cpu_with_a_seed(mnist_small):
             model,
             data,
             data,
-            TrainConfig(epochs=2, batch_size=32, seed=3, shift_pixels=2, progress=False),
+            TrainConfig(epochs=2, batch_size=32, seed=3, augment="shift", progress=False),
         )
         runs.append((history, model.state_dict()))
     assert [r["train_loss"] for r in runs[0][0]] == [r["train_loss"] for r in runs[1][0]]

@@ -38,12 +38,15 @@ RoutingScope = Literal["global", "window"]
 Loss = Literal["auto", "margin", "cross-entropy", "spread"]
 WandbMode = Literal["auto", "offline", "online", "disabled"]
 ExtraDataset = Literal["multimnist", "expanded-mnist"]
+Precision = Literal["bf16", "fp32"]
 
 DATASETS: tuple[str, ...] = typing.get_args(Dataset)
 POSES: tuple[str, ...] = typing.get_args(Pose)
 #: The training losses (capsnet.train reads them from here): auto is the model's own.
 LOSSES: tuple[str, ...] = typing.get_args(Loss)
 EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
+#: Training and evaluation precisions (TrainConfig.amp; docs/gpu.md).
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
 #: The parameters a sweep may search: the model, its routing, the loss and the data.
 SEARCHABLE = (
@@ -193,6 +196,7 @@ class SweepConfig(Section):
     reuse_actors: bool = True  # a finished trial's process runs the next one
     seed: int = 0
     compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
+    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's default
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
@@ -267,6 +271,7 @@ class FinalTrainConfig(Section):
     extra_datasets: list[ExtraDataset] = field(default_factory=list)
     extra_train_size: int | None = 5000  # the first N training items of each extra set
     compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
+    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's default
     # The comparison (docs/evaluation.md): every run below is trained with the seeds seed,
     # seed + 1, ..., seed + seeds - 1 (the extra sets with the first seed only).
     seeds: int = 3

@@ -3,13 +3,14 @@ defaults without loading model code). ``capsnet.train.fit`` consumes it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from capsnet.config.sweep import LOSSES
+from capsnet.config.data import STRATEGIES, AugmentParams
+from capsnet.config.sweep import LOSSES, PRECISIONS
 from capsnet.errors import ConfigError
 
-__all__ = ["LOSSES", "TrainConfig"]
+__all__ = ["LOSSES", "PRECISIONS", "TrainConfig"]
 
 
 @dataclass
@@ -24,8 +25,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "auto"
-    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
-    shift_pixels: int = 0  # random shift augmentation, up to this many pixels
+    # bf16: bf16 autocast on CUDA (squash, routing softmax and losses stay fp32); CPU and
+    # MPS always run fp32. fp32: no autocast anywhere (docs/gpu.md, precision policy).
+    amp: str = "bf16"
+    augment: str = "none"  # capsnet.data.augment strategy, applied to every batch in fit
+    augment_params: AugmentParams = field(default_factory=AugmentParams)
     loss: str = "auto"  # auto (the model's default) | margin | cross-entropy | spread
     m_plus: float = 0.9
     m_minus: float = 0.1
@@ -35,7 +39,9 @@ class TrainConfig:
     spread_schedule: str = "linear"  # linear | sigmoid (official EM code)
     eval_batch_size: int = 500
     num_workers: int = 0
-    compile: bool = False  # models with compile_routing() (EM): torch.compile the routing
+    # Models with compile_routing() (CapsNet: the whole forward; EM: the routing) are
+    # torch.compiled; on CUDA with CUDA graphs, so the last partial batch is dropped.
+    compile: bool = False
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     # Wall-clock seconds: stop after the epoch that ends nearest this time (validation
     # included), ``epochs`` at most. None: train exactly ``epochs``.
@@ -52,14 +58,18 @@ class TrainConfig:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if not 0 < self.lr_decay <= 1:
             raise ConfigError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
-        if self.shift_pixels < 0:
-            raise ConfigError(f"train.shift_pixels must be >= 0, got {self.shift_pixels}")
+        if self.augment not in STRATEGIES:
+            raise ConfigError(
+                f"augment.strategy {self.augment!r} unknown; choose one of {', '.join(STRATEGIES)}"
+            )
         if self.loss not in LOSSES:
             raise ConfigError(
                 f"train.loss {self.loss!r} unknown; choose one of {', '.join(LOSSES)}"
             )
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ConfigError(f"train.amp {self.amp!r} unknown; choose auto, bf16 or off")
+        if self.amp not in PRECISIONS:
+            raise ConfigError(
+                f"train.amp {self.amp!r} unknown; choose one of {', '.join(PRECISIONS)}"
+            )
         if self.spread_schedule not in ("linear", "sigmoid"):
             raise ConfigError(f"train.spread_schedule {self.spread_schedule!r}: linear or sigmoid")
 

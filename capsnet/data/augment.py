@@ -1,24 +1,23 @@
-"""Training-time augmentation strategies (albumentations), chosen by name from params.yaml.
+"""Training-time augmentation strategies, chosen by name from params.yaml.
 
 Strategies: ``none``, ``shift`` (integer translation up to N px, zero fill), ``rotate`` (up
-to +-degrees), ``affine`` (rotation, shear, scale, translation), ``elastic``. ``shift`` has
-one implementation, ``random_shift``: ``fit`` applies it to whole batches on the device
-(``TrainConfig.shift_pixels``), ``AugmentedDataset`` to single items. The other strategies
-are albumentations pipelines built with ``Compose(strict=True)``, so a misspelled argument
-is an error. ``for_training`` is how every training run picks between the two.
-
-Seeding: albumentations 2.0.8 copies one random state into every DataLoader worker, so all
-workers would draw the same augmentations. ``AugmentedDataset.worker_init_fn`` and
-``set_epoch`` reseed the pipeline from (seed, epoch, worker id) instead: runs are
-reproducible, workers differ, and epochs differ.
+to +-degrees), ``affine`` (rotation, shear, scale, translation), ``elastic`` (a smoothed
+random displacement field). Each has ONE implementation, batched over (B, C, H, W) float
+images on their own device with per-example parameters drawn from a torch.Generator on that
+device (``augment_batch``): ``fit`` applies it to every training batch after rendering, on
+CPU and GPU alike, and ``AugmentedDataset`` (for figures and the data benchmark) to single
+items. Only torch is needed; the warps are ``affine_grid`` / ``grid_sample`` (bilinear,
+zero fill).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset, get_worker_info
 
 from capsnet.config import STRATEGIES, AugmentParams
@@ -52,68 +51,126 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     return out.permute(0, 3, 1, 2).contiguous()
 
 
-def build_transform(strategy: str, params: AugmentParams | None = None, seed: int | None = None):
-    """An albumentations Compose for ``strategy`` (None for ``none`` and ``shift``, which
-    ``random_shift`` implements)."""
-    check_strategy(strategy)
-    if strategy in ("none", "shift"):
-        return None
-    import albumentations as A
-    import cv2
+def _uniform(low, high, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """(B,) float32 uniform in [low, high) on the generator's device."""
+    draw = torch.rand(batch, generator=generator, device=generator.device)  # (B,)
+    return low + (high - low) * draw
 
+
+def warp(images: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Resample each image under the pixel-space map p_out = matrix p_in + offset about the
+    image centre: images (B, C, H, W), matrix (B, 2, 2), offset (B, 2) pixels (x, y);
+    bilinear, zero fill."""
+    batch, _, height, width = images.shape
+    scale = torch.tensor([width / 2, height / 2], device=images.device)  # (2,) px per unit
+    inverse = _inverse_2x2(matrix.float())  # (B, 2, 2) output -> input, pixels
+    theta_linear = inverse * scale.view(1, 1, 2) / scale.view(1, 2, 1)  # (B, 2, 2) normalised
+    theta_offset = -(inverse @ offset.float().unsqueeze(-1)).squeeze(-1) / scale  # (B, 2)
+    theta = torch.cat([theta_linear, theta_offset.unsqueeze(-1)], 2)  # (B, 2, 3)
+    grid = F.affine_grid(theta, list(images.shape), align_corners=False)  # (B, H, W, 2)
+    return F.grid_sample(images, grid, "bilinear", "zeros", align_corners=False)
+
+
+def _inverse_2x2(matrix: torch.Tensor) -> torch.Tensor:
+    """Closed-form inverse of (B, 2, 2) matrices (torch.linalg.inv checks its result on the
+    host, a device sync per batch)."""
+    a, b = matrix[:, 0, 0], matrix[:, 0, 1]  # (B,)
+    c, d = matrix[:, 1, 0], matrix[:, 1, 1]  # (B,)
+    adjugate = torch.stack([torch.stack([d, -b], -1), torch.stack([-c, a], -1)], 1)  # (B, 2, 2)
+    return adjugate / (a * d - b * c).view(-1, 1, 1)
+
+
+def _rotation(radians: torch.Tensor) -> torch.Tensor:
+    """(B,) angles -> (B, 2, 2) counter-clockwise rotations in image (x right, y down)."""
+    cos, sin = torch.cos(radians), torch.sin(radians)  # (B,)
+    return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], 1)
+
+
+def random_rotate(
+    images: torch.Tensor, degrees: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Rotate each image about its centre by an angle uniform in [-degrees, degrees]."""
+    batch = images.shape[0]
+    radians = torch.deg2rad(_uniform(-degrees, degrees, batch, generator))  # (B,)
+    offset = torch.zeros(batch, 2, device=images.device)  # (B, 2)
+    return warp(images, _rotation(radians), offset)
+
+
+def random_affine(images: torch.Tensor, params, generator: torch.Generator) -> torch.Tensor:
+    """Rotation, shear (x), per-image isotropic scale and translation (integer pixels up to
+    ``translate_pixels``), each uniform in its range (``AffineAugment``)."""
+    batch = images.shape[0]
+    radians = torch.deg2rad(_uniform(-params.degrees, params.degrees, batch, generator))
+    shear = torch.deg2rad(_uniform(-params.shear_degrees, params.shear_degrees, batch, generator))
+    scale = _uniform(params.scale[0], params.scale[1], batch, generator)  # (B,)
+    px = params.translate_pixels
+    offset = torch.randint(
+        -px, px + 1, (batch, 2), generator=generator, device=generator.device
+    ).float()  # (B, 2)
+    shear_matrix = torch.zeros(batch, 2, 2, device=images.device)  # (B, 2, 2)
+    shear_matrix[:, 0, 0] = 1.0
+    shear_matrix[:, 1, 1] = 1.0
+    shear_matrix[:, 0, 1] = torch.tan(shear)
+    matrix = _rotation(radians) @ shear_matrix * scale.view(-1, 1, 1)  # (B, 2, 2)
+    return warp(images, matrix, offset)
+
+
+def _gaussian_blur(field: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of (B, 2, H, W) displacement fields, zero padded."""
+    radius = max(1, math.ceil(3 * sigma))
+    taps = torch.arange(-radius, radius + 1, device=field.device, dtype=field.dtype)  # (K,)
+    kernel = torch.exp(-0.5 * (taps / sigma) ** 2)
+    kernel = kernel / kernel.sum()  # (K,)
+    channels = field.shape[1]
+    rows = kernel.view(1, 1, -1, 1).expand(channels, 1, -1, 1)  # (2, 1, K, 1)
+    cols = kernel.view(1, 1, 1, -1).expand(channels, 1, 1, -1)  # (2, 1, 1, K)
+    field = F.conv2d(field, rows, padding=(radius, 0), groups=channels)
+    return F.conv2d(field, cols, padding=(0, radius), groups=channels)
+
+
+def random_elastic(images: torch.Tensor, params, generator: torch.Generator) -> torch.Tensor:
+    """Elastic distortion (Simard et al. 2003): a displacement field uniform in [-1, 1] per
+    pixel and axis, smoothed by a Gaussian of ``sigma`` px, scaled by ``alpha`` px."""
+    batch, _, height, width = images.shape
+    noise = torch.rand(batch, 2, height, width, generator=generator, device=generator.device)
+    field = _gaussian_blur(noise * 2.0 - 1.0, params.sigma) * params.alpha  # (B, 2, H, W) px
+    identity = torch.eye(2, 3, device=images.device).expand(batch, 2, 3)  # (B, 2, 3)
+    grid = F.affine_grid(identity, list(images.shape), align_corners=False)  # (B, H, W, 2)
+    scale = torch.tensor([2.0 / width, 2.0 / height], device=images.device)  # px -> normalised
+    grid = grid + field.permute(0, 2, 3, 1) * scale  # (B, H, W, 2)
+    return F.grid_sample(images, grid, "bilinear", "zeros", align_corners=False)
+
+
+def augment_batch(
+    images: torch.Tensor,
+    strategy: str,
+    params: AugmentParams | None,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """``strategy`` applied to float images (B, C, H, W) with per-example draws from
+    ``generator`` (on images' device): the one implementation of each strategy name."""
+    check_strategy(strategy)
     params = params or AugmentParams()
-    constant = {"border_mode": cv2.BORDER_CONSTANT, "fill": 0}
+    if strategy == "none" or images.shape[0] == 0:
+        return images
+    if strategy == "shift":
+        return random_shift(images, params.shift.pixels, generator)
     if strategy == "rotate":
-        transform = A.Rotate(
-            limit=(-params.rotate.degrees, params.rotate.degrees), p=1.0, **constant
-        )
-    elif strategy == "affine":
-        a = params.affine
-        px = a.translate_pixels
-        transform = A.Affine(
-            rotate=(-a.degrees, a.degrees),
-            shear=(-a.shear_degrees, a.shear_degrees),
-            scale=tuple(a.scale),
-            translate_px={"x": (-px, px), "y": (-px, px)},
-            p=1.0,
-            **constant,
-        )
-    else:
-        e = params.elastic
-        transform = A.ElasticTransform(alpha=e.alpha, sigma=e.sigma, p=1.0, **constant)
-    return A.Compose([transform], strict=True, seed=seed)
+        return random_rotate(images, params.rotate.degrees, generator)
+    if strategy == "affine":
+        return random_affine(images, params.affine, generator)
+    return random_elastic(images, params.elastic, generator)
 
 
 def _derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
-def for_training(
-    dataset, strategy: str, params: AugmentParams | None = None, seed: int = 0
-) -> tuple[Dataset, int]:
-    """(training dataset, batch shift in pixels) for ``strategy``: ``shift`` keeps the
-    dataset and asks ``fit`` to shift whole batches on the device; ``none`` keeps the
-    dataset; the others wrap an in-memory image dataset in ``AugmentedDataset``."""
-    check_strategy(strategy)
-    if strategy == "shift":
-        return dataset, (params or AugmentParams()).shift.pixels
-    if strategy == "none":
-        return dataset, 0
-    if not hasattr(dataset, "tensors"):
-        name = getattr(dataset, "name", "this dataset")
-        raise ConfigError(
-            f"augment {strategy!r} needs in-memory images; {name} is rendered or augmented "
-            f"on the fly (use none or shift)"
-        )
-    return AugmentedDataset(dataset, strategy, params, seed), 0
-
-
 class AugmentedDataset(Dataset):
-    """Wrap a TensorImageDataset: items are augmented float (C, H, W) images in [0, 1].
-
-    Deliberately has no ``tensors`` attribute, so training takes the DataLoader path that
-    calls ``worker_init_fn`` and ``set_epoch``.
-    """
+    """Items of an image dataset passed one at a time through ``augment_batch`` (figures,
+    the data benchmark; training augments whole batches in ``fit`` instead): float
+    (C, H, W) images in [0, 1]. Draws come from a generator seeded from (seed, epoch,
+    worker): reproducible, and different per worker and per epoch."""
 
     def __init__(
         self,
@@ -122,24 +179,21 @@ class AugmentedDataset(Dataset):
         params: AugmentParams | None = None,
         seed: int = 0,
     ):
+        check_strategy(strategy)
         self.base = base
         self.strategy = strategy
+        self.params = params or AugmentParams()
         self.seed = seed
         self.epoch = 0
-        self.compose = build_transform(strategy, params)
-        self.shift = (params or AugmentParams()).shift.pixels if strategy == "shift" else 0
         self.generator = torch.Generator()
         self.name = f"{getattr(base, 'name', 'dataset')}+{strategy}"
         self.num_classes = getattr(base, "num_classes", 10)
         self.reseed()
 
     def reseed(self, worker_id: int | None = None) -> None:
-        """Seed the pipeline from (seed, epoch, worker); the main process counts as -1."""
+        """Seed the draws from (seed, epoch, worker); the main process counts as -1."""
         worker = -1 if worker_id is None else worker_id
-        seed = _derive_seed(self.seed, self.epoch, worker + 1)
-        self.generator.manual_seed(seed)
-        if self.compose is not None:
-            self.compose.set_random_seed(seed)
+        self.generator.manual_seed(_derive_seed(self.seed, self.epoch, worker + 1))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -157,14 +211,6 @@ class AugmentedDataset(Dataset):
         return len(self.base)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
-        images, targets = self.base.tensors
-        image = images[index]  # (C, H, W) uint8
-        if self.compose is not None:
-            array = image.permute(1, 2, 0).numpy()  # (H, W, C)
-            out = self.compose(image=array)["image"]
-            image = torch.from_numpy(np.ascontiguousarray(out)).reshape(array.shape)
-            image = image.permute(2, 0, 1)  # (C, H, W)
-        elif self.shift:
-            image = random_shift(image[None], self.shift, self.generator)[0]  # (C, H, W)
-        target = targets[index]
-        return image.float().div_(255.0), (int(target) if target.dim() == 0 else target)
+        image, target, *_ = self.base[index]  # (C, H, W) float in [0, 1]
+        image = augment_batch(image[None], self.strategy, self.params, self.generator)[0]
+        return image, target

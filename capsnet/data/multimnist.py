@@ -78,15 +78,25 @@ def render_parts(
     """
     check_settings(recipe.shift, recipe.pad)
     pairs = recipe.pairs[index]  # (B, 2)
-    shifts = recipe.shifts[index].view(-1, 2, 2)  # (B, 2 digits, (dy, dx))
+    digits = place_digits(images, pairs, recipe.shifts[index], recipe.shift, recipe.pad)
+    return digits, labels[pairs].long()  # (B, 2, S, S), (B, 2)
+
+
+def place_digits(
+    images: torch.Tensor, pairs: torch.Tensor, shifts: torch.Tensor, shift: int, pad: int
+) -> torch.Tensor:
+    """Digits ``pairs`` (B, 2) of ``images`` (N, 28, 28), each moved by its (dy, dx) of
+    ``shifts`` (B, 4) on a canvas of S = 28 + 2 pad: uint8 (B, 2, S, S), on images' device."""
+    shifts = shifts.view(-1, 2, 2)  # (B, 2 digits, (dy, dx))
     batch = pairs.shape[0]
-    margin = recipe.pad + recipe.shift
-    side = SIDE + 2 * recipe.pad
+    margin = pad + shift
+    side = SIDE + 2 * pad
     sources = torch.nn.functional.pad(images[pairs.reshape(-1)], (margin,) * 4)  # (2B, W, W)
     windows = sources.unfold(1, side, 1).unfold(2, side, 1)  # view (2B, K, K, S, S), K = W-S+1
-    origin = recipe.shift - shifts.reshape(-1, 2)  # (2B, 2) window corner (row, col)
-    digits = windows[torch.arange(2 * batch), origin[:, 0], origin[:, 1]]  # (2B, S, S)
-    return digits.view(batch, 2, side, side), labels[pairs].long()  # (B, 2, S, S), (B, 2)
+    origin = shift - shifts.reshape(-1, 2)  # (2B, 2) window corner (row, col)
+    rows = torch.arange(2 * batch, device=images.device)  # (2B,)
+    digits = windows[rows, origin[:, 0], origin[:, 1]]  # (2B, S, S)
+    return digits.view(batch, 2, side, side)  # (B, 2, S, S)
 
 
 def merge_digits(digits: torch.Tensor, merge: str = "sum-clip") -> torch.Tensor:
@@ -99,7 +109,7 @@ def merge_digits(digits: torch.Tensor, merge: str = "sum-clip") -> torch.Tensor:
 
 def multi_hot(pair_labels: torch.Tensor) -> torch.Tensor:
     """int (B, 2) labels -> float (B, 10) multi-hot targets."""
-    targets = torch.zeros(pair_labels.shape[0], 10)
+    targets = torch.zeros(pair_labels.shape[0], 10, device=pair_labels.device)
     return targets.scatter_(1, pair_labels, 1.0)  # (B, 10)
 
 
@@ -204,6 +214,40 @@ class MultiMNIST(Dataset):
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
 
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        """MNIST digits, labels, the recipe, and the digits sorted by class (for redraws)."""
+        order = torch.argsort(self.labels, stable=True)  # (N,) digits grouped by class
+        counts = torch.bincount(self.labels, minlength=10)  # (10,)
+        return {
+            "images": self.images,
+            "labels": self.labels,
+            "pairs": self.recipe.pairs,
+            "shifts": self.recipe.shifts,
+            "by_class": order,
+            "class_start": torch.cumsum(counts, 0) - counts,  # (10,)
+            "class_count": counts,
+        }
+
+    def render_batch(self, tensors, index, epoch, generator) -> tuple:
+        """The ``DeviceRenderable`` batch of recipe rows ``index``: with ``redraw`` each
+        first digit gets a fresh partner of another class and fresh shifts from
+        ``generator`` (what ``set_epoch`` draws on the host), else the stored recipe.
+        (images (B, 1, S, S), multi-hot (B, 10)[, digits (B, 2, 1, S, S), labels (B, 2)])."""
+        pairs, shifts = tensors["pairs"][index], tensors["shifts"][index]  # (B, 2), (B, 4)
+        if self.redraw:
+            pairs = torch.stack([pairs[:, 0], _other_class(tensors, pairs[:, 0], generator)], 1)
+            shift = self.recipe.shift
+            shifts = torch.randint(
+                -shift, shift + 1, shifts.shape, generator=generator, device=shifts.device
+            )  # (B, 4)
+        digits = place_digits(tensors["images"], pairs, shifts, self.recipe.shift, self.recipe.pad)
+        pair_labels = tensors["labels"][pairs].long()  # (B, 2)
+        images = merge_digits(digits, self.merge).unsqueeze(1).float().div_(255.0)  # (B,1,S,S)
+        if not self.components:
+            return images, multi_hot(pair_labels)
+        parts = digits.unsqueeze(2).float().div_(255.0)  # (B, 2, 1, S, S)
+        return images, multi_hot(pair_labels), parts, pair_labels
+
     def materialize(self, limit: int | None = None):
         """A TensorImageDataset of the first ``limit`` rendered items (for evaluation)."""
         from capsnet.data.datasets import TensorImageDataset
@@ -211,6 +255,22 @@ class MultiMNIST(Dataset):
         stop = len(self) if limit is None else min(limit, len(self))
         images, targets = self.render(slice(0, stop))
         return TensorImageDataset(images, targets, self.name)
+
+
+def _other_class(
+    tensors: dict[str, torch.Tensor], first: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """A uniformly drawn digit of a class other than each ``first`` digit's: (B,) indices.
+
+    A draw r in [0, N - n_d) over the class-sorted digits skips the n_d digits of class d."""
+    labels = tensors["labels"][first]  # (B,)
+    count = tensors["class_count"][labels]  # (B,)
+    start = tensors["class_start"][labels]  # (B,)
+    total = tensors["labels"].shape[0]
+    draw = torch.rand(first.shape[0], generator=generator, device=first.device)  # (B,)
+    position = torch.minimum((draw * (total - count)).long(), total - count - 1)  # (B,)
+    position = torch.where(position < start, position, position + count)  # (B,)
+    return tensors["by_class"][position]
 
 
 def build(

@@ -68,6 +68,9 @@ class CapsNetConfig:
 )
 class CapsNet(nn.Module):
     default_loss = "margin"
+    #: torch.compile mode of ``compile_routing`` per device type (docs/gpu.md, "compile"):
+    #: CUDA graphs on CUDA, where training batches have one static shape.
+    COMPILE_MODES = {"cuda": "reduce-overhead"}
 
     def __init__(self, config: CapsNetConfig):
         super().__init__()
@@ -112,6 +115,18 @@ class CapsNet(nn.Module):
             mask_index = scores.argmax(dim=1) if target is None else target
             reconstruction = self.reconstruct(v, mask_index)  # (B, [n,] C, H, W)
         return ModelOutput(scores, v, reconstruction)
+
+    def compile_routing(self, enabled: bool = True) -> CapsNet:
+        """torch.compile the whole forward (convolutions, capsules, routing, decoder; the
+        backward with it) in the mode of ``COMPILE_MODES`` for the parameters' device
+        ("default" where none is named); ``enabled=False`` goes back to eager. The weights
+        and the state_dict keys are unchanged."""
+        if not enabled:
+            self._compiled_call_impl = None
+            return self
+        device = next(self.parameters()).device
+        self.compile(mode=self.COMPILE_MODES.get(device.type, "default"))
+        return self
 
     def reconstruct(self, poses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The decoder's image of each labelled class capsule: poses (B, K, D) with labels

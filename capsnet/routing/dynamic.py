@@ -48,7 +48,7 @@ def dynamic_routing(
     for it in range(iterations):
         last = it == iterations - 1
         votes = u_hat if last else u_detached
-        c = torch.softmax(logits, dim=2)  # (B, n_in, n_out)
+        c = torch.softmax(logits, dim=2, dtype=torch.float32)  # (B, n_in, n_out)
         s = torch.einsum("bij,bijd->bjd", c, votes)  # (B, n_out, d_out)
         v = squash(s)  # (B, n_out, d_out)
         if not last:
