@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -15,8 +17,9 @@ def autocast(device: torch.device, amp: str | None = None):
     Under it squash, the routing softmax and the losses still compute in fp32."""
     from capsnet.config.training import TrainConfig
 
-    enabled = (amp or TrainConfig.amp) == "bf16" and device.type == "cuda"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+    if (amp or TrainConfig.amp) == "bf16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()  # (torch.autocast refuses some devices, e.g. meta)
 
 
 def _batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):

@@ -275,8 +275,9 @@ def _train_epoch(model, batches, config, generators, state, optimizer, scheduler
 
 
 def _epoch_totals(model: nn.Module, loss_sum, correct, epoch: int, lr: float):
-    """(summed loss, correct count) read back once per epoch; TrainingDiverged when the
-    loss or any weight is not finite (checked on the device, read with them)."""
+    """(summed loss, correct count) read back once per epoch; TrainingDiverged (naming the
+    epoch and the run's learning rate ``lr``) when the loss or any weight is not finite
+    (checked on the device, read with them)."""
     finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
     totals = torch.stack([loss_sum.float(), correct.float(), finite.float()])  # (3,)
     loss, right, weights_ok = totals.tolist()  # the epoch's one read-back
@@ -345,7 +346,9 @@ def fit(
             model, batches, config, generators, state, optimizer, scheduler
         )
         lr = scheduler.get_last_lr()[0]
-        loss_total, correct_total = _epoch_totals(model, loss_sum, correct, state.epoch + 1, lr)
+        loss_total, correct_total = _epoch_totals(
+            model, loss_sum, correct, state.epoch + 1, config.lr
+        )
         seconds = time.perf_counter() - started
         record = {
             "epoch": state.epoch + 1,

@@ -155,3 +155,41 @@ def test_figure_shows_each_predicted_and_each_true_digit_beside_the_input(tmp_pa
             expected = model.reconstruct(out.poses, ascending[:, i])  # (2, 1, 36, 36)
             torch.testing.assert_close(drawn["rows"][4 + i], expected)
     assert drawn["col_labels"][0].startswith("true 3,7")
+
+
+def _tiny_multimnist(redraw: bool, components: bool = True):
+    from capsnet.data.multimnist import MultiMNIST, make_recipe
+
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(60) % 10
+    images = torch.randint(0, 256, (60, 28, 28), dtype=torch.uint8, generator=generator)
+    recipe = make_recipe(labels, 2, 4, 4, seed=0)
+    return MultiMNIST(images, labels, recipe, redraw=redraw, components=components)
+
+
+def test_render_batch_without_redraw_is_the_host_rendering_of_the_recipe():
+    from capsnet.data.batches import as_renderable
+
+    data = _tiny_multimnist(redraw=False)
+    assert as_renderable(data) is data
+    index = torch.tensor([3, 0, 17, 119])
+    images, targets, parts, labels = data.render_batch(
+        data.resident_tensors(), index, 0, torch.Generator()
+    )
+    expected = data.__getitems__(index.tolist())
+    for i, (image, target, part, label) in enumerate(expected):
+        assert torch.equal(images[i], image) and torch.equal(targets[i], target)
+        assert torch.equal(parts[i], part) and torch.equal(labels[i], label)
+
+
+def test_render_batch_with_redraw_pairs_each_digit_with_another_class():
+    data = _tiny_multimnist(redraw=True, components=False)
+    tensors = data.resident_tensors()
+    index = torch.arange(len(data))
+    first = data.render_batch(tensors, index, 0, torch.Generator().manual_seed(1))
+    again = data.render_batch(tensors, index, 0, torch.Generator().manual_seed(1))
+    other = data.render_batch(tensors, index, 0, torch.Generator().manual_seed(2))
+    assert torch.equal(first[0], again[0]) and not torch.equal(first[0], other[0])
+    assert torch.equal(first[1].sum(1), torch.full((len(data),), 2.0))  # two classes each
+    recipe_classes = data.labels[data.recipe.pairs[:, 0]]  # (M,) the kept first digits
+    assert bool(first[1][torch.arange(len(data)), recipe_classes].eq(1).all())

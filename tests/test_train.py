@@ -2,7 +2,6 @@ import pytest
 import torch
 
 from capsnet import checkpoint, evaluate, losses, models
-from capsnet.data.augment import random_shift
 from capsnet.data.datasets import TensorImageDataset, load
 from capsnet.train import TrainConfig, compute_loss, fit, select_device
 
@@ -86,19 +85,6 @@ def test_resume_continues_where_a_run_stopped(mnist_small):
     resumed = fit(first, data, None, config, resume=states[0])
     assert [r["epoch"] for r in resumed] == [1, 2]
     assert resumed[1]["train_loss"] == pytest.approx(full[1]["train_loss"], rel=1e-5)
-
-
-def test_random_shift_moves_content_within_bounds_and_zero_fills():
-    images = torch.zeros(50, 1, 10, 10)
-    images[:, :, 4:6, 4:6] = 1.0
-    generator = torch.Generator().manual_seed(0)
-    shifted = random_shift(images, 2, generator)
-    assert shifted.shape == images.shape
-    assert torch.equal(shifted.sum(dim=(1, 2, 3)), images.sum(dim=(1, 2, 3)))
-    rows = shifted[:, 0].sum(dim=2).argmax(dim=1)
-    assert rows.min() >= 2 and rows.max() <= 6
-    assert len(set(rows.tolist())) > 1
-    assert torch.equal(random_shift(images, 0, generator), images)
 
 
 def test_train_save_load_eval_reproduces_accuracy_exactly(tmp_path, mnist_small):
@@ -283,3 +269,136 @@ def test_time_budget_must_be_positive_and_finite(budget):
 
     with pytest.raises(ConfigError, match=r"train\.time_budget must be > 0 seconds"):
         TrainConfig(time_budget=budget)
+
+
+def test_bf16_autocast_keeps_squash_routing_softmax_and_losses_in_fp32():
+    """CPU autocast stands in for CUDA's: the products run in bf16, the outputs that
+    training reads are fp32 and close to an fp32 run of the same weights."""
+    from capsnet.layers import fused_dynamic_routing
+    from capsnet.routing import dynamic_routing
+
+    torch.manual_seed(0)
+    model = models.build("capsnet-small")
+    images, targets = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    config = TrainConfig(progress=False)
+    reference = model(images, targets)
+    reference_loss = compute_loss(model, reference, images, targets, config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.conv1(images).dtype == torch.bfloat16  # autocast is really on
+        output = model(images, targets)
+        loss = compute_loss(model, output, images, targets, config)
+        u = torch.rand(2, 16, 8)  # (B, n_in, d_in)
+        weight = torch.rand(16, 3, 4, 8) / 8  # (n_in, n_out, d_out, d_in)
+        v, c = fused_dynamic_routing(u, weight, 3, True, 2)
+        v_ref, c_ref = dynamic_routing(torch.einsum("bik,ijdk->bijd", u, weight), 3)
+    assert {output.scores.dtype, output.poses.dtype, loss.dtype} == {torch.float32}
+    assert {v.dtype, c.dtype, v_ref.dtype, c_ref.dtype} == {torch.float32}
+    torch.testing.assert_close(c.sum(-1), torch.ones(2, 16))  # softmax over parents, fp32
+    torch.testing.assert_close(output.scores, reference.scores, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(loss, reference_loss, atol=2e-2, rtol=2e-2)
+
+
+def test_precision_is_bf16_by_default_and_autocasts_only_on_cuda():
+    from capsnet.config.sweep import PRECISIONS
+    from capsnet.errors import ConfigError
+    from capsnet.evaluate import autocast
+    from capsnet.train_cli import PRECISIONS as CLI_PRECISIONS
+
+    assert TrainConfig().amp == "bf16" and PRECISIONS == CLI_PRECISIONS == ("bf16", "fp32")
+    with autocast(torch.device("cpu"), "bf16"):
+        assert not torch.is_autocast_enabled("cpu")  # CPU runs stay fp32
+    with pytest.raises(ConfigError, match=r"train\.amp 'off' unknown; choose one of bf16, fp32"):
+        TrainConfig(amp="off")
+
+
+def test_amp_reaches_the_run_from_the_params_sections():
+    from capsnet.config import FinalTrainConfig, SweepConfig
+    from capsnet.run import section_spec
+
+    sweep = SweepConfig()
+    assert section_spec(FinalTrainConfig(), sweep).train.amp == TrainConfig().amp
+    assert section_spec(FinalTrainConfig(amp="fp32"), sweep).train.amp == "fp32"
+    assert section_spec(SweepConfig(amp="fp32"), sweep).train.amp == "fp32"
+
+
+def test_a_diverging_run_raises_naming_the_epoch_and_lr_and_saves_nothing(mnist_small):
+    from capsnet.errors import TrainingDiverged
+
+    train, _ = mnist_small
+    torch.manual_seed(0)
+    saved = []
+    config = TrainConfig(epochs=2, batch_size=32, lr=1e30, progress=False)
+    with pytest.raises(TrainingDiverged) as info:
+        fit(models.build("lenet5"), train.subset(128), None, config, on_epoch=saved.append)
+    message = str(info.value)
+    assert message.startswith("training diverged in epoch 1: ") and "(lr 1e+30)" in message
+    assert "\n" not in message and saved == []
+
+
+def test_train_command_with_a_huge_lr_exits_1_with_one_line(tmp_path, mnist_root):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "capsnet", "train", "--model", "lenet5", "--lr", "1e30",
+         "--train-limit", "256", "--val-size", "64", "--batch-size", "64",
+         "--data-root", str(mnist_root), "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("epoch")]
+    assert len(lines) == 1 and lines[0].startswith("Error: training diverged in epoch 1: ")
+    assert not out.exists()
+
+
+def test_resident_and_loader_paths_see_every_item_once_per_epoch(mnist_small, monkeypatch):
+    """An in-memory set (rendered from resident tensors) and the same items through the
+    DataLoader path each give every item exactly once per epoch, shuffled."""
+    import capsnet.train as train_module
+    from torch.utils.data import Dataset
+
+    class Items(Dataset):  # the same items, without ``tensors``
+        def __init__(self, base):
+            self.base = base
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, index):
+            return self.base[index]
+
+    train, _ = mnist_small
+    data = train.subset(80)
+    seen = []
+    real = train_module.train_step
+
+    def spy(model, batch, *args):
+        seen.append(batch[0].flatten(1).sum(1))  # (B,) one number per image
+        return real(model, batch, *args)
+
+    monkeypatch.setattr(train_module, "train_step", spy)
+    expected = data.tensors[0].flatten(1).float().div(255).sum(1)  # (N,)
+    for dataset in (data, Items(data)):
+        seen.clear()
+        config = TrainConfig(epochs=1, batch_size=32, progress=False)
+        fit(models.build("lenet5"), dataset, None, config)
+        assert [len(s) for s in seen] == [32, 32, 16]
+        order = torch.cat(seen)
+        torch.testing.assert_close(order.sort().values, expected.sort().values)
+        assert not torch.allclose(order, expected)  # shuffled
+
+
+def test_resume_restores_the_augmentation_stream(mnist_small):
+    train, _ = mnist_small
+    data = train.subset(96)
+    config = TrainConfig(epochs=2, batch_size=32, augment="affine", progress=False)
+    torch.manual_seed(0)
+    full = fit(models.build("lenet5"), data, None, config)
+    torch.manual_seed(0)
+    first = models.build("lenet5")
+    states = []
+    once = TrainConfig(epochs=1, batch_size=32, augment="affine", progress=False)
+    fit(first, data, None, once, on_epoch=lambda record, state: states.append(state))
+    resumed = fit(first, data, None, config, resume=states[0])
+    assert resumed[1]["train_loss"] == pytest.approx(full[1]["train_loss"], rel=1e-5)

@@ -1,87 +1,123 @@
-"""Augmentation strategies: seeding per worker and per epoch, strictness, shapes."""
+"""Augmentation strategies: one batched implementation per name, per-example draws from a
+generator on the images' device, geometry checked against independent computations."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from datahelpers import tiny_mnist
-from torch.utils.data import DataLoader
 
-from capsnet.config import AugmentParams
+from capsnet.config import AffineAugment, AugmentParams, ElasticAugment, RotateAugment
 from capsnet.data import TensorImageDataset
-from capsnet.data.augment import STRATEGIES, AugmentedDataset, build_transform
+from capsnet.data.augment import (
+    STRATEGIES,
+    AugmentedDataset,
+    augment_batch,
+    check_strategy,
+    random_shift,
+    warp,
+)
 from capsnet.errors import ConfigError
 
-pytest.importorskip("albumentations")
 
-
-def same_digit_dataset(n: int = 16) -> TensorImageDataset:
-    images, labels = tiny_mnist(1)
-    return TensorImageDataset(images.repeat(n, 1, 1), labels.repeat(n), "copies")
+def digits(n: int = 8) -> torch.Tensor:
+    images, _ = tiny_mnist(1)
+    return images.repeat(n, 1, 1).unsqueeze(1).float() / 255.0  # (n, 1, 28, 28)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_keeps_shape_range_and_label(strategy):
-    data = AugmentedDataset(same_digit_dataset(4), strategy, AugmentParams(), seed=0)
-    image, label = data[0]
-    assert image.shape == (1, 28, 28) and image.dtype == torch.float32
-    assert 0 <= float(image.min()) and float(image.max()) <= 1 and label == 0
-    assert not hasattr(data, "tensors")  # training must take the DataLoader path
+def test_every_strategy_keeps_shape_dtype_and_range(strategy):
+    images = digits()
+    out = augment_batch(images, strategy, AugmentParams(), torch.Generator().manual_seed(0))
+    assert out.shape == images.shape and out.dtype == torch.float32
+    assert 0 <= float(out.min()) and float(out.max()) <= 1 + 1e-6
 
 
-def test_shift_moves_ink_by_at_most_the_setting():
-    base = same_digit_dataset(32)
-    data = AugmentedDataset(base, "shift", AugmentParams(), seed=0)
-    original = base[0][0][0] > 0
-    rows, cols = original.any(1).nonzero(), original.any(0).nonzero()
-    for i in range(32):
-        ink = data[i][0][0] > 0
-        dy = int(ink.any(1).nonzero()[0]) - int(rows[0])
-        dx = int(ink.any(0).nonzero()[0]) - int(cols[0])
-        assert abs(dy) <= 2 and abs(dx) <= 2
-        assert int(ink.sum()) == int(original.sum())  # integer shift: ink preserved
+@pytest.mark.parametrize("strategy", ["shift", "rotate", "affine", "elastic"])
+def test_each_example_gets_its_own_draw_and_a_seed_repeats_them(strategy):
+    images = digits()
+    params = AugmentParams()
+
+    def run(seed):
+        return augment_batch(images, strategy, params, torch.Generator().manual_seed(seed))
+
+    first = run(1)
+    assert torch.equal(first, run(1)) and not torch.equal(first, run(2))
+    assert len({tuple(x.flatten().tolist()) for x in first}) > 1  # per example, not per batch
 
 
-def test_same_seed_same_stream_other_seed_or_epoch_differs():
-    base = same_digit_dataset()
-
-    def stream(seed, epoch=0):
-        data = AugmentedDataset(base, "affine", AugmentParams(), seed=seed)
-        data.set_epoch(epoch)
-        return torch.stack([data[i][0] for i in range(8)])
-
-    assert torch.equal(stream(1), stream(1))
-    assert not torch.equal(stream(1), stream(2))
-    assert not torch.equal(stream(1, epoch=0), stream(1, epoch=1))
+def test_rotate_by_a_quarter_turn_is_rot90():
+    """About the centre with pixel centres on pixel centres: exact up to interpolation."""
+    images = torch.rand(2, 1, 6, 6)
+    quarter = torch.tensor([[0.0, 1.0], [-1.0, 0.0]]).expand(2, 2, 2)  # +90 degrees
+    turned = warp(images, quarter, torch.zeros(2, 2))
+    expected = [torch.rot90(images, k, (2, 3)) for k in (1, -1)]
+    assert any(torch.allclose(turned, e, atol=1e-5) for e in expected)
 
 
-def loader_stream(data, workers: int, seed: int = 0):
-    loader = DataLoader(
-        data,
-        batch_size=1,
-        num_workers=workers,
-        shuffle=False,
-        worker_init_fn=data.worker_init_fn,
-        generator=torch.Generator().manual_seed(seed),
+def test_neutral_settings_leave_images_unchanged():
+    images = digits(4)
+    generator = torch.Generator().manual_seed(0)
+    neutral = AugmentParams(
+        rotate=RotateAugment(degrees=0.0),
+        affine=AffineAugment(degrees=0, shear_degrees=0, scale=(1.0, 1.0), translate_pixels=0),
+        elastic=ElasticAugment(alpha=0.0),
     )
-    return torch.cat([images for images, _ in loader])  # (N, 1, 28, 28)
+    for strategy in ("none", "rotate", "affine", "elastic"):
+        out = augment_batch(images, strategy, neutral, generator)
+        torch.testing.assert_close(out, images, atol=1e-5, rtol=0)
 
 
-def test_workers_draw_different_augmentations_and_runs_repeat():
-    """albumentations 2.0.8 would give both workers one stream unless reseeded."""
-    data = AugmentedDataset(same_digit_dataset(8), "rotate", AugmentParams(), seed=0)
-    first = loader_stream(data, workers=2)
-    # batch_size 1, two workers: items alternate between worker 0 and worker 1
-    worker0, worker1 = first[0::2], first[1::2]
-    assert not torch.equal(worker0, worker1)
-    assert torch.equal(first, loader_stream(data, workers=2))
+def test_affine_translation_alone_is_an_integer_shift_of_at_most_the_setting():
+    images = digits(16)
+    params = AugmentParams(
+        affine=AffineAugment(degrees=0, shear_degrees=0, scale=(1.0, 1.0), translate_pixels=2)
+    )
+    out = augment_batch(images, "affine", params, torch.Generator().manual_seed(3))
+    candidates = [
+        torch.roll(torch.nn.functional.pad(images, (2,) * 4), (dy, dx), (2, 3))[..., 2:-2, 2:-2]
+        for dy in range(-2, 3)
+        for dx in range(-2, 3)
+    ]
+    for i in range(16):
+        assert any(torch.allclose(out[i], c[i], atol=1e-5) for c in candidates), i
+
+
+def test_random_shift_moves_content_within_bounds_and_keeps_ink():
+    images = torch.zeros(50, 1, 10, 10)
+    images[:, :, 4:6, 4:6] = 1.0
+    shifted = random_shift(images, 2, torch.Generator().manual_seed(0))
+    assert torch.equal(shifted.sum(dim=(1, 2, 3)), images.sum(dim=(1, 2, 3)))
+    rows = shifted[:, 0].sum(dim=2).argmax(dim=1)
+    assert rows.min() >= 2 and rows.max() <= 6 and len(set(rows.tolist())) > 1
+
+
+def test_augmented_dataset_items_are_the_batched_implementation_on_one_image():
+    images, labels = tiny_mnist(1)
+    base = TensorImageDataset(images.repeat(4, 1, 1), labels.repeat(4), "copies")
+    data = AugmentedDataset(base, "rotate", AugmentParams(), seed=0)
+    expected_generator = torch.Generator().manual_seed(data.generator.initial_seed())
+    image, label = data[0]
+    expected = augment_batch(base[0][0][None], "rotate", AugmentParams(), expected_generator)[0]
+    assert torch.equal(image, expected) and label == int(labels[0])
+    data.set_epoch(1)
+    assert not torch.equal(data[0][0], image)  # epochs draw differently
 
 
 def test_unknown_strategy_refused():
     with pytest.raises(ConfigError, match=r"augment\.strategy 'blur' unknown"):
-        build_transform("blur")
+        check_strategy("blur")
+    with pytest.raises(ConfigError, match=r"augment\.strategy 'blur' unknown"):
+        augment_batch(digits(1), "blur", None, torch.Generator())
 
 
-def test_compose_is_strict():
-    compose = build_transform("affine", AugmentParams())
-    assert compose.strict is True
+def test_the_training_path_imports_no_albumentations():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, capsnet.train, capsnet.data.augment, capsnet.run; "
+        "print('albumentations' in sys.modules, 'cv2' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["False", "False"], done.stderr
