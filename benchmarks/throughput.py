@@ -5,9 +5,13 @@ Implementations, measured interleaved in one process (round-robin, medians of ro
   naive    benchmarks/naive_capsnet.py with the same configuration (.repeat tiling);
   conv     the two convolutions alone (conv1 + primary conv, ReLU): the practical ceiling,
            channels_last like ``capsnet``.
-A training step is forward, margin + reconstruction loss (the conv ceiling: the sum of its
-output), backward and an Adam step. Peak RSS of a training step is measured per
-implementation in a fresh subprocess (/proc VmHWM, else resource.getrusage).
+A training step is what ``fit`` runs: forward and margin + reconstruction loss (the conv
+ceiling: the sum of its output) under the training precision (``--amp``, TrainConfig's
+policy: bf16 autocast on CUDA only), backward and an Adam step (fused on CUDA); with
+``--compile`` the capsule model is compiled as training compiles it (``compile_routing``).
+Peak memory of a training step is measured per implementation in a fresh subprocess: on
+CUDA the peak GPU memory (torch.cuda.max_memory_allocated), elsewhere the peak RSS (/proc
+VmHWM, else resource.getrusage).
 
 Run from a source checkout: ``capsnet bench``, ``python -m benchmarks.throughput`` or
 ``python benchmarks/throughput.py`` (same options); the library call is ``run(...) -> dict``.
@@ -29,13 +33,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.cli_options import MAX_COUNT, count
+from capsnet.cli_options import MAX_COUNT, count, train_default
+from capsnet.config.training import TrainConfig
 from capsnet.errors import CapsnetError
-from capsnet.train import select_device
+from capsnet.evaluate import autocast
+from capsnet.train import configure_backends, select_device
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("capsnet", "naive", "conv")
-TARGETS = {"train_vs_naive": 2.2, "train_vs_conv": 0.85, "infer_vs_conv": 0.85, "rss_vs_naive": 0.5}
+TARGETS = {
+    "train_vs_naive": 2.2,
+    "train_vs_conv": 0.85,
+    "infer_vs_conv": 0.85,
+    "rss_vs_naive": 0.5,
+    "gpu_memory_vs_naive": 0.5,
+}
 
 
 class ConvCeiling(nn.Module):
@@ -88,25 +100,31 @@ def _loss(output, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def make_steps(
-    module: nn.Module, batch: int, config, device: torch.device
+    module: nn.Module, batch: int, config, device: torch.device, amp: str = TrainConfig.amp
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(train_step, infer_step) closures on fixed random data of ``batch`` images."""
+    """(train_step, infer_step) closures on fixed random data of ``batch`` images, under
+    the ``amp`` precision policy, with Adam fused where training fuses it."""
     module.to(device)
     size = config.input_size
     images = torch.rand(batch, config.in_channels, size, size, device=device)  # (B, C, H, W)
     targets = torch.randint(0, config.num_classes, (batch,), device=device)  # (B,)
-    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+    params = list(module.parameters())
+    fused = all(p.is_cuda and p.is_floating_point() for p in params) or None
+    optimizer = torch.optim.Adam(params, lr=1e-3, fused=fused)
 
     def train_step() -> None:
         module.train()
-        loss = _loss(module(images, targets), images, targets)
+        torch.compiler.cudagraph_mark_step_begin()
+        with autocast(device, amp):
+            loss = _loss(module(images, targets), images, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
     def infer_step() -> None:
         module.eval()
-        with torch.inference_mode():
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.inference_mode(), autocast(device, amp):
             module(images)
 
     return train_step, infer_step
@@ -118,10 +136,13 @@ def _sync(device: torch.device) -> None:
 
 
 def _maybe_compile(module: nn.Module, enabled: bool) -> nn.Module:
-    """torch.compile(module) when asked; the eager module if compiling is unavailable."""
+    """The module compiled as training compiles it (``compile_routing`` where the model has
+    it, else torch.compile) when asked; the eager module if compiling is unavailable."""
     if not enabled:
         return module
     try:
+        if hasattr(module, "compile_routing"):
+            return module.compile_routing()
         return torch.compile(module)
     except Exception as exc:  # compile support varies by platform: fall back to eager
         print(f"torch.compile unavailable ({exc}); using eager", file=sys.stderr)
@@ -136,6 +157,7 @@ def measure(
     model: str = "capsnet",
     device: str = "cpu",
     compile: bool = False,
+    amp: str = TrainConfig.amp,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Median images/s per mode ("train", "infer"), implementation and batch size.
 
@@ -143,14 +165,15 @@ def measure(
     change on a shared machine hits all implementations alike.
     """
     dev = torch.device(device)
-    modules = {name: build_impl(name, model) for name in implementations}
+    configure_backends(dev)
+    modules = {name: build_impl(name, model).to(dev) for name in implementations}
     config = modules["capsnet"].config if "capsnet" in modules else build_impl("capsnet").config
     results: dict[str, dict[str, dict[str, float]]] = {"train": {}, "infer": {}}
     for batch in batch_sizes:
         fns: dict[tuple[str, str], Callable[[], None]] = {}
         for name, module in modules.items():
             module = _maybe_compile(module, compile and name != "naive")
-            train_step, infer_step = make_steps(module, batch, config, dev)
+            train_step, infer_step = make_steps(module, batch, config, dev, amp)
             fns["train", name] = train_step
             fns["infer", name] = infer_step
         for fn in fns.values():  # warm-up (allocator, oneDNN primitives, compilation)
@@ -188,43 +211,66 @@ def peak_rss_mb() -> float:
     return maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)  # bytes or KiB
 
 
-def _rss_worker(name: str, model: str, batch: int, device: str) -> None:
-    """Run in a subprocess: two training steps, print peak RSS (MiB) as JSON."""
+def _memory_worker(name: str, model: str, batch: int, device: str, amp: str) -> None:
+    """Run in a subprocess: two training steps; print the peak memory (MiB) as JSON: GPU
+    memory allocated on CUDA, else the process's peak RSS."""
+    dev = torch.device(device)
+    configure_backends(dev)
     module = build_impl(name, model)
     config = build_impl("capsnet", model).config
-    train_step, _ = make_steps(module, batch, config, torch.device(device))
-    before = peak_rss_mb()
+    train_step, _ = make_steps(module, batch, config, dev, amp)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.max_memory_allocated(dev) / 2**20
+    else:
+        before = peak_rss_mb()
     train_step()
     train_step()
-    print(json.dumps({"peak_mb": peak_rss_mb(), "before_mb": before}))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) / 2**20
+    else:
+        peak = peak_rss_mb()
+    print(json.dumps({"peak_mb": peak, "before_mb": before}))
 
 
-def measure_rss(
-    implementations: Sequence[str], batch: int, model: str = "capsnet", device: str = "cpu"
+def measure_memory(
+    implementations: Sequence[str],
+    batch: int,
+    model: str = "capsnet",
+    device: str = "cpu",
+    amp: str = TrainConfig.amp,
 ) -> dict[str, dict[str, float]]:
-    """Peak RSS (MiB) of a training step per implementation, each in a fresh process."""
+    """Peak memory (MiB) of a training step per implementation, each in a fresh process:
+    GPU memory on CUDA, RSS elsewhere."""
     out: dict[str, dict[str, float]] = {}
     for name in implementations:
         code = (
-            "import sys; from benchmarks.throughput import _rss_worker; "
-            "_rss_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])"
+            "import sys; from benchmarks.throughput import _memory_worker; "
+            "_memory_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])"
         )
         proc = subprocess.run(
-            [sys.executable, "-c", code, name, model, str(batch), device],
+            [sys.executable, "-c", code, name, model, str(batch), device, amp],
             capture_output=True,
             text=True,
             check=False,
             cwd=ROOT,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"RSS run of {name} failed:\n{proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"memory run of {name} failed:\n{proc.stderr.strip()[-2000:]}")
         out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
 
+def _memory_key(device: str) -> str:
+    """The result key of the peak memory: GPU memory on CUDA, RSS elsewhere."""
+    return "peak_gpu_mb" if torch.device(device).type == "cuda" else "peak_rss_mb"
+
+
 def ratios(result: dict) -> dict[str, dict[str, float]]:
     """The target ratios of issue 2 per batch size (only those whose inputs were measured)."""
-    train, infer, rss = result["train"], result["infer"], result.get("peak_rss_mb", {})
+    memory_key = _memory_key(result["device"])
+    train, infer, rss = result["train"], result["infer"], result.get(memory_key, {})
     out: dict[str, dict[str, float]] = {}
     for batch in result["batch_sizes"]:
         key = str(batch)
@@ -239,7 +285,8 @@ def ratios(result: dict) -> dict[str, dict[str, float]]:
             r["infer_vs_conv"] = ours_i / infer["conv"][key]
         out[key] = r
     if "capsnet" in rss and "naive" in rss:
-        out.setdefault(str(result["rss_batch"]), {})["rss_vs_naive"] = (
+        ratio = "gpu_memory_vs_naive" if memory_key == "peak_gpu_mb" else "rss_vs_naive"
+        out.setdefault(str(result["rss_batch"]), {})[ratio] = (
             rss["capsnet"]["peak_mb"] / rss["naive"]["peak_mb"]
         )
     return out
@@ -254,6 +301,7 @@ def run(
     device: str = "cpu",
     rss: bool = True,
     compile: bool = False,
+    amp: str = TrainConfig.amp,
 ) -> dict:
     """Measure everything; returns the dict that ``main`` prints as its JSON line."""
     unknown = sorted(set(implementations) - set(IMPLEMENTATIONS))
@@ -269,11 +317,18 @@ def run(
         "rounds": rounds,
         "steps": steps,
         "compile": compile,
+        "amp": amp,
     }
-    result.update(measure(implementations, batch_sizes, rounds, steps, model, device, compile))
+    if torch.device(device).type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    result.update(
+        measure(implementations, batch_sizes, rounds, steps, model, device, compile, amp)
+    )
     if rss:
         result["rss_batch"] = max(batch_sizes)
-        result["peak_rss_mb"] = measure_rss(implementations, max(batch_sizes), model, device)
+        result[_memory_key(device)] = measure_memory(
+            implementations, max(batch_sizes), model, device, amp
+        )
     result["ratios"] = ratios(result)
     result["targets"] = TARGETS
     return result
@@ -288,9 +343,11 @@ def format_table(result: dict) -> str:
             t = result["train"][name][str(batch)]
             i = result["infer"][name][str(batch)]
             lines.append(f"{name:<8} {batch:>5} {t:>12.1f} {i:>12.1f}")
-    for name, rss in result.get("peak_rss_mb", {}).items():
+    key = _memory_key(result["device"])
+    what = "peak GPU memory" if key == "peak_gpu_mb" else "peak RSS"
+    for name, rss in result.get(key, {}).items():
         lines.append(
-            f"peak RSS train step, {name} (batch {result['rss_batch']}): {rss['peak_mb']:.0f} MiB"
+            f"{what} train step, {name} (batch {result['rss_batch']}): {rss['peak_mb']:.0f} MiB"
         )
     for batch, values in result["ratios"].items():
         for key, value in values.items():
@@ -336,11 +393,22 @@ def _implementations(ctx, param, value: str) -> list[str]:
 )
 @click.option("--model", default="capsnet", show_default=True, help="Registered capsule model.")
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--rss/--no-rss", default=True, show_default=True, help="Peak RSS subprocesses.")
-@click.option("--compile", is_flag=True, help="torch.compile capsnet and conv.")
+@click.option(
+    "--rss/--no-rss",
+    default=True,
+    show_default=True,
+    help="Peak memory subprocesses (GPU memory on CUDA, RSS elsewhere).",
+)
+@click.option("--compile", is_flag=True, help="Compile capsnet (as training does) and conv.")
+@click.option(
+    "--amp",
+    type=click.Choice(["bf16", "fp32"]),
+    **train_default("amp"),
+    help="Training precision (bf16: autocast on CUDA only, as in training).",
+)
 @click.option("--quick", is_flag=True, help="Smoke run: capsnet-small, batch 4, one round.")
 def throughput_command(
-    batch_sizes, rounds, steps, implementations, model, device, rss, compile, quick
+    batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp, quick
 ) -> None:
     """Throughput of a capsule model against its naive reference and the conv ceiling.
 
@@ -349,7 +417,9 @@ def throughput_command(
         batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
     try:
         select_device(device)
-        result = run(batch_sizes, rounds, steps, implementations, model, device, rss, compile)
+        result = run(
+            batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp
+        )
     except CapsnetError as exc:  # e.g. an unknown --model: one line, also when run as a file
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(result))

@@ -44,7 +44,8 @@ def test_quick_run_prints_a_table_and_one_json_line():
         assert set(result[mode]) == set(bench.IMPLEMENTATIONS)
         assert all(v["4"] > 0 for v in result[mode].values())
     assert set(result["peak_rss_mb"]) == set(bench.IMPLEMENTATIONS)
-    assert set(result["ratios"]["4"]) == set(bench.TARGETS)
+    assert set(result["ratios"]["4"]) == set(bench.TARGETS) - {"gpu_memory_vs_naive"}
+    assert result["amp"] == "bf16" and result["compile"] is False  # training's defaults
     assert "train img/s" in lines[0]
 
 
@@ -59,6 +60,32 @@ def test_run_with_a_subset_of_implementations_and_no_rss():
     )
     assert set(result["train"]) == {"capsnet", "conv"}
     assert set(result["ratios"]["2"]) == {"train_vs_conv", "infer_vs_conv"}
+
+
+def test_memory_is_gpu_memory_on_cuda_and_rss_elsewhere():
+    assert bench._memory_key("cuda") == bench._memory_key("cuda:1") == "peak_gpu_mb"
+    assert bench._memory_key("cpu") == "peak_rss_mb"
+    result = {"device": "cuda", "train": {}, "infer": {}, "batch_sizes": [], "rss_batch": 8}
+    result["peak_gpu_mb"] = {"capsnet": {"peak_mb": 100.0}, "naive": {"peak_mb": 400.0}}
+    assert bench.ratios(result) == {"8": {"gpu_memory_vs_naive": 0.25}}
+    assert "peak GPU memory train step, capsnet (batch 8): 100 MiB" in bench.format_table(result)
+
+
+def test_the_training_step_runs_under_the_training_precision(monkeypatch):
+    """bench's step enters the same precision context as fit's (evaluate.autocast)."""
+    entered = []
+    real = bench.autocast
+
+    def spy(device, amp):
+        entered.append((device.type, amp))
+        return real(device, amp)
+
+    monkeypatch.setattr(bench, "autocast", spy)
+    module = bench.build_impl("capsnet", "capsnet-small")
+    train_step, infer_step = bench.make_steps(module, 2, module.config, torch.device("cpu"), "fp32")
+    train_step()
+    infer_step()
+    assert entered == [("cpu", "fp32"), ("cpu", "fp32")]
 
 
 @pytest.mark.parametrize(
