@@ -207,9 +207,16 @@ class MultiMNIST(Dataset):
             images, targets = self.render(index)
             return list(zip(images.float().div_(255.0), targets))
         digits, pair_labels = render_parts(self.images, self.labels, self.recipe, index)
-        images = merge_digits(digits, self.merge).unsqueeze(1).float().div_(255.0)  # (B, 1, S, S)
+        return list(zip(*self._batch(digits, pair_labels)))
+
+    def _batch(self, digits: torch.Tensor, pair_labels: torch.Tensor) -> tuple:
+        """(images float (B, 1, S, S), multi-hot (B, 10)[, each digit alone float
+        (B, 2, 1, S, S), labels (B, 2)]) from the placed digits uint8 (B, 2, S, S)."""
+        images = merge_digits(digits, self.merge).unsqueeze(1).float().div_(255.0)  # (B,1,S,S)
+        if not self.components:
+            return images, multi_hot(pair_labels)
         parts = digits.unsqueeze(2).float().div_(255.0)  # (B, 2, 1, S, S)
-        return list(zip(images, multi_hot(pair_labels), parts, pair_labels))
+        return images, multi_hot(pair_labels), parts, pair_labels
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
@@ -241,12 +248,7 @@ class MultiMNIST(Dataset):
                 -shift, shift + 1, shifts.shape, generator=generator, device=shifts.device
             )  # (B, 4)
         digits = place_digits(tensors["images"], pairs, shifts, self.recipe.shift, self.recipe.pad)
-        pair_labels = tensors["labels"][pairs].long()  # (B, 2)
-        images = merge_digits(digits, self.merge).unsqueeze(1).float().div_(255.0)  # (B,1,S,S)
-        if not self.components:
-            return images, multi_hot(pair_labels)
-        parts = digits.unsqueeze(2).float().div_(255.0)  # (B, 2, 1, S, S)
-        return images, multi_hot(pair_labels), parts, pair_labels
+        return self._batch(digits, tensors["labels"][pairs].long())
 
     def materialize(self, limit: int | None = None):
         """A TensorImageDataset of the first ``limit`` rendered items (for evaluation)."""
