@@ -99,7 +99,12 @@ def naive_rate(model_name: str, batch: int, steps: int, device: str, amp: str) -
         train_step()
     _sync(dev)
     seconds = time.perf_counter() - started
-    return {"amp": amp, "batch": batch, "steps": steps, "images_per_second": batch * steps / seconds}
+    return {
+        "amp": amp,
+        "batch": batch,
+        "steps": steps,
+        "images_per_second": batch * steps / seconds,
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -247,7 +252,8 @@ def markdown(result: dict) -> str:
         f"| peak GPU memory, {caps['model']} bf16 training | "
         + (f"{memory:,.0f} MiB" if memory is not None else "n/a (not CUDA)")
         + " | |",
-        f"| {em['model']} ({em['parameters']:,} parameters), s per 24,300-image epoch, batch {em['batch_size']} | "
+        f"| {em['model']} ({em['parameters']:,} parameters), s per 24,300-image epoch, "
+        f"batch {em['batch_size']} | "
         f"{result['ratios']['em_seconds_per_epoch']:.1f} s | <= 30 s |",
         f"| {shared['processes']} training processes sharing the device | "
         f"{shared['aggregate_images_per_second']:,.0f} img/s aggregate | |",

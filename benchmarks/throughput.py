@@ -321,9 +321,7 @@ def run(
     }
     if torch.device(device).type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    result.update(
-        measure(implementations, batch_sizes, rounds, steps, model, device, compile, amp)
-    )
+    result.update(measure(implementations, batch_sizes, rounds, steps, model, device, compile, amp))
     if rss:
         result["rss_batch"] = max(batch_sizes)
         result[_memory_key(device)] = measure_memory(
@@ -417,9 +415,7 @@ def throughput_command(
         batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
     try:
         select_device(device)
-        result = run(
-            batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp
-        )
+        result = run(batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp)
     except CapsnetError as exc:  # e.g. an unknown --model: one line, also when run as a file
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(result))

@@ -167,7 +167,7 @@ def train_step(
     Returns (the batch's summed loss, its correct count) as device scalars: nothing here
     reads a value back to the host, so steps queue without a sync."""
     images, targets, *parts = batch
-    components, mask = (parts if parts else (None, targets if targets.dim() == 1 else None))
+    components, mask = parts if parts else (None, targets if targets.dim() == 1 else None)
     torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
     with autocast(images.device, config.amp):
         output = model(images, mask)
@@ -282,7 +282,9 @@ def _epoch_totals(model: nn.Module, loss_sum, correct, epoch: int, lr: float):
     totals = torch.stack([loss_sum.float(), correct.float(), finite.float()])  # (3,)
     loss, right, weights_ok = totals.tolist()  # the epoch's one read-back
     if not math.isfinite(loss) or not weights_ok:
-        what = f"the training loss is {loss}" if not math.isfinite(loss) else "weights are not finite"
+        what = (
+            f"the training loss is {loss}" if not math.isfinite(loss) else "weights are not finite"
+        )
         raise TrainingDiverged(
             f"training diverged in epoch {epoch}: {what} (lr {lr:g}); "
             f"lower the learning rate (train.lr, --lr)"

@@ -77,7 +77,9 @@ def test_a_batch_shift_moves_both_digits_with_their_merge():
     images, targets, components, labels = _pair_batch()
     config = TrainConfig(augment="shift", augment_params=AugmentParams(shift=ShiftAugment(3)))
     generator = torch.Generator().manual_seed(5)
-    shifted, _, parts, out_labels = augment((images, targets, components, labels), config, generator)
+    shifted, _, parts, out_labels = augment(
+        (images, targets, components, labels), config, generator
+    )
     alone = random_shift(images, 3, torch.Generator().manual_seed(5))  # (2, 1, 36, 36)
     assert torch.equal(shifted, alone) and not torch.equal(shifted, images)
     assert torch.equal(parts.sum(1).clamp(max=1.0), shifted)

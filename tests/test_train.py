@@ -355,8 +355,9 @@ def test_train_command_with_a_huge_lr_exits_1_with_one_line(tmp_path, mnist_root
 def test_resident_and_loader_paths_see_every_item_once_per_epoch(mnist_small, monkeypatch):
     """An in-memory set (rendered from resident tensors) and the same items through the
     DataLoader path each give every item exactly once per epoch, shuffled."""
-    import capsnet.train as train_module
     from torch.utils.data import Dataset
+
+    import capsnet.train as train_module
 
     class Items(Dataset):  # the same items, without ``tensors``
         def __init__(self, base):

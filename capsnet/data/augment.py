@@ -61,12 +61,20 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor) -> to
     """Resample each image under the pixel-space map p_out = matrix p_in + offset about the
     image centre: images (B, C, H, W), matrix (B, 2, 2), offset (B, 2) pixels (x, y);
     bilinear, zero fill."""
-    batch, _, height, width = images.shape
-    scale = torch.tensor([width / 2, height / 2], device=images.device)  # (2,) px per unit
+    height, width = images.shape[-2:]
     inverse = _inverse_2x2(matrix.float())  # (B, 2, 2) output -> input, pixels
-    theta_linear = inverse * scale.view(1, 1, 2) / scale.view(1, 2, 1)  # (B, 2, 2) normalised
-    theta_offset = -(inverse @ offset.float().unsqueeze(-1)).squeeze(-1) / scale  # (B, 2)
-    theta = torch.cat([theta_linear, theta_offset.unsqueeze(-1)], 2)  # (B, 2, 3)
+    # normalised coordinates: x_n = x / (W / 2), y_n = y / (H / 2) about the centre
+    # (Python scalars only: a tensor built from a list would be a blocking host copy)
+    aspect = torch.stack(
+        [
+            torch.stack([inverse[:, 0, 0], inverse[:, 0, 1] * (height / width)], -1),
+            torch.stack([inverse[:, 1, 0] * (width / height), inverse[:, 1, 1]], -1),
+        ],
+        1,
+    )  # (B, 2, 2)
+    moved = (inverse @ offset.float().unsqueeze(-1)).squeeze(-1)  # (B, 2) pixels
+    shift = torch.stack([moved[:, 0] / (-width / 2), moved[:, 1] / (-height / 2)], -1)  # (B, 2)
+    theta = torch.cat([aspect, shift.unsqueeze(-1)], 2)  # (B, 2, 3)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)  # (B, H, W, 2)
     return F.grid_sample(images, grid, "bilinear", "zeros", align_corners=False)
 
@@ -86,9 +94,7 @@ def _rotation(radians: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], 1)
 
 
-def random_rotate(
-    images: torch.Tensor, degrees: float, generator: torch.Generator
-) -> torch.Tensor:
+def random_rotate(images: torch.Tensor, degrees: float, generator: torch.Generator) -> torch.Tensor:
     """Rotate each image about its centre by an angle uniform in [-degrees, degrees]."""
     batch = images.shape[0]
     radians = torch.deg2rad(_uniform(-degrees, degrees, batch, generator))  # (B,)
@@ -136,8 +142,8 @@ def random_elastic(images: torch.Tensor, params, generator: torch.Generator) -> 
     field = _gaussian_blur(noise * 2.0 - 1.0, params.sigma) * params.alpha  # (B, 2, H, W) px
     identity = torch.eye(2, 3, device=images.device).expand(batch, 2, 3)  # (B, 2, 3)
     grid = F.affine_grid(identity, list(images.shape), align_corners=False)  # (B, H, W, 2)
-    scale = torch.tensor([2.0 / width, 2.0 / height], device=images.device)  # px -> normalised
-    grid = grid + field.permute(0, 2, 3, 1) * scale  # (B, H, W, 2)
+    normalised = torch.stack([field[:, 0] * (2.0 / width), field[:, 1] * (2.0 / height)], -1)
+    grid = grid + normalised  # (B, H, W, 2)
     return F.grid_sample(images, grid, "bilinear", "zeros", align_corners=False)
 
 

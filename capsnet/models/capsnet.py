@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +71,7 @@ class CapsNet(nn.Module):
     default_loss = "margin"
     #: torch.compile mode of ``compile_routing`` per device type (docs/gpu.md, "compile"):
     #: CUDA graphs on CUDA, where training batches have one static shape.
-    COMPILE_MODES = {"cuda": "reduce-overhead"}
+    COMPILE_MODES: ClassVar[dict[str, str]] = {"cuda": "reduce-overhead"}
 
     def __init__(self, config: CapsNetConfig):
         super().__init__()
