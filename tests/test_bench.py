@@ -68,6 +68,8 @@ def test_memory_is_gpu_memory_on_cuda_and_rss_elsewhere():
     result = {"device": "cuda", "train": {}, "infer": {}, "batch_sizes": [], "rss_batch": 8}
     result["peak_gpu_mb"] = {"capsnet": {"peak_mb": 100.0}, "naive": {"peak_mb": 400.0}}
     assert bench.ratios(result) == {"8": {"gpu_memory_vs_naive": 0.25}}
+    result["ratios"] = bench.ratios(result)
+    assert "batch 8 gpu_memory_vs_naive: 0.25 (target 0.5)" in bench.format_table(result)
     assert "peak GPU memory train step, capsnet (batch 8): 100 MiB" in bench.format_table(result)
 
 
