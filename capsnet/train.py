@@ -229,13 +229,15 @@ def fit(
     config: TrainConfig | None = None,
     on_epoch: Callable[[dict, TrainState], None] | None = None,
     resume: TrainState | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[dict]:
     """Train ``model`` on ``train_data`` and return the per-epoch history.
 
     Each epoch's record holds epoch, train_loss, train_accuracy, val_accuracy (when
     ``val_data`` is given), lr, seconds and images_per_second; ``on_epoch(record, state)``
     is called after each epoch (Ray Tune reports and checkpoints there). ``resume`` continues
-    a run from a saved TrainState (weights already loaded into ``model``).
+    a run from a saved TrainState (weights already loaded into ``model``). ``clock``
+    (seconds) measures ``config.time_budget``.
     """
     config = config or TrainConfig()
     device = select_device(config.device)
@@ -250,9 +252,10 @@ def fit(
     if state.rng is not None:
         generator.set_state(state.rng)
 
-    fit_started = time.perf_counter()
+    fit_started = clock()
     while state.epoch < config.epochs:
         model.train()
+        epoch_clock = clock()
         started = time.perf_counter()
         seen, loss_sum, correct = _train_epoch(
             model, train_data, config, device, generator, state, optimizer, scheduler
@@ -276,15 +279,15 @@ def fit(
         state.rng = generator.get_state()
         if on_epoch is not None:
             on_epoch(record, state)
-        if _budget_spent(config.time_budget, fit_started, started):
+        if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):
             break
     return state.history
 
 
-def _budget_spent(budget: float | None, fit_started: float, epoch_started: float) -> bool:
-    """Whether a run with a wall-clock ``budget`` stops now: another epoch as long as the
-    last would end further from the budget than stopping here."""
+def _budget_spent(budget: float | None, fit_started: float, epoch_started: float,
+                  now: float) -> bool:  # fmt: skip
+    """Whether a run with a ``budget`` (seconds of its clock) stops now: another epoch as
+    long as the last would end further from the budget than stopping here."""
     if budget is None:
         return False
-    now = time.perf_counter()
     return now - fit_started + (now - epoch_started) / 2 >= budget

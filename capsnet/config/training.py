@@ -37,8 +37,9 @@ class TrainConfig:
     num_workers: int = 0
     compile: bool = False  # models with compile_routing() (EM): torch.compile the routing
     progress: bool | None = None  # None: a bar only when stderr is a terminal
-    # Wall-clock seconds: stop after the epoch that ends nearest this time (validation
-    # included), ``epochs`` at most. None: train exactly ``epochs``.
+    # Seconds of fit's clock (capsnet.run.budget_clock: CPU or GPU time): stop after the
+    # epoch that ends nearest this time (validation included), ``epochs`` at most. None:
+    # train exactly ``epochs``.
     time_budget: float | None = None
 
     def __post_init__(self):
