@@ -372,6 +372,25 @@ def test_results_csv_names_the_device_each_trial_trained_on(tmp_path):
     assert [line.split(",")[3] for line in lines] == ["cpu", "NVIDIA A10G"]
 
 
+def test_results_csv_holds_each_trial_s_peak_gpu_memory(tmp_path):
+    import pandas as pd
+
+    gpu = _result("t1", "cuda:0 NVIDIA A10G")
+    gpu.metrics["peak_gpu_memory_mb"] = 812.5
+    gpu.metrics_dataframe = pd.DataFrame({"peak_gpu_memory_mb": [1024.0, 812.5]})
+    cpu = _result("t0", "cpu")
+    cpu.metrics["peak_gpu_memory_mb"] = None
+    sweep_config = SweepConfig.from_dict({"epochs": 2})
+    rows = results.result_rows([gpu, cpu], sweep_config)
+    assert [r["peak_gpu_memory_mb"] for r in rows] == [None, 1024.0]  # the largest epoch's
+    assert results.result_columns(sweep_config)[4] == "peak_gpu_memory_mb"
+    results.write_outputs(tmp_path, rows, None, sweep_config)
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert [line.split(",")[3:5] for line in lines[1:]] == [
+        ["cpu", ""], ["cuda:0 NVIDIA A10G", "1024.0"]
+    ]  # fmt: skip
+
+
 # -- the RayJob's entrypoint on a local cluster ------------------------------------------
 
 #: The repository as the image holds it: the code, the pipeline and the git/DVC settings.
