@@ -65,8 +65,10 @@ def merge(base: dict, profile: dict) -> dict:
     merged = copy.deepcopy(base) if base else {}
     for key, value in profile.items():
         current = merged.get(key)
-        if isinstance(current, dict) and not _replaces_whole(value) and not _replaces_whole(
-            current
+        if (
+            isinstance(current, dict)
+            and not _replaces_whole(value)
+            and not _replaces_whole(current)
         ):
             merged[key] = merge(current, value)
         else:

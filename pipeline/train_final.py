@@ -11,8 +11,8 @@ angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
 with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
 baseline again for the best model's mean training time by ``capsnet.run.budget_clock``
-(the process's CPU time, or GPU time on CUDA: ``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
-(``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
+(the process's CPU time, or GPU time on CUDA: ``<baseline>@equal-time[-seed<k>].pt``) and
+with each extra strategy (``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
 ``extra["comparison"]`` (arm, label, reference model, time budget) for the evaluation.
 
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
@@ -304,29 +304,15 @@ class _Trainer:
         length = f"{budget:.1f} s" if budget is not None else f"{spec.train.epochs} epoch(s)"
         self.log(f"training {key} on {len(split.train)} images for {length}")
         try:
-            report = self._reporter(wandb_run, key)
-            live = None if self.runner.remote else report
-            result, scores, device = self.runner(fit_and_score, spec, split, score, live)
-            where = {"node": self.runner.nodes[-1]} if self.runner.remote else {}
-            if live is None:
-                for record in result.history:
-                    report(record)
+            result, measured = self._train(spec, split, score, self._reporter(wandb_run, key))
             metrics = {
                 "model": spec.model,
                 **fields,
                 "parameters": models.count_parameters(result.model),
                 "epochs": len(result.history),
                 "train_images": result.train_images,
-                "train_seconds": round(result.clock_seconds, 3),
-                "time_clock": result.clock,
-                "wall_seconds": round(result.train_seconds, 3),
-                "device": device,
-                **where,
-                "val_accuracy": result.history[-1].get("val_accuracy"),
-                **scores,
+                **measured,
             }
-            if "test_accuracy" in scores:
-                self.log(f"{spec.model}: smallnorb test accuracy {scores['test_accuracy']:.4f}")
             if wandb_run is not None:
                 numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
                 wandb_run.summary.update(numbers)
@@ -345,6 +331,27 @@ class _Trainer:
         )  # fmt: skip
         self.log(f"saved {key}.pt (into {self.out_dir} once every run is done)")
         return metrics
+
+    def _train(self, spec: RunSpec, split: Split, score: Score | None, report):
+        """(RunResult, its times, device, node and scores): trained through the runner;
+        ``report`` sees each epoch as it ends, or all of them when a remote run returns."""
+        live = None if self.runner.remote else report
+        result, scores, device = self.runner(fit_and_score, spec, split, score, live)
+        if live is None:
+            for record in result.history:
+                report(record)
+        if "test_accuracy" in scores:
+            self.log(f"{spec.model}: smallnorb test accuracy {scores['test_accuracy']:.4f}")
+        measured = {
+            "train_seconds": round(result.clock_seconds, 3),
+            "time_clock": result.clock,
+            "wall_seconds": round(result.train_seconds, 3),
+            "device": device,
+            **({"node": self.runner.nodes[-1]} if self.runner.remote else {}),
+            "val_accuracy": result.history[-1].get("val_accuracy"),
+            **scores,
+        }
+        return result, measured
 
     def _reporter(self, wandb_run, name: str):
         def on_epoch(record, *_):

@@ -394,7 +394,7 @@ def test_device_auto_is_the_default_and_picks_what_training_would(untrained, tmp
     assert evaluation.EvalRequest(EvaluateParams(device="cpu")).device == torch.device("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"^evaluate\.device cuda: CUDA is not available"):
-            evaluation.EvalRequest(EvaluateParams(device="cuda")).device
+            _ = evaluation.EvalRequest(EvaluateParams(device="cuda")).device
         models_dir = tmp_path / "models"
         models_dir.mkdir()
         (models_dir / "lenet5.pt").write_bytes(untrained["lenet5"].read_bytes())

@@ -267,11 +267,11 @@ def test_rsync_filter_leaves_what_git_ignores_on_the_laptop(tmp_path):
 # -- resources, Ray Client ---------------------------------------------------------------
 
 
-def paper_scale_overrides() -> dict[str, str]:
-    """The -S key=value overrides of the paper-scale command in the docs."""
-    text = (ROOT / "docs" / "sweeps-and-clusters.md").read_text()
-    block = text.split("## Paper-scale runs", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return dict(m.split("=", 1) for m in re.findall(r"-S '([^']+)'", block))
+def paper_scale_resources():
+    """The sweep resources of the paper-scale GPU profile (profiles/paper-scale-gpu.yaml)."""
+    from pipeline import profile
+
+    return profile.load(ROOT / "params.yaml", "paper-scale-gpu")[2].sweep.resources
 
 
 def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
@@ -279,9 +279,8 @@ def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
     shaped like the RayJob's GPU workers (Tune places each trial the same way)."""
     import ray
 
-    overrides = paper_scale_overrides()
-    cpus = float(overrides["sweep.resources.cpus_per_trial"])
-    gpus = float(overrides["sweep.resources.gpus_per_trial"])
+    resources = paper_scale_resources()
+    cpus, gpus = resources.cpus_per_trial, resources.gpus_per_trial
     worker = rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
     node_cpus, node_gpus = int(limits["cpu"]), int(limits["nvidia.com/gpu"])

@@ -74,7 +74,7 @@ def test_a_profile_replaces_a_dimension_whole_and_bad_keys_name_the_profile(tmp_
     with pytest.raises(ConfigError, match=r"params.yaml \+ bad.yaml: sweep.resources."
                        r"gpus_per_trail: unknown key"):  # fmt: skip
         profile.load(params, bad)
-    with pytest.raises(ConfigError, match="profile 'nope' unknown; choose one of .*paper-scale"):
+    with pytest.raises(ConfigError, match=r"profile 'nope' unknown; choose one of .*paper-scale"):
         profile.load(params, "nope")
 
 

@@ -66,9 +66,7 @@ def test_reports_name_the_device_and_no_gpu_memory_on_a_cpu(sweep_data, captured
 
 @pytest.mark.parametrize("keep_optimizer", [False, True])
 def test_checkpoints_every_n_epochs_never_the_last(sweep_data, captured, keep_optimizer):
-    reports = run_trial(
-        sweep_data, captured, checkpoint_every=2, keep_optimizer=keep_optimizer
-    )
+    reports = run_trial(sweep_data, captured, checkpoint_every=2, keep_optimizer=keep_optimizer)
     assert [m["epoch"] for m, _ in reports] == [1, 2, 3, 4, 5]
     saved = {m["epoch"]: path for m, path in reports if path is not None}
     assert sorted(saved) == [2, 4]  # epoch 5 ends the trial: nothing to resume
