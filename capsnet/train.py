@@ -285,9 +285,11 @@ def fit(
 
 
 def _budget_spent(budget: float | None, fit_started: float, epoch_started: float,
-                  now: float) -> bool:  # fmt: skip
-    """Whether a run with a ``budget`` (seconds of its clock) stops now: another epoch as
-    long as the last would end further from the budget than stopping here."""
+                  now: float | None = None) -> bool:  # fmt: skip
+    """Whether a run with a ``budget`` (seconds of its clock; ``now`` default: the wall
+    clock) stops now: another epoch as long as the last would end further from the budget
+    than stopping here."""
     if budget is None:
         return False
+    now = time.perf_counter() if now is None else now
     return now - fit_started + (now - epoch_started) / 2 >= budget
