@@ -103,7 +103,8 @@ def train_trial(
 ):
     """One trial: ``capsnet.run.train_run`` on the sweep's ``split`` (from the object
     store), reporting every epoch to Tune, with a checkpoint every ``checkpoint_every``
-    epochs but the last (the weights, and the optimizer state with ``keep_optimizer``)."""
+    epochs and at the last: the weights, and the optimizer state with ``keep_optimizer``
+    (never at the last epoch, which no resumed run continues from)."""
     started = time.perf_counter()
     import ray
     from ray import tune
@@ -136,13 +137,13 @@ def train_trial(
             "device": device_label(device),
             "peak_gpu_memory_mb": peak_gpu_memory_mb(device),
         }
-        epoch = record["epoch"]
-        if epoch % checkpoint_every or epoch >= spec.train.epochs:
+        epoch, last = record["epoch"], record["epoch"] >= spec.train.epochs
+        if epoch % checkpoint_every and not last:
             tune.report(metrics)
             return
         payload = {
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "state": trial_state(state, keep_optimizer),
+            "state": trial_state(state, keep_optimizer and not last),
         }
         with tempfile.TemporaryDirectory() as directory:
             torch.save(payload, Path(directory) / CHECKPOINT_FILE)

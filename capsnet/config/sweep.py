@@ -165,8 +165,8 @@ class ResourcesConfig:
 class TrialCheckpointConfig:
     """What a trial saves for resuming (after a lost node or an interrupted driver).
 
-    Weights every ``every_epochs`` epochs (a trial's last epoch never: the trial is done);
-    the optimizer state (Adam moments, twice the weights' size) with them ``always``,
+    Weights every ``every_epochs`` epochs and at the trial's last; the optimizer state
+    (Adam's moments, twice the weights' size) with them, but for the last epoch, ``always``,
     ``never`` (a resumed trial restarts Adam from its weights) or, ``auto``, when the
     sweep retries failed trials (``max_failures`` != 0)."""
 

@@ -31,7 +31,7 @@ def captured(monkeypatch, tmp_path):
     def report(metrics, checkpoint=None):
         kept = None
         if checkpoint is not None:  # the trial deletes its directory after reporting
-            kept = tmp_path / f"saved-{metrics['epoch']}"
+            kept = tmp_path / f"saved-{len(reports)}"
             shutil.copytree(checkpoint.path, kept)
         reports.append((dict(metrics), kept))
 
@@ -65,11 +65,11 @@ def test_reports_name_the_device_and_no_gpu_memory_on_a_cpu(sweep_data, captured
 
 
 @pytest.mark.parametrize("keep_optimizer", [False, True])
-def test_checkpoints_every_n_epochs_never_the_last(sweep_data, captured, keep_optimizer):
+def test_checkpoints_every_n_epochs_and_the_last_weights_only(sweep_data, captured, keep_optimizer):
     reports = run_trial(sweep_data, captured, checkpoint_every=2, keep_optimizer=keep_optimizer)
     assert [m["epoch"] for m, _ in reports] == [1, 2, 3, 4, 5]
     saved = {m["epoch"]: path for m, path in reports if path is not None}
-    assert sorted(saved) == [2, 4]  # epoch 5 ends the trial: nothing to resume
+    assert sorted(saved) == [2, 4, 5]
     payload = torch.load(saved[4] / trainable.CHECKPOINT_FILE, weights_only=True)
     from capsnet import models
 
@@ -85,13 +85,16 @@ def test_checkpoints_every_n_epochs_never_the_last(sweep_data, captured, keep_op
     else:
         assert state["optimizer"] is None
     assert state["scheduler"] is not None and state["rng"] is not None
+    last = torch.load(saved[5] / trainable.CHECKPOINT_FILE, weights_only=True)
+    assert last["state"]["epoch"] == 5 and last["model"].keys() == weights.keys()
+    assert last["state"]["optimizer"] is None  # nothing resumes from the last epoch
 
 
 def test_a_weights_only_checkpoint_resumes_the_epochs(sweep_data, captured):
     from ray import tune
 
     reports = run_trial(sweep_data, captured, epochs=3, checkpoint_every=2, keep_optimizer=False)
-    (saved,) = [path for _, path in reports if path is not None]
+    saved = next(path for _, path in reports if path is not None)  # epoch 2
     captured.reports.clear()
     captured.state["resume"] = tune.Checkpoint.from_directory(saved)
     resumed = run_trial(sweep_data, captured, epochs=3, checkpoint_every=2, keep_optimizer=False)
