@@ -114,3 +114,40 @@ def test_checkpoint_settings_validate_and_decide_the_optimizer_state():
         SweepConfig.from_dict({"checkpoint": {"every_epochs": 0}})
     with pytest.raises(ConfigError, match=r"sweep\.checkpoint\.optimizer_state: 'sometimes'"):
         SweepConfig.from_dict({"checkpoint": {"optimizer_state": "sometimes"}})
+
+
+def test_cuda_devices_are_labelled_with_index_and_name_and_report_peak_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"GPU-{index}")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 1536 * 2**20)
+    assert trainable.device_label(torch.device("cuda", 0)) == "cuda:0 GPU-0"
+    assert trainable.device_label(torch.device("cuda")) == "cuda:1 GPU-1"  # the current one
+    assert trainable.peak_gpu_memory_mb(torch.device("cuda", 0)) == 1536.0
+
+
+def test_final_runs_are_scored_before_the_model_leaves_its_device(monkeypatch):
+    from torch import nn
+
+    import capsnet.run
+    from pipeline.train_final import fit_and_score
+
+    order: list[str] = []
+
+    class Model(nn.Linear):
+        def cpu(self):
+            order.append("cpu")
+            return super().cpu()
+
+    def fake_train_run(spec, split, on_epoch=None, to_cpu=True):
+        order.append(f"trained, to_cpu={to_cpu}")
+        return capsnet.run.RunResult(Model(2, 2), [{"epoch": 1}], 1.0, spec.train, 4)
+
+    def score(model, spec):
+        order.append("score")
+        return {"val_rotated_accuracy": 0.5}
+
+    monkeypatch.setattr(capsnet.run, "train_run", fake_train_run)
+    spec = capsnet.run.RunSpec(model="lenet5")
+    _result, scores, device = fit_and_score(spec, None, score)
+    assert order == ["trained, to_cpu=False", "score", "cpu"]
+    assert scores == {"val_rotated_accuracy": 0.5} and device == "cpu"
