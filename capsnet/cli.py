@@ -27,11 +27,12 @@ COMMANDS: dict[str, str] = {
     "eval": "capsnet.eval_cli:eval_command",
     "evaluate-stage": "capsnet.eval_cli:evaluate_stage_command",
     "models": "capsnet.train_cli:models_command",
+    "profile": "pipeline.profile:profile_command",
     "publish": "pipeline.publish:publish_command",
     "sweep": "pipeline.sweep_cli:sweep_command",
     "train": "capsnet.train_cli:train_command",
     "train-final": "pipeline.train_final_cli:train_final_command",
-    "viewpoints": "capsnet.viewpoints_cli:viewpoints_command",
+    "viewpoints": "pipeline.viewpoints_cli:viewpoints_command",
 }
 
 #: What ``capsnet --help`` lists; tests/test_walls.py holds each to its command's short help.
@@ -42,6 +43,8 @@ SHORT_HELP: dict[str, str] = {
     "evaluate-stage": "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
     "evaluate.out_dir.",
     "models": "List the registered models with their parameter counts.",
+    "profile": "Check a params profile (profiles/NAME.yaml) against the params file; --apply "
+    "writes it.",
     "publish": "W&B eval runs (offline unless configured), report.html and, online, a W&B Report.",
     "sweep": "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
     "train": "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",

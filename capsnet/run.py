@@ -107,13 +107,43 @@ class Split:
 
 @dataclass
 class RunResult:
-    """A trained model (on the CPU) with its per-epoch history and wall-clock training time."""
+    """A trained model (on the CPU unless ``train_run`` was told otherwise) with its
+    per-epoch history, its wall-clock training time and its time by the run's
+    ``budget_clock`` (what an equal-time budget is spent in)."""
 
     model: nn.Module
     history: list[dict]
     train_seconds: float
     train_config: TrainConfig
     train_images: int
+    clock_seconds: float = 0.0
+    clock: str = "process-cpu"
+
+
+class CudaEventClock:
+    """Seconds on the GPU since this clock was made: the time between CUDA events on the
+    device's current stream (each reading waits for the queued work to finish)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.origin = torch.cuda.Event(enable_timing=True)
+        self.origin.record(torch.cuda.current_stream(device))
+
+    def __call__(self) -> float:
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(torch.cuda.current_stream(self.device))
+        mark.synchronize()
+        return self.origin.elapsed_time(mark) / 1000.0
+
+
+def budget_clock(device: torch.device) -> tuple[str, Callable[[], float]]:
+    """(name, clock) that times a run for an equal-time budget, so that other load on the
+    machine moves neither the budget nor the epochs it buys: on CUDA the GPU time between
+    CUDA events ("cuda-events"); elsewhere this process's CPU time, every thread summed
+    ("process-cpu", ``time.process_time``: a core another job takes is not counted)."""
+    if device.type == "cuda":
+        return "cuda-events", CudaEventClock(device)
+    return "process-cpu", time.process_time
 
 
 def load_split(spec: RunSpec, progress: bool = False) -> Split:
@@ -220,11 +250,14 @@ def train_run(
     on_epoch: OnEpoch | None = None,
     resume: tuple[dict[str, torch.Tensor], TrainState] | None = None,
     progress: bool = False,
+    to_cpu: bool = True,
 ) -> RunResult:
     """Load the data (unless ``split`` is given), build the model, fit it; return the
-    model (moved to the CPU) and its history. ``on_epoch(record, state, model)`` runs
-    after every epoch; ``resume`` is (model weights, TrainState) of an interrupted run."""
+    model and its history. ``on_epoch(record, state, model)`` runs after every epoch;
+    ``resume`` is (model weights, TrainState) of an interrupted run. The model is moved
+    to the CPU unless ``to_cpu`` is false (a caller that scores it first, on the device)."""
     from capsnet.data.datasets import shape_of
+    from capsnet.train import select_device
 
     check(spec)
     split = split if split is not None else load_split(spec, progress)
@@ -243,7 +276,11 @@ def train_run(
         if on_epoch is not None:
             on_epoch(record, train_state, model)
 
-    started = time.perf_counter()
-    history = fit(model, split.train, split.val, config, on_epoch=report, resume=state)
-    seconds = time.perf_counter() - started
-    return RunResult(model.cpu(), history, seconds, config, len(split.train))
+    clock_name, clock = budget_clock(select_device(config.device))
+    started, clock_started = time.perf_counter(), clock()
+    history = fit(model, split.train, split.val, config, on_epoch=report, resume=state, clock=clock)
+    seconds, clock_seconds = time.perf_counter() - started, clock() - clock_started
+    return RunResult(
+        model.cpu() if to_cpu else model, history, seconds, config, len(split.train),
+        clock_seconds, clock_name,
+    )  # fmt: skip

@@ -315,6 +315,7 @@ def fit(
     config: TrainConfig | None = None,
     on_epoch: Callable[[dict, TrainState], None] | None = None,
     resume: TrainState | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[dict]:
     """Train ``model`` on ``train_data`` and return the per-epoch history.
 
@@ -324,7 +325,7 @@ def fit(
     a run from a saved TrainState (weights already loaded into ``model``). A training set
     that is ``DeviceRenderable`` (or in memory) lives on the device for the whole run.
     Raises TrainingDiverged (before ``on_epoch``, so nothing is saved) when the loss or
-    the weights stop being finite.
+    the weights stop being finite. ``clock`` (seconds) measures ``config.time_budget``.
     """
     config = config or TrainConfig()
     device = select_device(config.device)
@@ -340,9 +341,10 @@ def fit(
     # CUDA graphs replay one batch shape: a compiled CUDA run drops the last partial batch
     batches = _Batches(train_data, config, device, drop_last=compiled and device.type == "cuda")
 
-    fit_started = time.perf_counter()
+    fit_started = clock()
     while state.epoch < config.epochs:
         model.train()
+        epoch_clock = clock()
         started = time.perf_counter()
         seen, loss_sum, correct = _train_epoch(
             model, batches, config, generators, state, optimizer, scheduler
@@ -371,15 +373,17 @@ def fit(
         state.device_rng = None if device.type == "cpu" else generators[0].get_state()
         if on_epoch is not None:
             on_epoch(record, state)
-        if _budget_spent(config.time_budget, fit_started, started):
+        if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):
             break
     return state.history
 
 
-def _budget_spent(budget: float | None, fit_started: float, epoch_started: float) -> bool:
-    """Whether a run with a wall-clock ``budget`` stops now: another epoch as long as the
-    last would end further from the budget than stopping here."""
+def _budget_spent(budget: float | None, fit_started: float, epoch_started: float,
+                  now: float | None = None) -> bool:  # fmt: skip
+    """Whether a run with a ``budget`` (seconds of its clock; ``now`` default: the wall
+    clock) stops now: another epoch as long as the last would end further from the budget
+    than stopping here."""
     if budget is None:
         return False
-    now = time.perf_counter()
+    now = time.perf_counter() if now is None else now
     return now - fit_started + (now - epoch_started) / 2 >= budget

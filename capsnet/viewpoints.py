@@ -54,6 +54,12 @@ RULE = (
 )
 
 Log = Callable[[str], None]
+#: Calls ``fn(*args)`` somewhere and returns its value (the caller's choice of device).
+Runner = Callable[..., Any]
+
+
+def _here(fn: Callable, *args):
+    return fn(*args)
 
 
 # --- the matching rule (pure) -------------------------------------------------------------------
@@ -239,9 +245,11 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
     return result, history, states
 
 
-def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) -> dict:
-    """Train both models on ``kind``, select the matched epochs, save both checkpoints under
-    ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
+def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
+             runner: Runner | None = None) -> dict:  # fmt: skip
+    """Train both models on ``kind`` (each through ``runner``: in this process, or where
+    the caller sends it, e.g. a GPU worker), select the matched epochs, save both
+    checkpoints under ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
     from capsnet.run import load_split
 
     settings = params.viewpoints
@@ -256,7 +264,7 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log) 
     trained: dict[str, dict[str, Any]] = {}
     for role, spec in specs.items():
         label = f"[{kind}] {spec.model}"
-        result, history, states = train_tracked(spec, split, tests, log, label)
+        result, history, states = (runner or _here)(train_tracked, spec, split, tests, log, label)
         trained[role] = {
             "model": result.model, "config": result.train_config, "history": history,
             "states": states,
@@ -377,9 +385,11 @@ def write_disabled(out_dir: str | Path, reason: str) -> Path:
     return Path(out_dir)
 
 
-def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[str, Any]:
+def run(params, data_root: str | Path = "data", log: Log | None = None,
+        runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
-    ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content."""
+    ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content.
+    ``runner(fn, *args)`` runs each model's training (default: in this process)."""
     from capsnet.config import to_dict
     from capsnet.io import atomic_directory
 
@@ -392,7 +402,9 @@ def run(params, data_root: str | Path = "data", log: Log | None = None) -> dict[
     check_models(settings)
     started = time.perf_counter()
     with atomic_directory(settings.out_dir) as tmp:
-        kinds = {kind: run_kind(params, data_root, kind, tmp, say) for kind in settings.kinds}
+        kinds = {
+            kind: run_kind(params, data_root, kind, tmp, say, runner) for kind in settings.kinds
+        }
         payload = {
             "experiment": "novel viewpoints (smallNORB; Hinton et al. 2018, section 5.2)",
             "rule": RULE,

@@ -29,8 +29,8 @@ def _first_line(error: BaseException | None) -> str:
 
 def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
     """One row per trial: id, status, node, the device it trained on (``cpu``, ``mps`` or
-    the CUDA device's name), the searched parameters, final and best metrics, epochs run
-    and seconds."""
+    ``cuda:N <GPU name>``) and its peak GPU memory in MiB (empty off CUDA), the searched
+    parameters, final and best metrics, epochs run and seconds."""
     rows = []
     for result in results:
         metrics = result.metrics or {}
@@ -40,6 +40,7 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
             "status": "ERROR" if result.error else "TERMINATED",
             "node": metrics.get("node", ""),
             "device": metrics.get("device", ""),
+            "peak_gpu_memory_mb": _peak_memory(frame, metrics),
         }
         for name in sweep.parameters():
             row[name] = result.config.get(name)
@@ -54,6 +55,15 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
         rows.append(row)
     rows.sort(key=lambda r: r["trial_id"])
     return rows
+
+
+def _peak_memory(frame, metrics) -> float | None:
+    """The largest peak GPU memory a trial reported (None when it trained off CUDA)."""
+    name = "peak_gpu_memory_mb"
+    values = frame[name].dropna() if frame is not None and name in frame else []
+    if len(values):
+        return float(max(values))
+    return metrics.get(name)
 
 
 def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
@@ -139,9 +149,9 @@ def ablation_rows(rows: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[s
 
 
 def result_columns(sweep: SweepConfig) -> list[str]:
-    """results.csv's columns: id, status, node, device, the recorded parameters, final and
-    best metrics, epochs, early stopping, seconds and the error."""
-    columns = ["trial_id", "status", "node", "device", *sweep.parameters()]
+    """results.csv's columns: id, status, node, device, peak GPU memory, the recorded
+    parameters, final and best metrics, epochs, early stopping, seconds and the error."""
+    columns = ["trial_id", "status", "node", "device", "peak_gpu_memory_mb", *sweep.parameters()]
     columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in sweep.metrics()]
     return [*columns, "epochs", "early_stopped", "seconds", "error"]
 

@@ -30,6 +30,7 @@ from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import atomic_write_json
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import results, tracking
+from pipeline.gpu_worker import check_client as _check_client
 
 
 class SweepError(CapsnetError):
@@ -158,7 +159,9 @@ def code_digest() -> str:
 def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
     """Hash of everything a trial reads (not resources, storage, retries or W&B)."""
     settings = sweep.to_dict()
-    for name in ("resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"):
+    unread = ("resources", "storage_path", "max_failures", "checkpoint", "reuse_actors", "wandb",
+              "compile")  # fmt: skip
+    for name in unread:
         settings.pop(name)
     augment = dataclasses.asdict(base.augment_params)
     used = {
@@ -217,18 +220,6 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     return True
 
 
-def _check_client(address: str) -> None:
-    """A ``ray://`` address needs Ray Client (grpcio, the ``cluster`` extra)."""
-    if address.startswith("ray://"):
-        try:
-            import grpc  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                f"Ray address {address}: Ray Client is not installed; "
-                f"pip install -e '.[cluster]' (ray[client])"
-            ) from None
-
-
 def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):
     from ray import tune
 
@@ -236,10 +227,13 @@ def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):
 
     resources = sweep.resources
     threads = max(1, math.floor(resources.cpus_per_trial))
+    trial = tune.with_parameters(
+        train_trial, base=base, split=data.split, rotated=data.rotated, threads=threads,
+        checkpoint_every=sweep.checkpoint.every_epochs,
+        keep_optimizer=sweep.checkpoint.keeps_optimizer(sweep.max_failures),
+    )  # fmt: skip
     return tune.with_resources(
-        tune.with_parameters(
-            train_trial, base=base, split=data.split, rotated=data.rotated, threads=threads
-        ),
+        trial,
         {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial},
     )
 

@@ -10,9 +10,9 @@ angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 
 The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
 with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
-baseline again for the best model's mean wall-clock training time
-(``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
-(``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
+baseline again for the best model's mean training time by ``capsnet.run.budget_clock``
+(the process's CPU time, or GPU time on CUDA: ``<baseline>@equal-time[-seed<k>].pt``) and
+with each extra strategy (``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
 ``extra["comparison"]`` (arm, label, reference model, time budget) for the evaluation.
 
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
@@ -34,12 +34,13 @@ from capsnet.errors import ConfigError
 from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
-from pipeline.trainable import run_spec
+from pipeline.gpu_worker import Runner, placement
+from pipeline.trainable import device_label, run_spec
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
 
-#: The most epochs of an equal-time run: its wall-clock budget ends it long before.
+#: The most epochs of an equal-time run: its time budget ends it long before.
 EQUAL_TIME_MAX_EPOCHS = 10_000
 
 
@@ -125,8 +126,8 @@ def train_final(
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
     inside = _inside(metrics_path, Path(final.out_dir))
-    with atomic_directory(final.out_dir) as staging:
-        trainer = _Trainer(final, sweep, best, log, staging)
+    with placement(log=log) as runner, atomic_directory(final.out_dir) as staging:
+        trainer = _Trainer(final, sweep, best, log, staging, runner)
         if sweep.dataset == "smallnorb":
             results = _train_smallnorb(trainer, base, specs, final)
         else:
@@ -179,7 +180,11 @@ def train_arms(
     if final.equal_time and baselines:
         budget = statistics.fmean(results[_key(reference, "", s, seeds[0])]["train_seconds"]
                                   for s in seeds)  # fmt: skip
-        trainer.log(f"equal time: each baseline trains for {budget:.1f} s ({reference}'s mean)")
+        clock = results[_key(reference, "", seeds[0], seeds[0])]["time_clock"]
+        trainer.log(
+            f"equal time: each baseline trains for {budget:.1f} s of {clock} time "
+            f"({reference}'s mean)"
+        )
         for spec in baselines:
             timed = dataclasses.replace(
                 spec.train, epochs=EQUAL_TIME_MAX_EPOCHS, time_budget=budget
@@ -241,7 +246,6 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
 
     def score(model, spec: RunSpec) -> dict[str, Any]:
         scored = evaluate.accuracy(model, test, spec.train.eval_batch_size)
-        trainer.log(f"{spec.model}: smallnorb test accuracy {scored['accuracy']:.4f}")
         return {"smallnorb": scored, "test_accuracy": scored["accuracy"]}
 
     def fields(spec: RunSpec) -> dict[str, Any]:
@@ -250,14 +254,30 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
     return train_arms(trainer, split, specs, final, fields, score)
 
 
+def fit_and_score(spec: RunSpec, split: Split, score: Score | None, on_epoch=None):
+    """(RunResult with the model on the CPU, ``score``'s metrics, the device label): the
+    run trained and scored on its device, moved to the CPU only afterwards. What a GPU
+    worker runs (``pipeline.gpu_worker``)."""
+    from capsnet.run import train_run
+
+    result = train_run(spec, split, on_epoch=on_epoch, to_cpu=False)
+    device = next(result.model.parameters()).device
+    scores = score(result.model, spec) if score is not None else {}
+    result.model.cpu()
+    return result, scores, device_label(device)
+
+
 class _Trainer:
     """Trains one final run (a log line and a W&B step per epoch), scores it and writes
     its checkpoint with the metrics, the run config and where it came from into
-    ``staging``, the directory that becomes ``final.out_dir``."""
+    ``staging``, the directory that becomes ``final.out_dir``. ``runner`` trains in this
+    process or on a GPU worker (then the epochs are logged when the run returns)."""
 
-    def __init__(self, final: FinalTrainConfig, sweep: SweepConfig, best: dict, log, staging):
+    def __init__(self, final: FinalTrainConfig, sweep: SweepConfig, best: dict, log, staging,
+                 runner: Runner | None = None):  # fmt: skip
         self.out_dir, self.sweep, self.best, self.log = Path(final.out_dir), sweep, best, log
         self.staging = Path(staging)
+        self.runner = runner or Runner()
         self.mode = tracking.prepare_environment(sweep.wandb.mode)
 
     def fit_and_save(
@@ -265,7 +285,6 @@ class _Trainer:
         score: Score | None = None, comparison: dict[str, Any] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         from capsnet import checkpoint, models
-        from capsnet.run import train_run
 
         run_config = {**self.best["config"], "model": spec.model}
         if "augment" in run_config:
@@ -285,16 +304,14 @@ class _Trainer:
         length = f"{budget:.1f} s" if budget is not None else f"{spec.train.epochs} epoch(s)"
         self.log(f"training {key} on {len(split.train)} images for {length}")
         try:
-            result = train_run(spec, split, on_epoch=self._reporter(wandb_run, key))
+            result, measured = self._train(spec, split, score, self._reporter(wandb_run, key))
             metrics = {
                 "model": spec.model,
                 **fields,
                 "parameters": models.count_parameters(result.model),
                 "epochs": len(result.history),
                 "train_images": result.train_images,
-                "train_seconds": round(result.train_seconds, 3),
-                "val_accuracy": result.history[-1].get("val_accuracy"),
-                **(score(result.model, spec) if score is not None else {}),
+                **measured,
             }
             if wandb_run is not None:
                 numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
@@ -315,8 +332,29 @@ class _Trainer:
         self.log(f"saved {key}.pt (into {self.out_dir} once every run is done)")
         return metrics
 
+    def _train(self, spec: RunSpec, split: Split, score: Score | None, report):
+        """(RunResult, its times, device, node and scores): trained through the runner;
+        ``report`` sees each epoch as it ends, or all of them when a remote run returns."""
+        live = None if self.runner.remote else report
+        result, scores, device = self.runner(fit_and_score, spec, split, score, live)
+        if live is None:
+            for record in result.history:
+                report(record)
+        if "test_accuracy" in scores:
+            self.log(f"{spec.model}: smallnorb test accuracy {scores['test_accuracy']:.4f}")
+        measured = {
+            "train_seconds": round(result.clock_seconds, 3),
+            "time_clock": result.clock,
+            "wall_seconds": round(result.train_seconds, 3),
+            "device": device,
+            **({"node": self.runner.nodes[-1]} if self.runner.remote else {}),
+            "val_accuracy": result.history[-1].get("val_accuracy"),
+            **scores,
+        }
+        return result, measured
+
     def _reporter(self, wandb_run, name: str):
-        def on_epoch(record, state, model):
+        def on_epoch(record, *_):
             val = record.get("val_accuracy")
             self.log(
                 f"{name} epoch {record['epoch']}: loss {record['train_loss']:.4f}"

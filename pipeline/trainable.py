@@ -66,13 +66,29 @@ def run_spec(config: dict[str, Any], base: RunSpec) -> RunSpec:
     )
 
 
-def _device_name(spec: RunSpec) -> str:
-    from capsnet.train import select_device
+def device_label(device: torch.device) -> str:
+    """``cpu``, ``mps``, or ``cuda:N <GPU name>`` for a CUDA device."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
 
-    device = select_device(spec.train.device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
+
+def peak_gpu_memory_mb(device: torch.device) -> float | None:
+    """Peak GPU memory allocated by this process's tensors since the last reset (MiB),
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+
+
+def trial_state(state, keep_optimizer: bool) -> dict[str, Any]:
+    """The TrainState fields a trial checkpoint holds: everything, or without the optimizer
+    state (a resumed run then starts Adam afresh from the saved weights)."""
+    saved = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    if not keep_optimizer:
+        saved["optimizer"] = None
+    return saved
 
 
 def train_trial(
@@ -82,21 +98,28 @@ def train_trial(
     split: Split,
     rotated: Any = None,
     threads: int = 1,
+    checkpoint_every: int = 1,
+    keep_optimizer: bool = True,
 ):
     """One trial: ``capsnet.run.train_run`` on the sweep's ``split`` (from the object
-    store), reporting every epoch to Tune with a checkpoint."""
+    store), reporting every epoch to Tune, with a checkpoint every ``checkpoint_every``
+    epochs and at the last: the weights, and the optimizer state with ``keep_optimizer``
+    (never at the last epoch, which no resumed run continues from)."""
     started = time.perf_counter()
     import ray
     from ray import tune
 
     from capsnet import evaluate
     from capsnet.run import train_run
+    from capsnet.train import select_device
 
     torch.set_num_threads(threads)
     spec = run_spec(config, base)
     resume = _restore(tune.get_checkpoint())
     node = ray.get_runtime_context().get_node_id()
-    device = _device_name(spec)
+    device = select_device(spec.train.device)
+    if device.type == "cuda":  # a reused actor's earlier trial does not count
+        torch.cuda.reset_peak_memory_stats(device)
     setup_seconds = time.perf_counter() - started
 
     def report(record: dict, state, model) -> None:
@@ -111,11 +134,16 @@ def train_trial(
             "eval_seconds": time.perf_counter() - eval_started,
             "setup_seconds": setup_seconds,
             "node": node,
-            "device": device,
+            "device": device_label(device),
+            "peak_gpu_memory_mb": peak_gpu_memory_mb(device),
         }
+        epoch, last = record["epoch"], record["epoch"] >= spec.train.epochs
+        if epoch % checkpoint_every and not last:
+            tune.report(metrics)
+            return
         payload = {
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "state": dataclasses.asdict(state),
+            "state": trial_state(state, keep_optimizer and not last),
         }
         with tempfile.TemporaryDirectory() as directory:
             torch.save(payload, Path(directory) / CHECKPOINT_FILE)
@@ -131,5 +159,5 @@ def _restore(checkpoint):
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        saved = torch.load(Path(directory) / CHECKPOINT_FILE, weights_only=True)
+        saved = torch.load(Path(directory) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     return saved["model"], TrainState(**saved["state"])

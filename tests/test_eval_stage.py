@@ -383,3 +383,28 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
     assert_one_line_error(
         run_cli("evaluate-stage", "--params", str(params)), "evaluate.datasets", "cifar"
     )
+
+
+def test_device_auto_is_the_default_and_picks_what_training_would(untrained, tmp_path):
+    from capsnet.errors import ConfigError
+    from capsnet.train import select_device
+
+    assert EvaluateParams().device == "auto"
+    assert evaluation.EvalRequest(EvaluateParams(device="auto")).device == select_device("auto")
+    assert evaluation.EvalRequest(EvaluateParams(device="cpu")).device == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^evaluate\.device cuda: CUDA is not available"):
+            _ = evaluation.EvalRequest(EvaluateParams(device="cuda")).device
+        models_dir = tmp_path / "models"
+        models_dir.mkdir()
+        (models_dir / "lenet5.pt").write_bytes(untrained["lenet5"].read_bytes())
+        params = tmp_path / "params.yaml"
+        params.write_text(f"evaluate:\n  models_dir: {models_dir}\n  device: cuda\n"
+                          f"  out_dir: {tmp_path / 'eval'}\n")  # fmt: skip
+        assert_one_line_error(
+            run_cli("evaluate-stage", "--params", str(params)), "evaluate.device", "CUDA"
+        )
+    from capsnet.config import from_dict
+
+    with pytest.raises(ConfigError, match=r"^params: evaluate\.device: must name a device"):
+        from_dict(EvaluateParams, {"device": ""}, prefix="evaluate")

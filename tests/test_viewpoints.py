@@ -399,9 +399,10 @@ def test_dvc_repro_viewpoints_with_smallnorb_off(tmp_path, repo_root):
     if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
         pytest.skip("dvc or the capsnet command is not installed")
     work = tmp_path / "repo"
-    shutil.copytree(
-        repo_root / "capsnet", work / "capsnet", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("capsnet", "pipeline"):  # the command lives in pipeline/
+        shutil.copytree(
+            repo_root / package, work / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     pipeline = yaml.safe_load((repo_root / "dvc.yaml").read_text())
     wanted = ("download_smallnorb", "prepare_smallnorb", "viewpoints")
     stages = {name: pipeline["stages"][name] for name in wanted}

@@ -60,6 +60,7 @@ from capsnet.config.sweep import (
     SmallnorbSweepConfig,
     SmallnorbTrainConfig,
     SweepConfig,
+    TrialCheckpointConfig,
     WandbConfig,
 )
 from capsnet.config.viewpoints import (
@@ -82,7 +83,8 @@ __all__ = [
     "PerModelFloat", "PerModelOverrides", "PublishParams", "ResourcesConfig",
     "RobustnessParams", "RotateAugment", "SearchSpace", "Searched", "Section",
     "ShiftAugment", "SmallnorbParams", "SmallnorbSearchSpace", "SmallnorbSweepConfig",
-    "SmallnorbTrainConfig", "Strategy", "SweepConfig", "ViewpointsParams", "WandbConfig",
+    "SmallnorbTrainConfig", "Strategy", "SweepConfig", "TrialCheckpointConfig",
+    "ViewpointsParams", "WandbConfig",
     "from_dict", "load", "load_or_default", "to_dict",
 ]  # fmt: skip
 

@@ -74,7 +74,7 @@ class EvaluateParams:
     )  # fmt: skip
     limit: int | None = None  # first N test images of every dataset (null: all)
     batch_size: int = 500
-    device: str = "cpu"
+    device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.train.select_device)
     confusion_angle: float = 35.0
     figure_examples: int = 8
     robustness: RobustnessParams = field(default_factory=RobustnessParams)
@@ -85,6 +85,8 @@ class EvaluateParams:
             raise Invalid("angles", "must list at least one angle")
         at_least(self, "limit", 1)
         at_least(self, "batch_size", 1)
+        if not self.device:
+            raise Invalid("device", "must name a device: auto, cpu, cuda, cuda:N or mps")
         if not 1 <= self.figure_examples <= 32:
             raise Invalid("figure_examples", f"must be 1..32, got {self.figure_examples}")
 

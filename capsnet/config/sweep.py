@@ -37,6 +37,7 @@ Pose = Literal["matrix", "vector"]
 RoutingScope = Literal["global", "window"]
 Loss = Literal["auto", "margin", "cross-entropy", "spread"]
 WandbMode = Literal["auto", "offline", "online", "disabled"]
+OptimizerState = Literal["auto", "always", "never"]
 ExtraDataset = Literal["multimnist", "expanded-mnist"]
 Precision = Literal["bf16", "fp32"]
 
@@ -164,6 +165,27 @@ class ResourcesConfig:
 
 
 @dataclass
+class TrialCheckpointConfig:
+    """What a trial saves for resuming (after a lost node or an interrupted driver).
+
+    Weights every ``every_epochs`` epochs and at the trial's last; the optimizer state
+    (Adam's moments, twice the weights' size) with them, but for the last epoch, ``always``,
+    ``never`` (a resumed trial restarts Adam from its weights) or, ``auto``, when the
+    sweep retries failed trials (``max_failures`` != 0)."""
+
+    every_epochs: int = 1
+    optimizer_state: OptimizerState = "auto"
+
+    def __post_init__(self):
+        at_least(self, "every_epochs", 1)
+
+    def keeps_optimizer(self, max_failures: int) -> bool:
+        if self.optimizer_state == "auto":
+            return max_failures != 0
+        return self.optimizer_state == "always"
+
+
+@dataclass
 class WandbConfig:
     """W&B tracking: offline unless an API key is configured (mode auto)."""
 
@@ -193,6 +215,7 @@ class SweepConfig(Section):
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     storage_path: str = "sweep/ray"  # local dir, shared filesystem or s3://bucket/prefix
     max_failures: int = 2  # retries of a failed trial (a lost node, an OOM kill)
+    checkpoint: TrialCheckpointConfig = field(default_factory=TrialCheckpointConfig)
     reuse_actors: bool = True  # a finished trial's process runs the next one
     seed: int = 0
     compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
@@ -276,7 +299,7 @@ class FinalTrainConfig(Section):
     # seed + 1, ..., seed + seeds - 1 (the extra sets with the first seed only).
     seeds: int = 3
     augment: Strategy | None = None  # every run's augmentation; None: the best sweep config's
-    equal_time: bool = True  # each baseline also trained for the best model's mean wall-clock time
+    equal_time: bool = True  # each baseline also trained for the best model's mean training time
     baseline_augments: list[Strategy] = field(default_factory=list)  # each baseline also with these
     # Adam's learning rate times lr_decay every lr_decay_steps steps; None: TrainConfig's
     # (the official CapsNet code's 0.96 every 2,000 steps).

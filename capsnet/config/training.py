@@ -43,8 +43,9 @@ class TrainConfig:
     # torch.compiled; on CUDA with CUDA graphs, so the last partial batch is dropped.
     compile: bool = False
     progress: bool | None = None  # None: a bar only when stderr is a terminal
-    # Wall-clock seconds: stop after the epoch that ends nearest this time (validation
-    # included), ``epochs`` at most. None: train exactly ``epochs``.
+    # Seconds of fit's clock (capsnet.run.budget_clock: CPU or GPU time): stop after the
+    # epoch that ends nearest this time (validation included), ``epochs`` at most. None:
+    # train exactly ``epochs``.
     time_budget: float | None = None
 
     def __post_init__(self):

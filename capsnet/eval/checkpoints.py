@@ -122,10 +122,18 @@ def _robustness(model, data: TestSets, request: EvalRequest) -> dict:
         dataset.subset(settings.limit),
         epsilons=tuple(settings.epsilons),
         bim_steps=settings.bim_steps,
-        batch_size=min(request.params.batch_size, 200),
+        batch_size=_attack_batch(request),
         device=request.device,
     )
     return {"attack": "untargeted L-inf", "bim_steps": settings.bim_steps, **result}
+
+
+def _attack_batch(request: EvalRequest) -> int:
+    """The FGSM/BIM batch: the evaluation batch on a GPU, at most 200 elsewhere (each step
+    keeps a batch's activations for the input gradient)."""
+    if request.device.type == "cuda":
+        return request.params.batch_size
+    return min(request.params.batch_size, 200)
 
 
 def _equivariance(model, data: TestSets, request: EvalRequest) -> dict:

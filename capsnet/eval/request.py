@@ -3,6 +3,7 @@ knows (where the data lives, the mirror, where progress lines go)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,17 @@ class EvalRequest:
     mirror: str | None = None
     log: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
-    @property
+    @functools.cached_property
     def device(self) -> torch.device:
-        return torch.device(self.params.device)
+        """The device models are scored on: ``params.device`` (auto: cuda, then mps, then
+        cpu), checked once by ``capsnet.train.select_device``."""
+        from capsnet.errors import ConfigError
+        from capsnet.train import select_device
+
+        try:
+            return select_device(self.params.device)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("--device", "evaluate.device", 1)) from None
 
     def say(self, line: str) -> None:
         if self.log is not None:

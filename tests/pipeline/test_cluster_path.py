@@ -267,11 +267,11 @@ def test_rsync_filter_leaves_what_git_ignores_on_the_laptop(tmp_path):
 # -- resources, Ray Client ---------------------------------------------------------------
 
 
-def paper_scale_overrides() -> dict[str, str]:
-    """The -S key=value overrides of the paper-scale command in the docs."""
-    text = (ROOT / "docs" / "sweeps-and-clusters.md").read_text()
-    block = text.split("## Paper-scale runs", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return dict(m.split("=", 1) for m in re.findall(r"-S '([^']+)'", block))
+def paper_scale_resources():
+    """The sweep resources of the paper-scale GPU profile (profiles/paper-scale-gpu.yaml)."""
+    from pipeline import profile
+
+    return profile.load(ROOT / "params.yaml", "paper-scale-gpu")[2].sweep.resources
 
 
 def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
@@ -279,9 +279,8 @@ def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
     shaped like the RayJob's GPU workers (Tune places each trial the same way)."""
     import ray
 
-    overrides = paper_scale_overrides()
-    cpus = float(overrides["sweep.resources.cpus_per_trial"])
-    gpus = float(overrides["sweep.resources.gpus_per_trial"])
+    resources = paper_scale_resources()
+    cpus, gpus = resources.cpus_per_trial, resources.gpus_per_trial
     worker = rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
     node_cpus, node_gpus = int(limits["cpu"]), int(limits["nvidia.com/gpu"])
@@ -370,6 +369,25 @@ def test_results_csv_names_the_device_each_trial_trained_on(tmp_path):
     header, *lines = (tmp_path / "results.csv").read_text().splitlines()
     assert header.split(",")[:4] == ["trial_id", "status", "node", "device"]
     assert [line.split(",")[3] for line in lines] == ["cpu", "NVIDIA A10G"]
+
+
+def test_results_csv_holds_each_trial_s_peak_gpu_memory(tmp_path):
+    import pandas as pd
+
+    gpu = _result("t1", "cuda:0 NVIDIA A10G")
+    gpu.metrics["peak_gpu_memory_mb"] = 812.5
+    gpu.metrics_dataframe = pd.DataFrame({"peak_gpu_memory_mb": [1024.0, 812.5]})
+    cpu = _result("t0", "cpu")
+    cpu.metrics["peak_gpu_memory_mb"] = None
+    sweep_config = SweepConfig.from_dict({"epochs": 2})
+    rows = results.result_rows([gpu, cpu], sweep_config)
+    assert [r["peak_gpu_memory_mb"] for r in rows] == [None, 1024.0]  # the largest epoch's
+    assert results.result_columns(sweep_config)[4] == "peak_gpu_memory_mb"
+    results.write_outputs(tmp_path, rows, None, sweep_config)
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert [line.split(",")[3:5] for line in lines[1:]] == [
+        ["cpu", ""], ["cuda:0 NVIDIA A10G", "1024.0"]
+    ]  # fmt: skip
 
 
 # -- the RayJob's entrypoint on a local cluster ------------------------------------------

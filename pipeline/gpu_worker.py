@@ -1,0 +1,105 @@
+"""Where the final training and the viewpoints experiment run: in this process, or on a
+GPU worker of the Ray cluster.
+
+A stage runs its training in-process when this machine has a CUDA GPU, or when no Ray
+cluster is named (``$RAY_ADDRESS`` unset). When the driver has no GPU (a CPU-only head
+node) and the cluster named by ``$RAY_ADDRESS`` has one, each unit of work becomes a Ray
+task asking for one GPU (``num_gpus=1``): its arguments (the data) travel through the
+object store, so the worker needs no data directory, and it returns its results (models
+on the CPU) to the driver, which writes every output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from capsnet.errors import ConfigError
+
+#: CPUs a GPU task asks for besides its GPU (data batching and the Python loop).
+TASK_CPUS = 1
+
+
+@dataclass
+class Runner:
+    """Calls ``fn(*args, **kwargs)`` in this process or, ``remote``, as a one-GPU Ray
+    task; ``nodes`` lists the Ray node id each remote call ran on, in order."""
+
+    remote: bool = False
+    reason: str = "in this process"
+    nodes: list[str] = field(default_factory=list)
+
+    def __call__(self, fn: Callable, *args, **kwargs) -> Any:
+        if not self.remote:
+            return fn(*args, **kwargs)
+        import ray
+
+        task = ray.remote(num_gpus=1, num_cpus=TASK_CPUS, max_retries=0)(_on_node)
+        node, value = ray.get(task.remote(fn, args, kwargs))
+        self.nodes.append(node)
+        return value
+
+
+def _on_node(fn: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """(the Ray node id this task ran on, ``fn(*args, **kwargs)``)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), fn(*args, **kwargs)
+
+
+def check_client(address: str) -> None:
+    """A ``ray://`` address needs Ray Client (grpcio, the ``cluster`` extra)."""
+    if address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"Ray address {address}: Ray Client is not installed; "
+                f"pip install -e '.[cluster]' (ray[client])"
+            ) from None
+
+
+def cluster_gpus() -> float:
+    """GPUs of the alive nodes of the Ray cluster this process is connected to."""
+    import ray
+
+    return sum(n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive"))
+
+
+@contextlib.contextmanager
+def placement(address: str | None = None, log: Callable[[str], None] | None = None
+              ) -> Iterator[Runner]:  # fmt: skip
+    """A Runner for one stage: remote when this machine has no CUDA GPU and the Ray
+    cluster at ``address`` (default ``$RAY_ADDRESS``) has one; in-process otherwise.
+    Joins the cluster for the stage's duration (unless this process already had)."""
+    import torch
+
+    say = log or (lambda line: None)
+    address = address if address is not None else os.environ.get("RAY_ADDRESS", "")
+    if torch.cuda.is_available():
+        say("training in this process (it has a CUDA GPU)")
+        yield Runner(reason="this process has a CUDA GPU")
+        return
+    if not address:
+        yield Runner(reason="no Ray cluster named (RAY_ADDRESS unset)")
+        return
+    import ray
+
+    owns = not ray.is_initialized()
+    if owns:
+        check_client(address)
+        ray.init(address=address, log_to_driver=True)
+    try:
+        gpus = cluster_gpus()
+        if gpus > 0:
+            say(f"training on a GPU worker of the Ray cluster at {address} ({gpus:g} GPU(s))")
+            yield Runner(remote=True, reason=f"Ray task with one GPU on {address}")
+        else:
+            say(f"training in this process: the Ray cluster at {address} has no GPU")
+            yield Runner(reason=f"the Ray cluster at {address} has no GPU")
+    finally:
+        if owns:
+            ray.shutdown()

@@ -1,0 +1,155 @@
+"""Final training and the viewpoints experiment on a GPU worker: in this process without a
+Ray cluster or with one that has no GPU; as a one-GPU Ray task on the node that has one
+when this machine has none (loopback clusters declaring logical GPUs; the work itself
+then trains on that node's CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from capsnet import checkpoint, config, viewpoints
+from capsnet.config import FinalTrainConfig, SweepConfig
+from pipeline.gpu_worker import Runner, placement
+from pipeline.train_final import train_final
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from datahelpers import write_smallnorb_raw
+
+
+def test_without_a_cluster_the_work_runs_in_this_process(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with placement() as runner:
+        assert runner.remote is False and "RAY_ADDRESS unset" in runner.reason
+        assert runner(os.getpid) == os.getpid()
+    assert Runner()(max, 2, 5) == 5 and Runner().nodes == []
+
+
+def test_a_cluster_without_gpus_keeps_the_work_here_and_one_with_a_gpu_takes_it():
+    import ray
+
+    lines: list[str] = []
+    ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False,
+             log_to_driver=False)  # fmt: skip
+    try:
+        with placement("local", lines.append) as runner:
+            assert runner.remote is False and runner(os.getpid) == os.getpid()
+    finally:
+        ray.shutdown()
+    assert lines == ["training in this process: the Ray cluster at local has no GPU"]
+
+    ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
+             log_to_driver=False)  # fmt: skip
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        with placement("local") as runner:
+            pid = runner(os.getpid)  # functions of importable modules travel by name
+            gpus = runner(ray.get_gpu_ids)
+        assert runner.remote is True and runner.nodes == [node, node]
+        assert pid != os.getpid() and gpus == [0]  # a Ray worker holding GPU 0
+    finally:
+        ray.shutdown()
+
+
+# --- on a two-node loopback cluster: a CPU-only head (this driver) and a GPU worker -------
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    """A head without GPUs and a worker node declaring one GPU; RAY_ADDRESS names it."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    worker = cluster.add_node(num_cpus=1, num_gpus=1)
+    cluster.wait_for_nodes()
+    before = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = cluster.address
+    try:
+        yield cluster, worker
+    finally:
+        if before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = before
+        cluster.shutdown()
+
+
+def _final(tmp_path: Path, out: str):
+    final = FinalTrainConfig.from_dict(
+        {"epochs": 1, "batch_size": 50, "train_size": 200, "val_size": 100,
+         "out_dir": str(tmp_path / out), "seeds": 1, "equal_time": False}
+    )  # fmt: skip
+    sweep = SweepConfig.from_dict(
+        {"name": "tiny", "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")}}
+    )
+    return final, sweep
+
+
+def _best(path: Path) -> Path:
+    config_ = {"model": "capsnet-small", "routing_iterations": 2, "augment": "none", "lr": 0.002}
+    path.write_text(json.dumps({"sweep": "tiny", "trial_id": "t1", "config": config_}))
+    return path
+
+
+@pytest.mark.slow
+def test_final_training_runs_on_the_gpu_worker_and_writes_the_same_checkpoints(
+    gpu_cluster, tmp_path, mnist_root, monkeypatch
+):
+    _cluster, worker = gpu_cluster
+    best = _best(tmp_path / "best.json")
+    lines: list[str] = []
+    final, sweep = _final(tmp_path, "remote")
+    remote = train_final(final, sweep, best_path=best, data_root=mnist_root, log=lines.append)
+    assert any("on a GPU worker of the Ray cluster" in line for line in lines)
+    assert {m["node"] for m in remote.values()} == {worker.node_id}
+    assert any(line.startswith("capsnet-small epoch 1: loss") for line in lines)
+
+    monkeypatch.delenv("RAY_ADDRESS")
+    final, sweep = _final(tmp_path, "local")
+    local = train_final(final, sweep, best_path=best, data_root=mnist_root, log=lambda _: None)
+    assert list(remote) == list(local) == ["capsnet-small", "lenet5"]
+    assert all("node" not in m for m in local.values())
+    for name in remote:
+        model, meta = checkpoint.load(tmp_path / "remote" / f"{name}.pt")
+        twin, twin_meta = checkpoint.load(tmp_path / "local" / f"{name}.pt")
+        assert meta["model_config"] == twin_meta["model_config"]
+        assert meta["train_config"] == twin_meta["train_config"]
+        assert {k: v.shape for k, v in model.state_dict().items()} == {
+            k: v.shape for k, v in twin.state_dict().items()
+        }
+        for key in ("epochs", "train_images", "device", "time_clock"):
+            assert remote[name][key] == local[name][key]
+
+
+@pytest.mark.slow
+def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
+    from capsnet.data import stages
+
+    _cluster, worker = gpu_cluster
+    root = tmp_path / "data"
+    write_smallnorb_raw(root / "raw" / "smallnorb", n=72, side=48)
+    on = config.Params(data=config.DataParams(smallnorb=config.SmallnorbParams(enabled=True)))
+    stages.prepare("smallnorb", on, root)
+    tiny = {"capsules": {"A": 8, "B": 4, "C": 4, "D": 4},
+            "cnn": {"channels": [4, 8], "hidden": 16}}  # fmt: skip
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(
+        "data:\n  smallnorb: {enabled: true}\nviewpoints:\n"
+        f"  out_dir: {tmp_path / 'vp'}\n  kinds: [azimuth]\n  channels: 1\n  epochs: 1\n"
+        f"  batch_size: 12\n  tolerance: 0.5\n  overrides: {json.dumps(tiny)}\n"
+    )
+    params = config.load(params_path)
+    with placement() as runner:
+        payload = viewpoints.run(params, root, runner=runner)
+    assert runner.remote and runner.nodes == [worker.node_id] * 2  # capsules, then the CNN
+    models = payload["kinds"]["azimuth"]["models"]
+    for entry in models.values():
+        _model, meta = checkpoint.load(tmp_path / "vp" / entry["checkpoint"])
+        assert meta["metrics"]["epoch"] == 1 and meta["train_config"]["device"] == "auto"
+    assert sorted(p.name for p in (tmp_path / "vp" / "azimuth").iterdir()) == [
+        "em-capsnet-small.pt", "smallnorb-cnn.pt"
+    ]  # fmt: skip

@@ -1,0 +1,107 @@
+"""Equal time: the budget is spent in the run's own clock (the process's CPU time on a CPU,
+GPU time between CUDA events on CUDA), so other load on the machine moves neither the
+budget a capsule run sets nor the epochs a baseline gets for it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from capsnet import models
+from capsnet.config.training import TrainConfig
+from capsnet.data.datasets import TensorImageDataset
+from capsnet.run import RunSpec, Split, budget_clock, train_run
+from capsnet.train import _budget_spent, fit
+
+
+class EpochClock:
+    """A clock that moves only when the test says an epoch of work was done."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tiny_data(n: int = 32) -> TensorImageDataset:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    return TensorImageDataset(images, torch.randint(0, 10, (n,), generator=generator), "tiny")
+
+
+@pytest.mark.parametrize(
+    ("spent", "last_epoch", "stops"),
+    [(20.0, 10.0, False), (30.0, 10.0, True), (29.0, 10.0, False), (31.0, 2.0, False)],
+)
+def test_a_run_stops_after_the_epoch_that_ends_nearest_the_budget(spent, last_epoch, stops):
+    # budget 35: stopping at 30 is 5 short, another 10-second epoch would be 5 over
+    now = 100.0 + spent
+    assert _budget_spent(35.0, 100.0, now - last_epoch, now) is stops
+    assert _budget_spent(None, 0.0, 0.0, 1e9) is False
+
+
+@pytest.mark.parametrize("load_seconds", [0.0, 0.2])
+def test_the_epochs_a_budget_buys_do_not_move_with_load(load_seconds):
+    clock = EpochClock()
+
+    def on_epoch(record, state):
+        clock.now += 10.0  # the work of one epoch, as the run's clock counts it
+        time.sleep(load_seconds)  # other jobs on the machine: wall time only
+
+    config = TrainConfig(epochs=100, batch_size=16, time_budget=35.0, device="cpu",
+                         progress=False)  # fmt: skip
+    history = fit(models.build("lenet5"), tiny_data(), None, config, on_epoch, clock=clock)
+    assert len(history) == 3  # 30 s of its clock: nearest 35 (a 4th would end at 40)
+
+
+def test_on_a_cpu_the_clock_is_the_process_cpu_time_that_sleeping_does_not_advance():
+    name, clock = budget_clock(torch.device("cpu"))
+    assert (name, clock) == ("process-cpu", time.process_time)
+    started = clock()
+    time.sleep(0.3)  # waiting for a core another job holds costs this process no CPU time
+    assert clock() - started < 0.1
+    busy = clock()
+    assert sum(i * i for i in range(2_000_000)) > 0  # work, however long the wall takes
+    assert clock() - busy > 0.0
+
+
+def test_a_run_reports_its_time_by_the_budget_clock():
+    data = tiny_data()
+    spec = RunSpec(model="lenet5", train=TrainConfig(epochs=1, batch_size=16, device="cpu",
+                                                     progress=False))  # fmt: skip
+    result = train_run(spec, Split(data, None))
+    assert result.clock == "process-cpu"
+    assert result.clock_seconds > 0 and result.train_seconds > 0
+    assert next(result.model.parameters()).device.type == "cpu"
+    kept = train_run(spec, Split(data, None), to_cpu=False)
+    assert next(kept.model.parameters()).device.type == "cpu"  # the training device here
+
+
+def test_on_cuda_the_clock_reads_gpu_time_between_events(monkeypatch):
+    gpu = {"now": 0.0, "synced": 0}
+
+    class Event:
+        """A CUDA event stand-in: it stamps the GPU's time when recorded (milliseconds)."""
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self, stream):
+            self.stamp = gpu["now"]
+
+        def synchronize(self):
+            gpu["synced"] += 1
+
+        def elapsed_time(self, later):
+            return (later.stamp - self.stamp) * 1000.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "stream")
+    gpu["now"] = 5.0
+    name, clock = budget_clock(torch.device("cuda"))
+    assert name == "cuda-events"
+    gpu["now"] = 7.5  # 2.5 s of queued GPU work later
+    assert clock() == pytest.approx(2.5) and gpu["synced"] == 1  # each reading waits for it
