@@ -193,17 +193,53 @@ def output_problem(path: str | os.PathLike, kind: str = "root") -> str | None:
         return f"cannot be checked ({exc.strerror or exc})"
 
 
+#: File systems that hold kernel objects, not files: nothing is ever written there.
+PSEUDO_FILE_SYSTEMS = frozenset(
+    "proc sysfs devtmpfs devpts cgroup cgroup2 debugfs tracefs securityfs configfs bpf "
+    "pstore efivarfs mqueue fusectl binfmt_misc autofs hugetlbfs".split()
+)
+
+
+def file_system_type(path: str | os.PathLike) -> str | None:
+    """The type of the file system holding the existing ``path`` (Linux mountinfo: the
+    longest mount point above it), or None where that cannot be read."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind
+
+
 def _placement_problem(path: Path, kind: str) -> str | None:
+    from capsnet.io import special_kind
+
     if path.exists():
         if kind != "file" and not path.is_dir():
             return "exists and is not a directory"
         if kind == "file" and path.is_dir():
             return "is a directory; give the path of a file"
+        special = special_kind(path)
+        if special is not None:
+            return f"is {special}, not a regular file; write the output elsewhere"
     existing = path if kind == "root" and path.is_dir() else path.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a directory; choose a path that is not under a file"
+    fs_type = file_system_type(existing)
+    if fs_type in PSEUDO_FILE_SYSTEMS:
+        return f"{existing} is on the kernel's {fs_type} file system, which holds no files"
     if not os.access(existing, os.W_OK | os.X_OK):
         if os.statvfs(existing).f_flag & os.ST_RDONLY:
             return f"{existing} is on a read-only file system; write elsewhere"
