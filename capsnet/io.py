@@ -12,7 +12,8 @@ Every writer first calls ``remove_stale`` on its target: temporaries whose proce
 place: anyone can plant a directory under that name, so a missing output stays missing
 (a rerun makes it) rather than becoming whatever sits beside it. The host and pid in the
 names keep a live writer's temporaries safe. An existing target that is not a regular file
-(a device node, a FIFO, a socket) is refused, never replaced, whoever runs the writer. ``locked`` serialises the writers of one directory (``flock``).
+(a device node, a FIFO, a socket) is refused, never replaced, whoever runs the writer.
+``locked`` serialises the writers of one directory (``flock``).
 
 A stage whose input is switched off in params still has to produce its DVC outputs; its
 output directory then holds ``DISABLED.txt`` saying why.
