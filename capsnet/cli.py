@@ -17,7 +17,9 @@ from typing import NoReturn
 import click
 
 from capsnet.cli_errors import user_error
+from capsnet.cli_options import dvc_stage
 from capsnet.errors import CapsnetError
+from capsnet.lifetime import die_with_dvc
 
 DEBUG_ENV = "CAPSNET_DEBUG"
 
@@ -139,13 +141,19 @@ class LazyGroup(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):
         words = sys.argv[1:] if args is None else [str(a) for a in args]
+        if args is None and dvc_stage():
+            die_with_dvc()
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
             _fail(f"Error: {exc.format_message()}", exc.exit_code, words)
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except click.exceptions.Abort as exc:
+            if isinstance(exc.__context__, EOFError):  # click's prompt met the end of input
+                _fail("Error: the input ended where an answer was expected", 1, words)
+            _fail("Interrupted.", 130, words)
+        except KeyboardInterrupt:
             _fail("Interrupted.", 130, words)
         except CapsnetError as exc:
             _fail(f"Error: {exc}", 1, words)

@@ -20,6 +20,16 @@ from capsnet.errors import ConfigError
 
 DATA_ENV = "CAPSNET_DATA"
 MIRROR_ENV = "CAPSNET_MIRROR"
+#: Set by DVC (3.x) for every stage command it runs: the stage's address.
+STAGE_ENV = "DVC_STAGE"
+#: The only command that may fetch from a mirror inside a DVC stage: it verifies every
+#: file by its MD5, so the mirror cannot change what it writes.
+FETCHING_COMMANDS = ("download",)
+
+
+def dvc_stage() -> str | None:
+    """The DVC stage this process runs in (DVC sets $DVC_STAGE), or None."""
+    return os.environ.get(STAGE_ENV) or None
 
 #: Largest count (epochs, batch size, image limits) an option accepts: torch indexes with
 #: 64-bit integers, so a bounded count never overflows in it.
@@ -135,8 +145,20 @@ def data_root_option(*old_names: str, help: str = "Data directory."):
     )
 
 
+def _from_environment(ctx: click.Context, param: click.Parameter) -> bool:
+    return ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+
+
 def _data_root_check(ctx: click.Context, param: click.Parameter, value):
-    """A data root that is a file or lies under one can be neither read nor made."""
+    """A data root that is a file or lies under one can be neither read nor made; inside a
+    DVC stage it comes from the stage's command, never from $CAPSNET_DATA."""
+    stage = dvc_stage()
+    if stage and _from_environment(ctx, param):
+        if os.path.abspath(value) != os.path.abspath(param.default):
+            raise click.UsageError(
+                f"${DATA_ENV}={value} is set inside DVC stage {stage}: a stage reads only the "
+                f"data dvc.yaml tracks; unset {DATA_ENV} (or pass --data-root in the stage's cmd)"
+            )
     if value is not None:
         existing = Path(os.path.abspath(value))
         while not existing.exists() and existing != existing.parent:
@@ -148,11 +170,17 @@ def _data_root_check(ctx: click.Context, param: click.Parameter, value):
     return value
 
 
+def _fetches_nothing(ctx: click.Context | None) -> bool:
+    """Whether the running command, inside a DVC stage, must read only tracked data."""
+    return bool(dvc_stage()) and (ctx is None or ctx.info_name not in FETCHING_COMMANDS)
+
+
 mirror_option = click.option(
     "--mirror",
     envvar=MIRROR_ENV,
     show_envvar=True,
     default=None,
+    callback=lambda ctx, param, value: None if _fetches_nothing(ctx) else value,
     help="Dataset mirror: a directory or URL prefix tried before the official hosts "
     "(else data.mirror where a params file is read).",
 )
@@ -160,7 +188,11 @@ mirror_option = click.option(
 
 def resolve_mirror(mirror: str | None, params=None) -> str | None:
     """The mirror a command uses: ``--mirror`` / $CAPSNET_MIRROR, else ``data.mirror`` of
-    ``params`` (a config.Params), else None (the official hosts only)."""
+    ``params`` (a config.Params), else None (the official hosts only). Inside a DVC stage
+    only ``data download`` uses one; every other stage reads the data its deps track and
+    fetches nothing."""
+    if _fetches_nothing(click.get_current_context(silent=True)):
+        return None
     if mirror:
         return mirror
     return (params.data.mirror if params is not None else "") or None
