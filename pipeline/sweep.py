@@ -39,6 +39,26 @@ class SweepError(CapsnetError):
 class SweepInterrupted(CapsnetError):
     """The driver was interrupted; Tune saved its state and the next run resumes."""
 
+    def __init__(self, message: str, experiment_path: str = ""):
+        super().__init__(message)
+        self.experiment_path = experiment_path
+
+
+def restore_tuner(experiment_path: str, trainable, **options):
+    """``tune.Tuner.restore``; SweepError naming the state when it cannot be read (a
+    truncated or foreign tuner.pkl, a damaged experiment state)."""
+    from ray import tune
+
+    try:
+        return tune.Tuner.restore(experiment_path, trainable=trainable, **options)
+    except Exception as exc:  # whatever unpickling damaged state raises
+        from capsnet.cli_errors import error_cause
+
+        raise SweepError(
+            f"{experiment_path}: the saved sweep state cannot be read ({error_cause(exc)}); "
+            "remove that directory to start the sweep afresh"
+        ) from exc
+
 
 @dataclass
 class SweepData:
@@ -326,8 +346,8 @@ def run_sweep(
         trainable = _trainable(sweep, base, data)
         restored = tune.Tuner.can_restore(experiment_path)
         if restored:
-            tuner = tune.Tuner.restore(
-                experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True
+            tuner = restore_tuner(
+                experiment_path, trainable, resume_unfinished=True, resume_errored=True
             )
         else:
             shared = tracking.sweep_run_config(sweep, base, data.split)
@@ -338,7 +358,8 @@ def run_sweep(
         if unfinished:
             raise SweepInterrupted(
                 f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
-                f"{experiment_path} and the next run resumes it"
+                f"{experiment_path} and the next run resumes it",
+                experiment_path,
             )
         rows = results.result_rows(fitted, sweep)
         best = results.best_result(fitted, sweep)
@@ -376,7 +397,6 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
     """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
     created yet. After an interrupt Tune stops the running trials and marks them
     TERMINATED in memory, but the state it saved first still has them RUNNING."""
-    from ray import tune
 
-    saved = tune.Tuner.restore(experiment_path, trainable=trainable).get_results()
+    saved = restore_tuner(experiment_path, trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors
