@@ -19,6 +19,12 @@ to one, leaves every stage as it was.
 
     python -m pipeline.dvc_deps            # check: one line per missing or extra file
     python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
+    CAPSNET_PARAMS_TRACE=reads.tsv dvc repro -f
+    python -m pipeline.dvc_deps --reads reads.tsv   # every key a stage read is a param of it
+
+Params deps: each stage lists the params keys its command reads. With
+$CAPSNET_PARAMS_TRACE set, every read is recorded per stage (capsnet.config.trace), and
+``unlisted_reads`` names each key a stage read but does not list (tests/test_dvc_repro.py).
 """
 
 from __future__ import annotations
@@ -264,6 +270,30 @@ def differences(root: Path, stages: dict) -> list[str]:
     return problems
 
 
+#: Keys a stage may read without listing them: they cannot change what it writes (a mirror
+#: only serves files verified by their MD5).
+NOT_PARAMS = ("data.mirror",)
+
+
+def unlisted_reads(trace_text: str, stages: dict) -> list[str]:
+    """One line per params key a stage read (a $CAPSNET_PARAMS_TRACE file's
+    ``<stage>\t<key>`` lines, capsnet.config.trace) that its dvc.yaml ``params`` neither
+    list nor hold inside a listed section."""
+    read: dict[str, set[str]] = {}
+    for line in trace_text.splitlines():
+        stage, _, key = line.partition("\t")
+        if key:
+            read.setdefault(stage, set()).add(key)
+    problems = []
+    for stage in sorted(set(read) & set(stages)):
+        listed = [e for e in stages[stage].get("params") or [] if isinstance(e, str)]
+        for key in sorted(read[stage]):
+            covered = any(key == e or key.startswith(e + ".") for e in listed)
+            if not covered and key not in NOT_PARAMS:
+                problems.append(f"stage {stage}: reads params key {key}, which its params omit")
+    return problems
+
+
 def _yaml():
     from ruamel.yaml import YAML
 
@@ -321,9 +351,24 @@ def load_stages(dvc_yaml: Path) -> dict:
     help="The pipeline file; its directory is the project root.",
 )
 @click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
-def main(dvc_yaml: Path, write: bool) -> None:
+@click.option(
+    "--reads",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A $CAPSNET_PARAMS_TRACE file of a traced `dvc repro`: check instead that every "
+    "params key each stage read is listed in its params.",
+)
+def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
     """Check (or rewrite) that each stage's code deps are its command's import closure."""
     root = dvc_yaml.resolve().parent
+    if reads is not None:
+        problems = unlisted_reads(reads.read_text(), load_stages(dvc_yaml))
+        for line in problems:
+            click.echo(line)
+        if problems:
+            raise click.exceptions.Exit(1)
+        click.echo(f"{dvc_yaml}: every params key a stage read is in its params")
+        return
     try:
         if write:
             from capsnet.io import atomic_write_text

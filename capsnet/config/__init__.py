@@ -62,6 +62,7 @@ from capsnet.config.sweep import (
     SweepConfig,
     WandbConfig,
 )
+from capsnet.config.trace import trace
 from capsnet.config.viewpoints import (
     DATA_FIELDS,
     KINDS,
@@ -105,7 +106,7 @@ class Params:
 def load(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate a params file (a missing section takes its defaults)."""
     path = Path(path)
-    return from_dict(Params, read_yaml(path) or {}, source=path.name)
+    return trace(from_dict(Params, read_yaml(path) or {}, source=path.name))
 
 
 def load_or_default(path: str | os.PathLike | None) -> Params:
