@@ -150,8 +150,9 @@ class LazyGroup(click.Group):
         except click.ClickException as exc:
             _fail(f"Error: {exc.format_message()}", exc.exit_code, words)
         except click.exceptions.Abort as exc:
-            if isinstance(exc.__context__, EOFError):  # click's prompt met the end of input
-                _fail("Error: the input ended where an answer was expected", 1, words)
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, EOFError):  # click turns any EOFError into Abort
+                _fail(f"Error: {user_error(cause, words)}", 1, words)
             _fail("Interrupted.", 130, words)
         except KeyboardInterrupt:
             _fail("Interrupted.", 130, words)

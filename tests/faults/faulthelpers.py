@@ -3,7 +3,9 @@ line, no traceback, and no output that looks complete but is not.
 
 A ``Tally`` counts every case: bad inputs tried, faults injected (a full disk, a read-only
 file system, a process killed or an operation failing mid-write), tracebacks and partial
-outputs seen. tests/faults/conftest.py prints the totals and writes them as JSON.
+outputs seen, hangs (a subprocess still running at its deadline: ``run_bounded``) and stale
+results (an output that a killed or refused run left or changed after the fact).
+tests/faults/conftest.py prints the totals and writes them as JSON.
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ class Tally:
     faults: int = 0
     tracebacks: int = 0
     partial_outputs: int = 0
+    hangs: int = 0
+    stale_results: int = 0
 
     def line(self) -> str:
         return (
             f"faults: {self.inputs} inputs tried, {self.faults} faults injected, "
-            f"{self.tracebacks} tracebacks, {self.partial_outputs} partial outputs"
+            f"{self.tracebacks} tracebacks, {self.partial_outputs} partial outputs, "
+            f"{self.hangs} hangs, {self.stale_results} stale results"
         )
 
     def write(self, path: Path) -> Path:
@@ -57,6 +62,7 @@ class Outcome:
     code: int
     stderr: str
     traceback: bool
+    hung: bool = False
 
     @property
     def lines(self) -> list[str]:
@@ -111,6 +117,33 @@ def run_injected(
     return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
 
 
+#: Seconds a ``run_bounded`` command may take unless the case says otherwise.
+DEADLINE = 120.0
+
+
+def run_bounded(
+    args, *, timeout: float = DEADLINE, env: dict | None = None, cwd: Path | None = None
+) -> Outcome:
+    """``capsnet ARGS`` in a subprocess that is killed at ``timeout`` seconds (then
+    ``hung``, exit 124); ``env`` is laid over this process's environment."""
+    full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
+    command = [sys.executable, "-c", "from capsnet.cli import main; main()"]
+    try:
+        done = subprocess.run(
+            [*command, *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        return Outcome(124, stderr or "", "Traceback" in (stderr or ""), hung=True)
+    return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
+
+
 def snapshot(*roots: Path) -> dict[str, str]:
     """relative path -> content hash of every file under ``roots`` that is not a
     recognisable temporary or housekeeping file."""
@@ -152,16 +185,21 @@ def judge(
     names: tuple[str, ...] = (),
     killed: bool = False,
     prefix: str = "Error: ",
+    stale: bool = False,
 ) -> None:
     """Count one case and hold it to the rules: a non-zero exit (``code`` when given), no
     traceback, one stderr line besides progress reports naming each of ``names`` (unless
-    ``killed``), and no file under the watched outputs added, changed or lost (``before`` /
-    ``after`` snapshots)."""
+    ``killed``), no file under the watched outputs added, changed or lost (``before`` /
+    ``after`` snapshots), no hang, and no stale result (``stale``: the case saw one)."""
     if fault:
         tally.faults += 1
     else:
         tally.inputs += 1
     tally.tracebacks += outcome.traceback
+    tally.hangs += outcome.hung
+    tally.stale_results += stale
+    assert not outcome.hung, f"still running at its deadline: {outcome.stderr[-2000:]}"
+    assert not stale, "a stale result appeared"
     changed = []
     if before is not None and after is not None:
         changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
