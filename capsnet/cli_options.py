@@ -172,7 +172,7 @@ def _data_root_check(ctx: click.Context, param: click.Parameter, value):
 
 def _fetches_nothing(ctx: click.Context | None) -> bool:
     """Whether the running command, inside a DVC stage, must read only tracked data."""
-    return bool(dvc_stage()) and (ctx is None or ctx.info_name not in FETCHING_COMMANDS)
+    return bool(dvc_stage()) and (ctx is None or ctx.command.name not in FETCHING_COMMANDS)
 
 
 mirror_option = click.option(

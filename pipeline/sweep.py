@@ -180,9 +180,11 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
     settings = sweep.to_dict()
     for name in ("resources", "storage_path", "max_failures", "reuse_actors", "wandb", "compile"):
         settings.pop(name)
-    augment = dataclasses.asdict(base.augment_params)
-    used = {
-        "augment": {s: augment.get(s) for s in space_values(sweep.space, "augment")},
+    blocks = {
+        s: getattr(base.augment_params, s, None) for s in space_values(sweep.space, "augment")
+    }
+    used = {  # the settings of the strategies the space uses, no other augment key
+        "augment": {s: dataclasses.asdict(b) if b is not None else None for s, b in blocks.items()},
         "smallnorb": dataclasses.asdict(base.smallnorb) if sweep.dataset == "smallnorb" else None,
     }
     parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]

@@ -132,7 +132,8 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
 
     read = (tmp_path / "params-read.tsv").read_text()
     assert {line.split("\t")[0] for line in read.splitlines()} >= {"sweep", "train", "evaluate"}
-    assert dvc_deps.unlisted_reads(read, dvc_deps.load_stages(work / "dvc.yaml")) == []
+    unlisted = dvc_deps.unlisted_reads(read, dvc_deps.load_stages(work / "dvc.yaml"))
+    assert unlisted == [], "\n".join(unlisted)
 
     # a code edit reruns exactly the stages whose commands import the file
     assert changed_stages(work, "pipeline/report.py", dvc, env) == {"publish"}
