@@ -67,7 +67,7 @@ def test_hostile_params_fail_fast_in_one_line(tmp_path, tally, command, case):
 #: name -> best.json content: nesting and config values train-final cannot take.
 HOSTILE_BEST = {
     "deep": "[" * 100_000 + "]" * 100_000,
-    "just-deep-enough": "{\"config\": " + "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH + "}",
+    "just-deep-enough": '{"config": ' + "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH + "}",
     "lr-text": json.dumps({"config": {"model": "capsnet-small", "lr": "abc"}}),
     "lr-list": json.dumps({"config": {"model": "capsnet-small", "lr": [0.1]}}),
     "lr-nan": '{"config": {"model": "capsnet-small", "lr": NaN}}',
@@ -97,9 +97,11 @@ def _norb_root(tmp_path: Path, n: int = 10) -> Path:
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
-        write_norb(raw / smallnorb.filename(split, "dat"), rng.integers(0, 255, (n, 2, 96, 96)).astype(np.uint8))  # fmt: skip
-        write_norb(raw / smallnorb.filename(split, "cat"), (np.arange(n) % 5).astype(np.int32))
-        info = np.stack([np.arange(n) % 10, np.arange(n) % 9, np.arange(n) % 18 * 2, np.arange(n) % 6], 1)  # fmt: skip
+        images = rng.integers(0, 255, (n, 2, 96, 96)).astype(np.uint8)  # (N, 2, 96, 96)
+        index = np.arange(n)
+        info = np.stack([index % 10, index % 9, index % 18 * 2, index % 6], 1)  # (N, 4)
+        write_norb(raw / smallnorb.filename(split, "dat"), images)
+        write_norb(raw / smallnorb.filename(split, "cat"), (index % 5).astype(np.int32))
         write_norb(raw / smallnorb.filename(split, "info"), info.astype(np.int32))
     return tmp_path / "data"
 
