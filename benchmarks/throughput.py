@@ -318,11 +318,14 @@ def benchmarked_models() -> list[str]:
 
 
 def _model(ctx, param, value: str) -> str:
+    """A registered model without a naive reference is a usage error (an unknown name is
+    the registry's one-line error, as in every command)."""
+    from capsnet.models import names
+
     known = benchmarked_models()
-    if value not in known:
+    if value in names() and value not in known:
         raise click.BadParameter(
-            f"{value!r} has no naive reference to compare with; choose one of: "
-            + ", ".join(known)
+            f"{value!r} has no naive reference to compare with; choose one of: " + ", ".join(known)
         )
     return value
 

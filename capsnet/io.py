@@ -8,12 +8,9 @@ aside to ``.<name>.<host>-<pid>-<random>.old``. Temporaries are created with mod
 (files) or ``0o777`` (directories) less the umask, like any new file.
 
 Every writer first calls ``remove_stale`` on its target: temporaries whose process is gone
-(a killed run) are removed, ``.old`` copies included. An ``.old`` copy is never renamed into
-place: anyone can plant a directory under that name, so a missing output stays missing
-(a rerun makes it) rather than becoming whatever sits beside it. The host and pid in the
-names keep a live writer's temporaries safe. An existing target that is not a regular file
-(a device node, a FIFO, a socket) is refused, never replaced, whoever runs the writer.
-``locked`` serialises the writers of one directory (``flock``).
+(a killed run) are removed, ``.old`` copies too, never renamed into place (anyone can plant
+one). The host and pid in the names keep a live writer's temporaries safe. A device node,
+FIFO or socket is never replaced. ``locked`` serialises the writers of one directory.
 
 A stage whose input is switched off in params still has to produce its DVC outputs; its
 output directory then holds ``DISABLED.txt`` saying why.
@@ -135,10 +132,8 @@ def stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> 
 
 
 def remove_stale(path: str | os.PathLike) -> list[Path]:
-    """Remove what killed writers of ``path`` left beside it; return what was removed.
-
-    ``.old`` copies are removed like the rest, never renamed back into place.
-    """
+    """Remove what killed writers of ``path`` left beside it (``.old`` copies included);
+    return what was removed."""
     path = Path(path)
     removed = []
     for leftover in stale_temporaries(path.parent, path.name):
@@ -177,18 +172,12 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     fsync_dir(path.parent)
 
 
-#: File types a writer never replaces, by their ``stat`` test.
-SPECIAL_FILES = (
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-)
+SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                 (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
 
 def special_kind(path: str | os.PathLike) -> str | None:
-    """What ``path`` is when it exists as something other than a regular file or a
-    directory (a device node, FIFO or socket, a symlink followed), else None."""
+    """What ``path`` is when it is a device node, FIFO or socket (links followed), else None."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -197,10 +186,8 @@ def special_kind(path: str | os.PathLike) -> str | None:
 
 
 def refuse_special(path: str | os.PathLike) -> None:
-    """CapsnetError when ``path`` is a device node, FIFO or socket: an output is written
-    only where a regular file (or nothing) is."""
-    what = special_kind(path)
-    if what is not None:
+    """CapsnetError when ``path`` is a device node, FIFO or socket: never replaced."""
+    if (what := special_kind(path)) is not None:
         raise CapsnetError(f"{path}: is {what}, not a regular file; write the output elsewhere")
 
 
@@ -221,12 +208,17 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
+#: Deepest nesting of lists and objects a JSON file this project reads may have.
+MAX_JSON_DEPTH = 32
+
+
 def read_json(
     path: str | os.PathLike, missing: str = "", error: type[CapsnetError] = CapsnetError
 ) -> Any:
     """The JSON value in ``path``; ``error`` naming the file when it is missing (with
-    ``missing``: what makes it) or not valid JSON (with the parser's reason and line)."""
+    ``missing``: what makes it), not valid JSON or nested deeper than MAX_JSON_DEPTH."""
     path = Path(path)
+    too_deep = f"{path}: nested deeper than {MAX_JSON_DEPTH} levels"
     try:
         value = json.loads(path.read_text())
     except FileNotFoundError:
@@ -234,14 +226,10 @@ def read_json(
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:
-        raise error(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise error(too_deep) from None
     if json_depth(value) > MAX_JSON_DEPTH:
-        raise error(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
+        raise error(too_deep)
     return value
-
-
-#: Deepest nesting of lists and objects a JSON file this project reads may have.
-MAX_JSON_DEPTH = 32
 
 
 def json_depth(value: Any) -> int:
@@ -249,11 +237,9 @@ def json_depth(value: Any) -> int:
     deepest, stack = 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
+        if isinstance(item, (dict, list)):
             deepest = max(deepest, depth + 1)
-            stack.extend((child, depth + 1) for child in item)
+            stack += [(c, depth + 1) for c in (item.values() if isinstance(item, dict) else item)]
     return deepest
 
 

@@ -275,10 +275,20 @@ def differences(root: Path, stages: dict) -> list[str]:
 NOT_PARAMS = ("data.mirror",)
 
 
-def unlisted_reads(trace_text: str, stages: dict) -> list[str]:
+def _in_params(params: dict, key: str) -> bool:
+    node = params
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def unlisted_reads(trace_text: str, stages: dict, params: dict) -> list[str]:
     """One line per params key a stage read (a $CAPSNET_PARAMS_TRACE file's
     ``<stage>\t<key>`` lines, capsnet.config.trace) that its dvc.yaml ``params`` neither
-    list nor hold inside a listed section."""
+    list nor hold inside a listed section. A key ``params`` (the params file's data) does
+    not set reads its dataclass default, which lives in code, a code dep of the stage."""
     read: dict[str, set[str]] = {}
     for line in trace_text.splitlines():
         stage, _, key = line.partition("\t")
@@ -289,7 +299,7 @@ def unlisted_reads(trace_text: str, stages: dict) -> list[str]:
         listed = [e for e in stages[stage].get("params") or [] if isinstance(e, str)]
         for key in sorted(read[stage]):
             covered = any(key == e or key.startswith(e + ".") for e in listed)
-            if not covered and key not in NOT_PARAMS:
+            if not covered and key not in NOT_PARAMS and _in_params(params, key):
                 problems.append(f"stage {stage}: reads params key {key}, which its params omit")
     return problems
 
@@ -362,7 +372,10 @@ def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
     """Check (or rewrite) that each stage's code deps are its command's import closure."""
     root = dvc_yaml.resolve().parent
     if reads is not None:
-        problems = unlisted_reads(reads.read_text(), load_stages(dvc_yaml))
+        from capsnet.config.yamlfile import read_yaml
+
+        params = read_yaml(root / "params.yaml") or {}
+        problems = unlisted_reads(reads.read_text(), load_stages(dvc_yaml), params)
         for line in problems:
             click.echo(line)
         if problems:

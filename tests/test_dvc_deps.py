@@ -198,3 +198,39 @@ def test_stage_params_exist_in_params_yaml(repo_root, stages):
                     f"stage {name}: param {entry} is not in params.yaml"
                 )
                 node = node[part]
+
+
+def test_a_stage_reading_a_key_it_does_not_list_is_named(tmp_path, repo_root):
+    """Reads are traced per stage ($CAPSNET_PARAMS_TRACE, $DVC_STAGE); a key the stage's
+    params neither list nor hold in a listed section is named. A key params.yaml does not
+    set reads its dataclass default (code), and data.mirror cannot change an output."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    trace = tmp_path / "reads.tsv"
+    script = (
+        "from capsnet import config\n"
+        f"p = config.load({str(repo_root / 'params.yaml')!r})\n"
+        "p.train.seeds, p.augment.shift.pixels, p.evaluate.limit, p.sweep.dataset, p.data.mirror\n"
+    )
+    env = {**os.environ, "CAPSNET_PARAMS_TRACE": str(trace), "DVC_STAGE": "train"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    lines = sorted(trace.read_text().splitlines())
+    assert lines == [
+        "train\taugment.shift.pixels",
+        "train\tdata.mirror",
+        "train\tevaluate.limit",
+        "train\tsweep.dataset",
+        "train\ttrain.seeds",
+    ]
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["sweep"].pop("dataset", None)
+    stages = {"train": {"params": ["train", "augment.shift"]}, "evaluate": {"params": []}}
+    assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == [
+        "stage train: reads params key evaluate.limit, which its params omit"
+    ]
+    stages["train"]["params"].append("evaluate.limit")
+    assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == []

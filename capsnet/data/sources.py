@@ -207,6 +207,21 @@ def _copy_to_temp(remote: RemoteFile, url: str, target: Path, timeout: float, pr
         raise
 
 
+def _place_verified(remote: RemoteFile, tmp: Path, target: Path) -> str | None:
+    """Rename the download ``tmp`` to ``target`` when it verifies (None), else remove it
+    and say why not."""
+    try:
+        problem = remote.verify(tmp)
+    except DataError as exc:  # e.g. a truncated .gz
+        problem = str(exc).replace(str(tmp), "download")
+    if problem is not None:
+        tmp.unlink(missing_ok=True)
+        return problem
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+    return None
+
+
 def fetch(
     remote: RemoteFile,
     directory: str | os.PathLike,
@@ -235,11 +250,8 @@ def fetch(
         for attempt in range(retries):
             try:
                 tmp = _copy_to_temp(remote, url, target, timeout, progress)
-            except FileNotFoundError:
-                failures.append(f"{url} (not found)")
-                break
-            except SourceRefused as exc:
-                failures.append(f"{url} ({exc})")
+            except (FileNotFoundError, SourceRefused) as exc:
+                failures.append(f"{url} ({'not found' if isinstance(exc, OSError) else exc})")
                 break
             except urllib.error.HTTPError as exc:
                 failures.append(f"{url} (HTTP {exc.code})")
@@ -250,15 +262,9 @@ def fetch(
                 if attempt == retries - 1:
                     failures.append(f"{url} ({reason})")
             else:
-                try:
-                    problem = remote.verify(tmp)
-                except DataError as exc:  # e.g. a truncated .gz
-                    problem = str(exc).replace(str(tmp), "download")
+                problem = _place_verified(remote, tmp, target)
                 if problem is None:
-                    os.replace(tmp, target)
-                    fsync_dir(directory)
                     return target
-                tmp.unlink(missing_ok=True)
                 failures.append(f"{url} ({problem})")
                 break
             if attempt < retries - 1:
