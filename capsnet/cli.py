@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import click
 
-from capsnet.cli_errors import user_error
+from capsnet.cli_errors import user_error, without_temporaries
 from capsnet.cli_options import dvc_stage
 from capsnet.errors import CapsnetError
 from capsnet.lifetime import die_with_dvc
@@ -183,7 +183,7 @@ def _fail(line: str, code: int, words: list[str]) -> NoReturn:
     """Print ``line`` (after the traceback under --debug) and exit with ``code``."""
     if debug_requested(words) and sys.exc_info()[1] is not None:
         traceback.print_exc()
-    click.echo(" ".join(line.splitlines()), err=True)
+    click.echo(without_temporaries(" ".join(line.splitlines())), err=True)
     sys.exit(code)
 
 

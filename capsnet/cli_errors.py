@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def error_cause(error: BaseException, width: int = 200) -> str:
     if len(text) > width:
         text = text[:width].rsplit(" ", 1)[0] + " ..."
     return f"{name}: {text}" if text else name
+
+
+#: A writer's temporary name (capsnet.io): ``.<target>.<host>-<pid>-<hex>.tmp|.old``.
+TEMPORARY_NAME = re.compile(r"\.([^/\s]+?)\.(?:[0-9a-f]{6}-[0-9]{1,10}-)?[0-9a-f]{8}\.(?:tmp|old)")
+
+
+def without_temporaries(line: str) -> str:
+    """``line`` with every writer's temporary name replaced by the output it stands for:
+    a message names the user's path, never an internal one."""
+    return TEMPORARY_NAME.sub(r"\1", line)
 
 
 def shorten(text: str, width: int = 120) -> str:

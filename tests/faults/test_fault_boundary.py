@@ -52,6 +52,12 @@ RAISED = {
         ("W&B", "network"),
     ),
     "end-of-input": ("pass", 'EOFError("Ran out of input")', 1, ("truncated",)),
+    "disk-full-in-a-temporary": (
+        "pass",
+        'OSError(28, "No space left on device", "runs/.model.pt.a1b2c3-4242-deadbeef.tmp")',
+        1,
+        ("runs/model.pt", "no space left"),
+    ),
     "ctrl-c": ("pass", "KeyboardInterrupt()", 130, ("Interrupted",)),
 }
 
@@ -78,6 +84,7 @@ def test_what_training_raises_is_one_line(tmp_path, tally, prepared_root, case):
     judge(tally, outcome, fault=True, code=code, names=names, prefix=prefix)
     if code != 130:
         assert "Interrupted" not in outcome.stderr
+    assert ".tmp" not in outcome.stderr and ".old" not in outcome.stderr  # no internal path
     assert not out.exists()
 
 
