@@ -121,6 +121,30 @@ def run_injected(
 DEADLINE = 120.0
 
 
+class Hang(BaseException):
+    """Raised in a bounded in-process case at its deadline (not an Exception, so no
+    handler of the code under test swallows it)."""
+
+
+def invoke_bounded(*args, timeout: float = 60.0, env: dict | None = None) -> Outcome:
+    """``invoke`` with a deadline: at ``timeout`` seconds (SIGALRM, main thread) the run
+    stops and the outcome is ``hung``."""
+    import signal
+
+    def expired(signum, frame):
+        raise Hang
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return invoke(*args, env=env)
+    except Hang:
+        return Outcome(124, "", False, hung=True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_bounded(
     args, *, timeout: float = DEADLINE, env: dict | None = None, cwd: Path | None = None
 ) -> Outcome:

@@ -1,8 +1,9 @@
-"""Hostile inputs, each run as a subprocess with a deadline: params and JSON files that
-expand or nest without end, smallNORB files whose header lies about their content, mirrors
-that never end or trickle, a zip-bomb checkpoint, malformed best.json values, outputs that
-are device nodes, FIFOs or kernel file systems, and a planted ``.old`` directory. Each ends
-within its deadline as one line naming the file or setting, and no output appears."""
+"""Hostile inputs, each run with a deadline (in this process or a subprocess): params and
+JSON files that expand or nest without end, smallNORB files whose header lies about their
+content, mirrors that never end or trickle, a zip-bomb checkpoint, malformed best.json
+values, outputs that are device nodes, FIFOs or kernel file systems, and a planted ``.old``
+directory. Each ends within its deadline as one line naming the file or setting, and no
+output appears."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from faulthelpers import judge, run_bounded, snapshot
+from faulthelpers import invoke_bounded, judge, run_bounded, snapshot
 
 from capsnet.config.yamlfile import MAX_DEPTH, MAX_VALUES
 from capsnet.data import smallnorb
@@ -55,12 +56,15 @@ PARAMS_COMMANDS = {
 
 @pytest.mark.parametrize("command", sorted(PARAMS_COMMANDS))
 @pytest.mark.parametrize("case", sorted(HOSTILE_PARAMS))
-def test_hostile_params_fail_fast_in_one_line(tmp_path, tally, command, case):
+def test_hostile_params_fail_fast_in_one_line(tmp_path, monkeypatch, tally, command, case):
+    if command in ("sweep", "train-final"):
+        pytest.importorskip("ray")
     text, says = HOSTILE_PARAMS[case]
     (tmp_path / "params.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
     args = [a.format(tmp=tmp_path) for a in PARAMS_COMMANDS[command]]
     before = snapshot(tmp_path)
-    done = run_bounded(args, timeout=60, cwd=tmp_path)
+    done = invoke_bounded(*args, timeout=30)
     judge(tally, done, before=before, after=snapshot(tmp_path), names=("params.yaml", says))
 
 
@@ -80,13 +84,17 @@ HOSTILE_BEST = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_BEST))
-def test_hostile_best_json_fails_train_final_in_one_line(tmp_path, tally, prepared_root, case):
+def test_hostile_best_json_fails_train_final_in_one_line(
+    tmp_path, monkeypatch, tally, prepared_root, case
+):
+    pytest.importorskip("ray")
     best = tmp_path / "best.json"
     best.write_text(HOSTILE_BEST[case])
     (tmp_path / "params.yaml").write_text("train:\n  out_dir: models\n")
+    monkeypatch.chdir(tmp_path)
     args = ["train-final", "--best", best, "--data-root", prepared_root]
     before = snapshot(tmp_path)
-    done = run_bounded(args, timeout=120, cwd=tmp_path, env=NO_MIRROR)
+    done = invoke_bounded(*args, timeout=60, env=NO_MIRROR)
     judge(tally, done, before=before, after=snapshot(tmp_path), names=("best.json",))
     assert not (tmp_path / "models").exists()
 
