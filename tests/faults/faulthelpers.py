@@ -134,8 +134,12 @@ def invoke_bounded(*args, timeout: float = 60.0, env: dict | None = None) -> Out
     def expired(signum, frame):
         raise Hang
 
+    import time
+
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)  # the test's own deadline, if set
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    signal.setitimer(signal.ITIMER_REAL, min(timeout, outer) if outer else timeout)
     try:
         return invoke(*args, env=env)
     except Hang:
@@ -143,6 +147,8 @@ def invoke_bounded(*args, timeout: float = 60.0, env: dict | None = None) -> Out
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:  # give the test's deadline back what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
 
 
 def run_bounded(
