@@ -328,7 +328,7 @@ def run_sweep(
 
     Joins ``address`` ("local": a private instance) unless Ray is already initialised in
     this process. Raises SweepError naming the trials that still errored after their
-    retries, SweepInterrupted when the driver was interrupted.
+    retries, SweepInterrupted when the driver was interrupted; neither writes any output.
     """
     from ray import tune
 
@@ -364,6 +364,7 @@ def run_sweep(
                 experiment_path,
             )
         rows = results.result_rows(fitted, sweep)
+        _raise_errored(rows, sweep, experiment_path)  # a failed sweep writes no best.json
         best = results.best_result(fitted, sweep)
         outputs = results.write_outputs(out_dir, rows, best, sweep)
     finally:
@@ -371,7 +372,6 @@ def run_sweep(
             import ray
 
             ray.shutdown()
-    _raise_errored(rows, sweep, experiment_path)
     return SweepOutcome(experiment_path, rows, best, restored, outputs)
 
 
