@@ -31,6 +31,7 @@ def dvc_stage() -> str | None:
     """The DVC stage this process runs in (DVC sets $DVC_STAGE), or None."""
     return os.environ.get(STAGE_ENV) or None
 
+
 #: Largest count (epochs, batch size, image limits) an option accepts: torch indexes with
 #: 64-bit integers, so a bounded count never overflows in it.
 MAX_COUNT = 2**31 - 1
