@@ -363,6 +363,28 @@ def _int_list(ctx, param, value: str) -> list[int]:
     return numbers
 
 
+def benchmarked_models() -> list[str]:
+    """Registered models this benchmark can compare: dynamic-routing CapsNets, the only
+    family with a naive reference and a conv ceiling."""
+    from capsnet.models import names, spec
+    from capsnet.models.capsnet import CapsNetConfig
+
+    return [name for name in names() if issubclass(spec(name).config_cls, CapsNetConfig)]
+
+
+def _model(ctx, param, value: str) -> str:
+    """A registered model without a naive reference is a usage error (an unknown name is
+    the registry's one-line error, as in every command)."""
+    from capsnet.models import names
+
+    known = benchmarked_models()
+    if value in names() and value not in known:
+        raise click.BadParameter(
+            f"{value!r} has no naive reference to compare with; choose one of: " + ", ".join(known)
+        )
+    return value
+
+
 def _implementations(ctx, param, value: str) -> list[str]:
     names = [name for name in value.split(",") if name]
     unknown = sorted(set(names) - set(IMPLEMENTATIONS))
@@ -389,7 +411,13 @@ def _implementations(ctx, param, value: str) -> list[str]:
     show_default=True,
     callback=_implementations,
 )
-@click.option("--model", default="capsnet", show_default=True, help="Registered capsule model.")
+@click.option(
+    "--model",
+    default="capsnet",
+    show_default=True,
+    callback=_model,
+    help="Registered dynamic-routing capsule model.",
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--rss/--no-rss",

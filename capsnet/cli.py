@@ -16,8 +16,10 @@ from typing import NoReturn
 
 import click
 
-from capsnet.cli_errors import user_error
+from capsnet.cli_errors import user_error, without_temporaries
+from capsnet.cli_options import dvc_stage
 from capsnet.errors import CapsnetError
+from capsnet.lifetime import die_with_dvc
 
 DEBUG_ENV = "CAPSNET_DEBUG"
 
@@ -142,13 +144,20 @@ class LazyGroup(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):
         words = sys.argv[1:] if args is None else [str(a) for a in args]
+        if args is None and dvc_stage():
+            die_with_dvc()
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
             _fail(f"Error: {exc.format_message()}", exc.exit_code, words)
-        except (click.exceptions.Abort, KeyboardInterrupt):
+        except click.exceptions.Abort as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, EOFError):  # click turns any EOFError into Abort
+                _fail(f"Error: {user_error(cause, words)}", 1, words)
+            _fail("Interrupted.", 130, words)
+        except KeyboardInterrupt:
             _fail("Interrupted.", 130, words)
         except CapsnetError as exc:
             _fail(f"Error: {exc}", 1, words)
@@ -177,7 +186,7 @@ def _fail(line: str, code: int, words: list[str]) -> NoReturn:
     """Print ``line`` (after the traceback under --debug) and exit with ``code``."""
     if debug_requested(words) and sys.exc_info()[1] is not None:
         traceback.print_exc()
-    click.echo(" ".join(line.splitlines()), err=True)
+    click.echo(without_temporaries(" ".join(line.splitlines())), err=True)
     sys.exit(code)
 
 

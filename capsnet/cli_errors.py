@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -48,6 +49,39 @@ DEVICE_FAILURES = (
     "MPS backend",
     "out of memory",
 )
+
+
+def error_cause(error: BaseException, width: int = 200) -> str:
+    """``Type: first meaningful line`` of what caused ``error``: wrappers unwrapped (a
+    ``.cause`` as Ray's task errors carry), then the first line of its message that is not a
+    traceback, a source line or a link (with the next two), cut at a word within ``width``
+    characters."""
+    seen = set()
+    while isinstance(getattr(error, "cause", None), BaseException) and id(error) not in seen:
+        seen.add(id(error))
+        error = error.cause
+    skip = ("Traceback", "File ", "During handling", "The above exception", "ray::")
+    lines = [" ".join(line.split()) for line in str(error).splitlines()]
+    meaningful = [
+        line for line in lines if line and "://" not in line and not line.startswith(skip)
+    ]
+    name = type(error).__name__
+    text = "; ".join(meaningful[:3])  # a heading line ("1 validation error") and its detail
+    if text.startswith(name + ":"):
+        text = text[len(name) + 1 :].strip()
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " ..."
+    return f"{name}: {text}" if text else name
+
+
+#: A writer's temporary name (capsnet.io): ``.<target>.<host>-<pid>-<hex>.tmp|.old``.
+TEMPORARY_NAME = re.compile(r"\.([^/\s]+?)\.(?:[0-9a-f]{6}-[0-9]{1,10}-)?[0-9a-f]{8}\.(?:tmp|old)")
+
+
+def without_temporaries(line: str) -> str:
+    """``line`` with every writer's temporary name replaced by the output it stands for:
+    a message names the user's path, never an internal one."""
+    return TEMPORARY_NAME.sub(r"\1", line)
 
 
 def shorten(text: str, width: int = 120) -> str:
@@ -135,9 +169,18 @@ def os_error(exc: OSError, args: list[str]) -> str:
     return f"{shorten(os.fsdecode(path))}: {what}{named}: {todo}"
 
 
+#: Fragments of torch RuntimeErrors that mean host memory ran out.
+HOST_MEMORY_FAILURES = ("can't allocate memory", "DefaultCPUAllocator", "Cannot allocate memory")
+
+
 def runtime_error(exc: RuntimeError) -> str | None:
-    """One line for a device failure torch reports as a RuntimeError, else None."""
+    """One line for a device or memory failure torch reports as a RuntimeError, else None."""
     text = str(exc)
+    if any(fragment in text for fragment in HOST_MEMORY_FAILURES):
+        return (
+            f"out of memory: {shorten(text.strip().splitlines()[0])}: lower --batch-size or "
+            "the data limits, or use a larger machine"
+        )
     if not any(fragment in text for fragment in DEVICE_FAILURES):
         return None
     first = shorten(text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
@@ -165,6 +208,11 @@ def user_error(exc: BaseException, args: list[str]) -> str | None:
         return f"a number is too large: {shorten(exc)}; use a smaller value"
     if isinstance(exc, MemoryError):
         return "out of memory: lower --batch-size or the data limits, or use a larger machine"
-    if isinstance(exc, RuntimeError):
-        return runtime_error(exc)
+    if isinstance(exc, RuntimeError) and (line := runtime_error(exc)) is not None:
+        return line
+    if type(exc).__module__.split(".")[0] == "wandb":
+        return (
+            f"W&B failed: {error_cause(exc)}; set WANDB_API_KEY (wandb login) and check the "
+            "network, or set WANDB_MODE=offline"
+        )
     return None

@@ -20,6 +20,17 @@ from capsnet.errors import ConfigError
 
 DATA_ENV = "CAPSNET_DATA"
 MIRROR_ENV = "CAPSNET_MIRROR"
+#: Set by DVC (3.x) for every stage command it runs: the stage's address.
+STAGE_ENV = "DVC_STAGE"
+#: The only command that may fetch from a mirror inside a DVC stage: it verifies every
+#: file by its MD5, so the mirror cannot change what it writes.
+FETCHING_COMMANDS = ("download",)
+
+
+def dvc_stage() -> str | None:
+    """The DVC stage this process runs in (DVC sets $DVC_STAGE), or None."""
+    return os.environ.get(STAGE_ENV) or None
+
 
 #: Largest count (epochs, batch size, image limits) an option accepts: torch indexes with
 #: 64-bit integers, so a bounded count never overflows in it.
@@ -135,8 +146,20 @@ def data_root_option(*old_names: str, help: str = "Data directory."):
     )
 
 
+def _from_environment(ctx: click.Context, param: click.Parameter) -> bool:
+    return ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+
+
 def _data_root_check(ctx: click.Context, param: click.Parameter, value):
-    """A data root that is a file or lies under one can be neither read nor made."""
+    """A data root that is a file or lies under one can be neither read nor made; inside a
+    DVC stage it comes from the stage's command, never from $CAPSNET_DATA."""
+    stage = dvc_stage()
+    if stage and _from_environment(ctx, param):
+        if os.path.abspath(value) != os.path.abspath(param.default):
+            raise click.UsageError(
+                f"${DATA_ENV}={value} is set inside DVC stage {stage}: a stage reads only the "
+                f"data dvc.yaml tracks; unset {DATA_ENV} (or pass --data-root in the stage's cmd)"
+            )
     if value is not None:
         existing = Path(os.path.abspath(value))
         while not existing.exists() and existing != existing.parent:
@@ -148,11 +171,17 @@ def _data_root_check(ctx: click.Context, param: click.Parameter, value):
     return value
 
 
+def _fetches_nothing(ctx: click.Context | None) -> bool:
+    """Whether the running command, inside a DVC stage, must read only tracked data."""
+    return bool(dvc_stage()) and (ctx is None or ctx.command.name not in FETCHING_COMMANDS)
+
+
 mirror_option = click.option(
     "--mirror",
     envvar=MIRROR_ENV,
     show_envvar=True,
     default=None,
+    callback=lambda ctx, param, value: None if _fetches_nothing(ctx) else value,
     help="Dataset mirror: a directory or URL prefix tried before the official hosts "
     "(else data.mirror where a params file is read).",
 )
@@ -160,7 +189,11 @@ mirror_option = click.option(
 
 def resolve_mirror(mirror: str | None, params=None) -> str | None:
     """The mirror a command uses: ``--mirror`` / $CAPSNET_MIRROR, else ``data.mirror`` of
-    ``params`` (a config.Params), else None (the official hosts only)."""
+    ``params`` (a config.Params), else None (the official hosts only). Inside a DVC stage
+    only ``data download`` uses one; every other stage reads the data its deps track and
+    fetches nothing."""
+    if _fetches_nothing(click.get_current_context(silent=True)):
+        return None
     if mirror:
         return mirror
     return (params.data.mirror if params is not None else "") or None
@@ -193,17 +226,53 @@ def output_problem(path: str | os.PathLike, kind: str = "root") -> str | None:
         return f"cannot be checked ({exc.strerror or exc})"
 
 
+#: File systems that hold kernel objects, not files: nothing is ever written there.
+PSEUDO_FILE_SYSTEMS = frozenset(
+    "proc sysfs devtmpfs devpts cgroup cgroup2 debugfs tracefs securityfs configfs bpf "
+    "pstore efivarfs mqueue fusectl binfmt_misc autofs hugetlbfs".split()
+)
+
+
+def file_system_type(path: str | os.PathLike) -> str | None:
+    """The type of the file system holding the existing ``path`` (Linux mountinfo: the
+    longest mount point above it), or None where that cannot be read."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind
+
+
 def _placement_problem(path: Path, kind: str) -> str | None:
+    from capsnet.io import special_kind
+
     if path.exists():
         if kind != "file" and not path.is_dir():
             return "exists and is not a directory"
         if kind == "file" and path.is_dir():
             return "is a directory; give the path of a file"
+        special = special_kind(path)
+        if special is not None:
+            return f"is {special}, not a regular file; write the output elsewhere"
     existing = path if kind == "root" and path.is_dir() else path.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a directory; choose a path that is not under a file"
+    fs_type = file_system_type(existing)
+    if fs_type in PSEUDO_FILE_SYSTEMS:
+        return f"{existing} is on the kernel's {fs_type} file system, which holds no files"
     if not os.access(existing, os.W_OK | os.X_OK):
         if os.statvfs(existing).f_flag & os.ST_RDONLY:
             return f"{existing} is on a read-only file system; write elsewhere"

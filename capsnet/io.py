@@ -8,9 +8,9 @@ aside to ``.<name>.<host>-<pid>-<random>.old``. Temporaries are created with mod
 (files) or ``0o777`` (directories) less the umask, like any new file.
 
 Every writer first calls ``remove_stale`` on its target: temporaries whose process is gone
-(a killed run) are removed, and an old copy renamed aside by a writer that died before its
-new directory was renamed in is put back. The host and pid in the names keep a live
-writer's temporaries safe. ``locked`` serialises the writers of one directory (``flock``).
+(a killed run) are removed, ``.old`` copies too, never renamed into place (anyone can plant
+one). The host and pid in the names keep a live writer's temporaries safe. A device node,
+FIFO or socket is never replaced. ``locked`` serialises the writers of one directory.
 
 A stage whose input is switched off in params still has to produce its DVC outputs; its
 output directory then holds ``DISABLED.txt`` saying why.
@@ -28,6 +28,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -131,20 +132,11 @@ def stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> 
 
 
 def remove_stale(path: str | os.PathLike) -> list[Path]:
-    """Remove what killed writers of ``path`` left beside it; return what was removed.
-
-    When ``path`` is missing and a dead writer had renamed the old ``path`` aside, that old
-    copy is renamed back instead: the complete earlier output rather than none.
-    """
+    """Remove what killed writers of ``path`` left beside it (``.old`` copies included);
+    return what was removed."""
     path = Path(path)
     removed = []
-    stale = stale_temporaries(path.parent, path.name)
-    for old in [p for p in stale if p.suffix == OLD_SUFFIX]:
-        if not os.path.lexists(path):
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(old, path)
-                stale.remove(old)
-    for leftover in stale:
+    for leftover in stale_temporaries(path.parent, path.name):
         _remove(leftover)
         removed.append(leftover)
     return removed
@@ -165,6 +157,7 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_special(path)
     remove_stale(path)
     fd, tmp = new_temp_file(path)
     try:
@@ -177,6 +170,25 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                 (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is a device node, FIFO or socket (links followed), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
+
+
+def refuse_special(path: str | os.PathLike) -> None:
+    """CapsnetError when ``path`` is a device node, FIFO or socket: never replaced."""
+    if (what := special_kind(path)) is not None:
+        raise CapsnetError(f"{path}: is {what}, not a regular file; write the output elsewhere")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -196,18 +208,39 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
+#: Deepest nesting of lists and objects a JSON file this project reads may have.
+MAX_JSON_DEPTH = 32
+
+
 def read_json(
     path: str | os.PathLike, missing: str = "", error: type[CapsnetError] = CapsnetError
 ) -> Any:
     """The JSON value in ``path``; ``error`` naming the file when it is missing (with
-    ``missing``: what makes it) or not valid JSON (with the parser's reason and line)."""
+    ``missing``: what makes it), not valid JSON or nested deeper than MAX_JSON_DEPTH."""
     path = Path(path)
+    too_deep = f"{path}: nested deeper than {MAX_JSON_DEPTH} levels"
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except FileNotFoundError:
         raise error(f"{path}: not found" + (f"; {missing}" if missing else "")) from None
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise error(too_deep) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise error(too_deep)
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value`` (0 for a scalar), found iteratively."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack += [(c, depth + 1) for c in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 @contextlib.contextmanager
@@ -221,6 +254,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_special(path)
     remove_stale(path)
     staging = new_temp_dir(path)
     try:

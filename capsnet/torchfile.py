@@ -84,11 +84,32 @@ def _not_torch(head: bytes) -> str:
     return "unknown bytes, neither a zip archive nor a pickle as torch.save writes"
 
 
+#: How many times its size on disk a checkpoint's members may declare, uncompressed.
+#: torch.save stores members uncompressed, so a real checkpoint declares at most its own size.
+MAX_EXPANSION = 2
+#: Declared bytes any archive may hold beyond MAX_EXPANSION times its size.
+EXPANSION_SLACK = 1 << 20
+
+
+def _check_sizes(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse an archive whose members declare more bytes than torch.save could have
+    written into a file of this size (a zip bomb), before any member is inflated."""
+    on_disk = path.stat().st_size
+    declared = sum(info.file_size for info in archive.infolist())
+    if declared > MAX_EXPANSION * on_disk + EXPANSION_SLACK:
+        raise Unreadable(
+            "damaged",
+            f"refused: its members would inflate to {declared} bytes from {on_disk} on disk "
+            "(torch.save stores them uncompressed)",
+        )
+
+
 def _check_zip(path: Path) -> None:
     """A complete zip archive laid out as torch.save writes it, every member's CRC intact."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            _check_sizes(path, archive)
             bad = archive.testzip()
     except zipfile.BadZipFile:
         raise Unreadable(

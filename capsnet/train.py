@@ -343,28 +343,10 @@ def fit(
 
     fit_started = clock()
     while state.epoch < config.epochs:
-        model.train()
         epoch_clock = clock()
-        started = time.perf_counter()
-        seen, loss_sum, correct = _train_epoch(
-            model, batches, config, generators, state, optimizer, scheduler
+        record = _fit_epoch(
+            model, batches, val_data, config, generators, state, optimizer, scheduler
         )
-        lr = scheduler.get_last_lr()[0]
-        loss_total, correct_total = _epoch_totals(
-            model, loss_sum, correct, state.epoch + 1, config.lr
-        )
-        seconds = time.perf_counter() - started
-        record = {
-            "epoch": state.epoch + 1,
-            "train_loss": loss_total / max(1, seen),
-            "train_accuracy": correct_total / max(1, seen),
-            "lr": lr,
-            "seconds": seconds,
-            "images_per_second": seen / seconds if seconds > 0 else float("nan"),
-        }
-        if val_data is not None and len(val_data):
-            scored = accuracy(model, val_data, config.eval_batch_size, device, config.amp)
-            record["val_accuracy"] = scored["accuracy"]
         state.epoch += 1
         state.history.append(record)
         state.optimizer = optimizer.state_dict()
@@ -376,6 +358,31 @@ def fit(
         if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):
             break
     return state.history
+
+
+def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, scheduler) -> dict:
+    """Train one epoch, score ``val_data``; the epoch's record (TrainingDiverged when the
+    loss or the weights stop being finite)."""
+    model.train()
+    started = time.perf_counter()
+    seen, loss_sum, correct = _train_epoch(
+        model, batches, config, generators, state, optimizer, scheduler
+    )
+    lr = scheduler.get_last_lr()[0]
+    loss_total, correct_total = _epoch_totals(model, loss_sum, correct, state.epoch + 1, config.lr)
+    seconds = time.perf_counter() - started
+    record = {
+        "epoch": state.epoch + 1,
+        "train_loss": loss_total / max(1, seen),
+        "train_accuracy": correct_total / max(1, seen),
+        "lr": lr,
+        "seconds": seconds,
+        "images_per_second": seen / seconds if seconds > 0 else float("nan"),
+    }
+    if val_data is not None and len(val_data):
+        scored = accuracy(model, val_data, config.eval_batch_size, batches.device, config.amp)
+        record["val_accuracy"] = scored["accuracy"]
+    return record
 
 
 def _budget_spent(budget: float | None, fit_started: float, epoch_started: float,

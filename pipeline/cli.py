@@ -9,9 +9,16 @@ smallNORB switched off both commands exit 0 and write outputs marked DISABLED.""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from capsnet.cli_options import check_output, data_root_option, params_option
+from capsnet.errors import ConfigError
 
 PARAMS_OPTION = params_option("sections sweep, train, smallnorb_sweep, smallnorb_train")
 DATA_ROOT_OPTION = data_root_option()
@@ -48,3 +55,60 @@ def check_sweep_outputs(params_path: Path, section: str, sweep) -> None:
     if "://" not in sweep.storage_path:
         check_output(sweep.storage_path, f"{name}: {section}.storage_path")
     check_output(sweep.wandb.dir, f"{name}: {section}.wandb.dir")
+
+
+#: Tries, and seconds each may take, before a Ray address that does not answer is refused.
+RAY_PROBE_TRIES = 3
+RAY_PROBE_TIMEOUT = 2.0
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse a ``host:port`` or ``ray://host:port`` Ray address where nothing accepts a
+    connection after RAY_PROBE_TRIES tries, before any work (Ray itself retries without
+    end). ``local`` and ``auto`` are Ray's to resolve."""
+    if address in ("local", "auto"):
+        return
+    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"Ray address {address!r} (--address / $RAY_ADDRESS): expected local, auto, "
+            "host:port or ray://host:port"
+        )
+    reason = ""
+    for attempt in range(RAY_PROBE_TRIES):
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), RAY_PROBE_TIMEOUT):
+                return
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+        if attempt < RAY_PROBE_TRIES - 1:
+            time.sleep(1.0)
+    raise ConfigError(
+        f"Ray address {address} (--address / $RAY_ADDRESS): nothing answers at {hostport} "
+        f"({reason}) after {RAY_PROBE_TRIES} tries; start the cluster or use --address local"
+    )
+
+
+@contextlib.contextmanager
+def sigint_seen() -> Iterator[list[bool]]:
+    """Yield a one-item list that is ``[True]`` after the block when SIGINT arrived during
+    it, whoever handled the signal (Ray Tune installs its own handler and ends ``fit``
+    quietly): the signal's number is read back from ``signal.set_wakeup_fd``."""
+    seen = [False]
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: nothing to watch
+        previous = None
+    try:
+        yield seen
+    finally:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        with contextlib.suppress(BlockingIOError):
+            seen[0] = signal.SIGINT in os.read(read_end, 4096)
+        os.close(read_end)
+        os.close(write_end)

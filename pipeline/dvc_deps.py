@@ -7,15 +7,24 @@ module reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
 module's dotted name (the model registry imports its families by name). Importing
 ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
-A whole command group counts: ``capsnet data download`` depends on every module that
-``capsnet/data/cli.py`` imports.
+In a command group's module only what the stage's subcommand runs counts: the module's
+top-level statements, the function registered as that subcommand and the module's
+functions it names (``capsnet data download`` does not depend on what ``capsnet data
+show`` imports inside its function).
 
 Code deps are the deps inside a project package (a top-level directory holding
-``__init__.py``); every other dep (data, checkpoints, sweep results) is left as it is. A
-directory is listed instead of its files only when every file in it is in the closure.
+``__init__.py``); every other dep (data, checkpoints, sweep results) is left as it is. Code
+deps are listed file by file, never as a directory: a new module nobody imports, or an edit
+to one, leaves every stage as it was.
 
     python -m pipeline.dvc_deps            # check: one line per missing or extra file
     python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
+    CAPSNET_PARAMS_TRACE=reads.tsv dvc repro -f
+    python -m pipeline.dvc_deps --reads reads.tsv   # every key a stage read is a param of it
+
+Params deps: each stage lists the params keys its command reads. With
+$CAPSNET_PARAMS_TRACE set, every read is recorded per stage (capsnet.config.trace), and
+``unlisted_reads`` names each key a stage read but does not list (tests/test_dvc_repro.py).
 """
 
 from __future__ import annotations
@@ -51,34 +60,91 @@ def module_file(root: Path, name: str) -> Path | None:
     return None
 
 
-def imported_names(source: str, module: str, is_package: bool, path: Path) -> Iterator[str]:
-    """Every module name that ``source`` (module ``module``) may import, at any level."""
+def _is_subcommand(decorator: ast.expr, name: str) -> bool:
+    """Whether ``decorator`` is ``<group>.command("name")`` (click's registration)."""
+    if not (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)):
+        return False
+    if decorator.func.attr != "command":
+        return False
+    given = [a for a in decorator.args[:1]] + [
+        k.value for k in decorator.keywords if k.arg == "name"
+    ]
+    return [a.value for a in given if isinstance(a, ast.Constant)] == [name]
+
+
+def reached_nodes(tree: ast.Module, subcommand: str | None) -> list[ast.AST]:
+    """The parts of a module a run of ``subcommand`` executes: every top-level statement
+    but function bodies, the subcommand's function and the module functions named from
+    what is reached. The whole module when ``subcommand`` is None or registers nowhere."""
+    functions = {
+        node.name: node
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    start = [
+        f
+        for f in functions.values()
+        if subcommand is not None and any(_is_subcommand(d, subcommand) for d in f.decorator_list)
+    ]
+    if not start:
+        return [tree]
+    top = [node for node in tree.body if node not in functions.values()]
+    reached: dict[str, ast.AST] = {}
+    todo = list(start) + [
+        functions[n.id]
+        for stmt in top
+        for n in ast.walk(stmt)
+        if isinstance(n, ast.Name) and n.id in functions
+    ]
+    while todo:
+        function = todo.pop()
+        if function.name in reached:
+            continue
+        reached[function.name] = function
+        todo += [
+            functions[n.id]
+            for n in ast.walk(function)
+            if isinstance(n, ast.Name) and n.id in functions
+        ]
+    return top + list(reached.values())
+
+
+def imported_names(
+    source: str, module: str, is_package: bool, path: Path, subcommand: str | None = None
+) -> Iterator[str]:
+    """Every module name that ``source`` (module ``module``) may import, at any level (in a
+    group module, only in what ``subcommand`` runs: ``reached_nodes``)."""
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
         raise ConfigError(f"{path}: cannot parse: {exc.msg} (line {exc.lineno})") from None
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                if node.level > len(parts):
-                    raise ConfigError(f"{path}: relative import beyond the top-level package")
-                anchor = ".".join(parts[: len(parts) - node.level + 1])
-                base = f"{anchor}.{base}" if base else anchor
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if MODULE_NAME.fullmatch(node.value):
-                yield node.value
+    for root in reached_nodes(tree, subcommand):
+        for node in ast.walk(root):
+            if isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    if node.level > len(parts):
+                        raise ConfigError(f"{path}: relative import beyond the top-level package")
+                    anchor = ".".join(parts[: len(parts) - node.level + 1])
+                    base = f"{anchor}.{base}" if base else anchor
+                yield base
+                yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if MODULE_NAME.fullmatch(node.value):
+                    yield node.value
 
 
-def import_closure(root: Path, modules: Iterable[str]) -> set[str]:
-    """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs."""
+def import_closure(
+    root: Path, modules: Iterable[str], subcommands: dict[str, str] | None = None
+) -> set[str]:
+    """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs;
+    ``subcommands`` maps a group module to the subcommand the stage runs."""
     root = root.resolve()
+    subcommands = subcommands or {}
     seen: dict[str, Path] = {}
     todo = list(modules)
     while todo:
@@ -93,7 +159,10 @@ def import_closure(root: Path, modules: Iterable[str]) -> set[str]:
                 break
             seen[prefix] = path
             is_package = path.name == "__init__.py"
-            todo.extend(imported_names(path.read_text(), prefix, is_package, path))
+            found = imported_names(
+                path.read_text(), prefix, is_package, path, subcommands.get(prefix)
+            )
+            todo.extend(found)
     return {path.relative_to(root).as_posix() for path in seen.values()}
 
 
@@ -131,8 +200,9 @@ def console_scripts() -> dict[str, str]:
     return {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
 
 
-def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]) -> list[str]:
-    """The modules a stage's ``cmd`` imports first: the script's and the command's."""
+def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]):
+    """The modules a stage's ``cmd`` imports first (the script's and the command's) and,
+    for a command group, {group module: the subcommand the stage runs}."""
     argv = shlex.split(" ".join(cmd) if isinstance(cmd, list) else str(cmd))
     if len(argv) < 2 or argv[0] not in scripts:
         raise ConfigError(
@@ -140,8 +210,9 @@ def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]) -> 
             f"({', '.join(sorted(scripts))}) with a command: {cmd!r}"
         )
     script_module = scripts[argv[0]].partition(":")[0]
-    target = command_target(root, script_module, argv[1])
-    return [script_module, target.partition(":")[0]]
+    target = command_target(root, script_module, argv[1]).partition(":")[0]
+    subcommands = {target: argv[2]} if len(argv) > 2 and not argv[2].startswith("-") else {}
+    return [script_module, target], subcommands
 
 
 def files_under(root: Path, rel: str) -> set[str]:
@@ -160,18 +231,6 @@ def files_under(root: Path, rel: str) -> set[str]:
     }
 
 
-def compact(root: Path, files: set[str]) -> list[str]:
-    """``files`` sorted, with each directory whose every file is in ``files`` listed whole."""
-    dirs = {p.as_posix() for f in files for p in Path(f).parents if p != Path(".")}
-    whole: list[str] = []
-    for directory in sorted(dirs, key=lambda d: d.count("/")):  # shallowest first
-        inside = any(directory.startswith(d + "/") for d in whole)
-        if not inside and files_under(root, directory) <= files:
-            whole.append(directory)
-    rest = {f for f in files if not any(f.startswith(d + "/") for d in whole)}
-    return sorted(rest | set(whole))
-
-
 def is_code(dep: str, packages: set[str]) -> bool:
     return Path(dep).parts[0] in packages
 
@@ -188,7 +247,8 @@ def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
     for name, stage in stages.items():
         if "cmd" not in stage:
             raise ConfigError(f"dvc.yaml stage {name}: no cmd")
-        closures[name] = import_closure(root, stage_modules(root, name, stage["cmd"], scripts))
+        modules, subcommands = stage_modules(root, name, stage["cmd"], scripts)
+        closures[name] = import_closure(root, modules, subcommands)
     return closures
 
 
@@ -199,11 +259,48 @@ def differences(root: Path, stages: dict) -> list[str]:
     for name, closure in stage_closures(root, stages).items():
         listed: set[str] = set()
         for entry in stages[name].get("deps") or []:
-            if is_code(dep_path(entry), packages):
-                listed |= files_under(root, dep_path(entry))
+            path = dep_path(entry)
+            if is_code(path, packages):
+                listed |= files_under(root, path)
+                if (root / path).is_dir():
+                    problems.append(f"stage {name}: deps list directory {path} (list its files)")
         problems += [f"stage {name}: deps miss {f} (imported)" for f in sorted(closure - listed)]
         extra = sorted(listed - closure)
         problems += [f"stage {name}: deps list {f} (not imported)" for f in extra]
+    return problems
+
+
+#: Keys a stage may read without listing them: they cannot change what it writes (a mirror
+#: only serves files verified by their MD5).
+NOT_PARAMS = ("data.mirror",)
+
+
+def _in_params(params: dict, key: str) -> bool:
+    node = params
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def unlisted_reads(trace_text: str, stages: dict, params: dict) -> list[str]:
+    """One line per params key a stage read (a $CAPSNET_PARAMS_TRACE file's
+    ``<stage>\t<key>`` lines, capsnet.config.trace) that its dvc.yaml ``params`` neither
+    list nor hold inside a listed section. A key ``params`` (the params file's data) does
+    not set reads its dataclass default, which lives in code, a code dep of the stage."""
+    read: dict[str, set[str]] = {}
+    for line in trace_text.splitlines():
+        stage, _, key = line.partition("\t")
+        if key:
+            read.setdefault(stage, set()).add(key)
+    problems = []
+    for stage in sorted(set(read) & set(stages)):
+        listed = [e for e in stages[stage].get("params") or [] if isinstance(e, str)]
+        for key in sorted(read[stage]):
+            covered = any(key == e or key.startswith(e + ".") for e in listed)
+            if not covered and key not in NOT_PARAMS and _in_params(params, key):
+                problems.append(f"stage {stage}: reads params key {key}, which its params omit")
     return problems
 
 
@@ -229,7 +326,7 @@ def rewrite(root: Path, text: str) -> str:
         stage = document["stages"][name]
         old = stage.get("deps") or CommentedSeq()
         kept = [i for i, entry in enumerate(old) if not is_code(dep_path(entry), packages)]
-        new = CommentedSeq([old[i] for i in kept] + compact(root, closure))
+        new = CommentedSeq([old[i] for i in kept] + sorted(closure))
         for j, i in enumerate(kept):
             if i in old.ca.items:
                 new.ca.items[j] = old.ca.items[i]
@@ -264,9 +361,27 @@ def load_stages(dvc_yaml: Path) -> dict:
     help="The pipeline file; its directory is the project root.",
 )
 @click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
-def main(dvc_yaml: Path, write: bool) -> None:
+@click.option(
+    "--reads",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A $CAPSNET_PARAMS_TRACE file of a traced `dvc repro`: check instead that every "
+    "params key each stage read is listed in its params.",
+)
+def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
     """Check (or rewrite) that each stage's code deps are its command's import closure."""
     root = dvc_yaml.resolve().parent
+    if reads is not None:
+        from capsnet.config.yamlfile import read_yaml
+
+        params = read_yaml(root / "params.yaml") or {}
+        problems = unlisted_reads(reads.read_text(), load_stages(dvc_yaml), params)
+        for line in problems:
+            click.echo(line)
+        if problems:
+            raise click.exceptions.Exit(1)
+        click.echo(f"{dvc_yaml}: every params key a stage read is in its params")
+        return
     try:
         if write:
             from capsnet.io import atomic_write_text

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from capsnet.cli_errors import error_cause
 from capsnet.config import SweepConfig
 from capsnet.io import atomic_directory, atomic_write_text, clear_disabled, write_marker
 from pipeline.trainable import applies
@@ -20,11 +21,8 @@ METRICS = ("val_accuracy", "val_rotated_accuracy")
 
 
 def _first_line(error: BaseException | None) -> str:
-    if error is None:
-        return ""
-    text = str(error).strip().splitlines()
-    tail = [line for line in text if line.strip()][-1:] or [type(error).__name__]
-    return tail[0].strip()[:200]
+    """The trial's error by its cause: exception type and first meaningful line."""
+    return "" if error is None else error_cause(error)
 
 
 def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:

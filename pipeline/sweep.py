@@ -40,6 +40,26 @@ class SweepError(CapsnetError):
 class SweepInterrupted(CapsnetError):
     """The driver was interrupted; Tune saved its state and the next run resumes."""
 
+    def __init__(self, message: str, experiment_path: str = ""):
+        super().__init__(message)
+        self.experiment_path = experiment_path
+
+
+def restore_tuner(experiment_path: str, trainable, **options):
+    """``tune.Tuner.restore``; SweepError naming the state when it cannot be read (a
+    truncated or foreign tuner.pkl, a damaged experiment state)."""
+    from ray import tune
+
+    try:
+        return tune.Tuner.restore(experiment_path, trainable=trainable, **options)
+    except Exception as exc:  # whatever unpickling damaged state raises
+        from capsnet.cli_errors import error_cause
+
+        raise SweepError(
+            f"{experiment_path}: the saved sweep state cannot be read ({error_cause(exc)}); "
+            "remove that directory to start the sweep afresh"
+        ) from exc
+
 
 @dataclass
 class SweepData:
@@ -163,9 +183,11 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
               "compile")  # fmt: skip
     for name in unread:
         settings.pop(name)
-    augment = dataclasses.asdict(base.augment_params)
-    used = {
-        "augment": {s: augment.get(s) for s in space_values(sweep.space, "augment")},
+    blocks = {
+        s: getattr(base.augment_params, s, None) for s in space_values(sweep.space, "augment")
+    }
+    used = {  # the settings of the strategies the space uses, no other augment key
+        "augment": {s: dataclasses.asdict(b) if b is not None else None for s, b in blocks.items()},
         "smallnorb": dataclasses.asdict(base.smallnorb) if sweep.dataset == "smallnorb" else None,
     }
     parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]
@@ -300,7 +322,7 @@ def run_sweep(
 
     Joins ``address`` ("local": a private instance) unless Ray is already initialised in
     this process. Raises SweepError naming the trials that still errored after their
-    retries, SweepInterrupted when the driver was interrupted.
+    retries, SweepInterrupted when the driver was interrupted; neither writes any output.
     """
     from ray import tune
 
@@ -320,8 +342,8 @@ def run_sweep(
         trainable = _trainable(sweep, base, data)
         restored = tune.Tuner.can_restore(experiment_path)
         if restored:
-            tuner = tune.Tuner.restore(
-                experiment_path, trainable=trainable, resume_unfinished=True, resume_errored=True
+            tuner = restore_tuner(
+                experiment_path, trainable, resume_unfinished=True, resume_errored=True
             )
         else:
             shared = tracking.sweep_run_config(sweep, base, data.split)
@@ -332,9 +354,11 @@ def run_sweep(
         if unfinished:
             raise SweepInterrupted(
                 f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
-                f"{experiment_path} and the next run resumes it"
+                f"{experiment_path} and the next run resumes it",
+                experiment_path,
             )
         rows = results.result_rows(fitted, sweep)
+        _raise_errored(rows, sweep, experiment_path)  # a failed sweep writes no best.json
         best = results.best_result(fitted, sweep)
         outputs = results.write_outputs(out_dir, rows, best, sweep)
     finally:
@@ -342,7 +366,6 @@ def run_sweep(
             import ray
 
             ray.shutdown()
-    _raise_errored(rows, sweep, experiment_path)
     return SweepOutcome(experiment_path, rows, best, restored, outputs)
 
 
@@ -370,7 +393,6 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
     """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
     created yet. After an interrupt Tune stops the running trials and marks them
     TERMINATED in memory, but the state it saved first still has them RUNNING."""
-    from ray import tune
 
-    saved = tune.Tuner.restore(experiment_path, trainable=trainable).get_results()
+    saved = restore_tuner(experiment_path, trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors

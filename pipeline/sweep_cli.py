@@ -7,14 +7,17 @@ from pathlib import Path
 import click
 
 from capsnet.cli_options import check_output, count, mirror_option, resolve_mirror
+from capsnet.errors import CapsnetError
 from pipeline.cli import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,
     SWEEP_SECTIONS,
+    check_ray_address,
     check_sweep_outputs,
     disabled_reason,
     load_params,
+    sigint_seen,
 )
 
 
@@ -54,7 +57,7 @@ from pipeline.cli import (
 def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
     """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
     from pipeline.results import write_disabled
-    from pipeline.sweep import base_spec, run_sweep
+    from pipeline.sweep import SweepInterrupted, base_spec, run_sweep
 
     params = load_params(params_path)
     sweep = getattr(params, section)
@@ -67,8 +70,22 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
         click.echo("wrote " + ", ".join(outputs.values()) + " (marked disabled)")
         return
     check_sweep_outputs(params_path, section, sweep)
+    check_ray_address(address)
     base = base_spec(sweep, params, data_root, resolve_mirror(mirror, params))
-    outcome = run_sweep(sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus)
+    with sigint_seen() as interrupted:
+        try:
+            outcome = run_sweep(sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus)
+        except SweepInterrupted as exc:
+            stopped = exc
+        else:
+            stopped = None
+    if interrupted[0]:
+        raise KeyboardInterrupt
+    if stopped is not None:  # unfinished trials though nothing interrupted this run
+        raise CapsnetError(
+            f"the sweep ended with unfinished trials though it was not interrupted: its saved "
+            f"state in {stopped.experiment_path} is incomplete; remove it to start afresh"
+        )
     verb = "resumed" if outcome.restored else "ran"
     click.echo(f"{verb} {len(outcome.rows)} trial(s); state in {outcome.experiment_path}")
     if outcome.best is not None:

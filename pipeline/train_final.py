@@ -23,6 +23,7 @@ killed stage leaves the earlier directory, never a mix of old and new checkpoint
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from capsnet.io import atomic_directory, atomic_write_json, read_json, write_mar
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
 from pipeline.gpu_worker import Runner, placement
-from pipeline.trainable import device_label, run_spec
+from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -53,7 +54,30 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
         )
     if not isinstance(best, dict) or not isinstance(best.get("config"), dict):
         raise ConfigError(f"{path}: no 'config' of the best trial")
+    for key, value in best["config"].items():
+        problem = config_value_problem(key, value)
+        if problem is not None:
+            raise ConfigError(f"{path}: config.{key}: {problem}, got {value!r:.60}")
     return best
+
+
+def config_value_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be trial-config ``key`` (see pipeline.trainable), or None."""
+    names = ("model", "augment", "loss")
+    kind = MODEL_KEYS.get(key, float if key in TRAIN_KEYS else str if key in names else None)
+    if value is None or kind is None:
+        return None
+    if kind is bool:
+        return None if isinstance(value, bool) else "expected true or false"
+    if kind is str:
+        return None if isinstance(value, str) else "expected a name"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "expected a number"
+    if not math.isfinite(value):
+        return "expected a finite number"
+    if kind is int and not (isinstance(value, int) or float(value).is_integer()):
+        return "expected a whole number"
+    return None
 
 
 def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, Any]]:

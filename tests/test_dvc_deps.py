@@ -100,17 +100,61 @@ def test_closure_refuses_an_unparsable_module(tmp_path):
         dvc_deps.import_closure(root, ["pkg.bad"])
 
 
-def test_a_directory_is_listed_only_when_all_its_files_are_imported(tmp_path):
+def test_a_directory_dep_is_refused_for_its_files(repo_root, stages):
+    """Code deps are files: a folder would rerun its stage for any module added to it."""
+    download = dict(stages["download_mnist"])
+    download["deps"] = [d for d in download["deps"] if not d.startswith("capsnet/config/")]
+    download["deps"].append("capsnet/config")
+    assert dvc_deps.differences(repo_root, {"download_mnist": download}) == [
+        "stage download_mnist: deps list directory capsnet/config (list its files)"
+    ]
+    for name, stage in stages.items():
+        for entry in stage.get("deps") or []:
+            path = dvc_deps.dep_path(entry)
+            if path.startswith(("capsnet/", "pipeline/")):
+                assert (repo_root / path).is_file(), f"stage {name}: {path} is not a file"
+
+
+def test_a_group_subcommand_depends_only_on_what_it_runs(tmp_path, repo_root, stages):
     root = write(
         tmp_path,
-        {"pkg/__init__.py": "", "pkg/a/__init__.py": "", "pkg/a/x.py": "", "pkg/b/y.py": ""},
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli.py": """\
+                import click
+                from pkg import shared
+
+                @click.group()
+                def group():
+                    pass
+
+                def _helper():
+                    from pkg import helped
+
+                @group.command("fetch")
+                def fetch_command():
+                    from pkg import fetching
+                    _helper()
+
+                @group.command(name="show")
+                def show_command():
+                    from pkg import showing
+                """,
+            **{f"pkg/{name}.py": "" for name in ("shared", "helped", "fetching", "showing")},
+        },
     )
-    (root / "pkg" / "b" / "notes.txt").write_text("not code\n")
-    (root / "pkg" / "a" / "__pycache__").mkdir()
-    (root / "pkg" / "a" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"")
-    files = {"pkg/__init__.py", "pkg/a/__init__.py", "pkg/a/x.py", "pkg/b/y.py"}
-    assert dvc_deps.compact(root, files) == ["pkg/__init__.py", "pkg/a", "pkg/b/y.py"]
-    assert dvc_deps.files_under(root, "pkg/a") == {"pkg/a/__init__.py", "pkg/a/x.py"}
+    assert dvc_deps.import_closure(root, ["pkg.cli"], {"pkg.cli": "fetch"}) == {
+        "pkg/__init__.py",
+        "pkg/cli.py",
+        "pkg/shared.py",
+        "pkg/helped.py",
+        "pkg/fetching.py",
+    }
+    assert "pkg/showing.py" in dvc_deps.import_closure(root, ["pkg.cli"], {"pkg.cli": "show"})
+    assert "pkg/showing.py" in dvc_deps.import_closure(root, ["pkg.cli"])  # the whole module
+    closures = dvc_deps.stage_closures(repo_root, stages)
+    for name in ("download_mnist", "prepare_mnist", "build_multimnist"):
+        assert "capsnet/data/show.py" not in closures[name], name
 
 
 def test_rewrite_keeps_data_deps_and_comments(repo_root):
@@ -154,3 +198,39 @@ def test_stage_params_exist_in_params_yaml(repo_root, stages):
                     f"stage {name}: param {entry} is not in params.yaml"
                 )
                 node = node[part]
+
+
+def test_a_stage_reading_a_key_it_does_not_list_is_named(tmp_path, repo_root):
+    """Reads are traced per stage ($CAPSNET_PARAMS_TRACE, $DVC_STAGE); a key the stage's
+    params neither list nor hold in a listed section is named. A key params.yaml does not
+    set reads its dataclass default (code), and data.mirror cannot change an output."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    trace = tmp_path / "reads.tsv"
+    script = (
+        "from capsnet import config\n"
+        f"p = config.load({str(repo_root / 'params.yaml')!r})\n"
+        "p.train.seeds, p.augment.shift.pixels, p.evaluate.limit, p.sweep.dataset, p.data.mirror\n"
+    )
+    env = {**os.environ, "CAPSNET_PARAMS_TRACE": str(trace), "DVC_STAGE": "train"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    lines = sorted(trace.read_text().splitlines())
+    assert lines == [
+        "train\taugment.shift.pixels",
+        "train\tdata.mirror",
+        "train\tevaluate.limit",
+        "train\tsweep.dataset",
+        "train\ttrain.seeds",
+    ]
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["sweep"].pop("dataset", None)
+    stages = {"train": {"params": ["train", "augment.shift"]}, "evaluate": {"params": []}}
+    assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == [
+        "stage train: reads params key evaluate.limit, which its params omit"
+    ]
+    stages["train"]["params"].append("evaluate.limit")
+    assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == []

@@ -95,6 +95,7 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
         "RAY_USAGE_STATS_ENABLED": "0",
         "WANDB_MODE": "offline",
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "CAPSNET_PARAMS_TRACE": str(tmp_path / "params-read.tsv"),
     }
     for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY"):
         env.pop(key, None)
@@ -125,6 +126,18 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
 
     status = run([dvc, "status"], work, env)
     assert "Data and pipelines are up to date." in status, status
+
+    # every params key a stage read is one of its params (capsnet.config.trace)
+    import yaml
+
+    from pipeline import dvc_deps
+
+    read = (tmp_path / "params-read.tsv").read_text()
+    assert {line.split("\t")[0] for line in read.splitlines()} >= {"sweep", "train", "evaluate"}
+    stages = dvc_deps.load_stages(work / "dvc.yaml")
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    unlisted = dvc_deps.unlisted_reads(read, stages, params)
+    assert unlisted == [], "\n".join(unlisted)
 
     # a code edit reruns exactly the stages whose commands import the file
     assert changed_stages(work, "pipeline/report.py", dvc, env) == {"publish"}

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -192,18 +193,61 @@ def test_stale_temporaries_of_dead_writers_removed_live_ones_kept(tmp_path):
     assert io.remove_stale(target) == [foreign]
 
 
-def test_old_copy_of_a_writer_killed_between_renames_is_put_back(tmp_path):
-    """A dead writer renamed the old directory aside and never renamed the new one in."""
+def test_an_old_copy_beside_a_missing_output_is_removed_never_renamed_in(tmp_path):
+    """A ``.old`` directory (a dead writer's or a planted one) never becomes the output."""
     target = tmp_path / "out"
     pid = _dead_pid()
     old, staging = _temp_of(target, pid, ".old"), _temp_of(target, pid)
     old.mkdir()
-    (old / "model.pt").write_text("old complete")
+    (old / "model.pt").write_text("planted")
     staging.mkdir()
     (staging / "model.pt").write_text("new, maybe incomplete")
-    assert io.remove_stale(target) == [staging]
-    assert (target / "model.pt").read_text() == "old complete"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert io.remove_stale(target) == [old, staging]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_writer_leaves_no_planted_old_copy_as_the_output(tmp_path):
+    target = tmp_path / "out"
+    planted = _temp_of(target, _dead_pid(), ".old")
+    planted.mkdir()
+    (planted / "model.pt").write_text("planted")
+    with pytest.raises(RuntimeError), io.atomic_directory(target) as tmp:
+        (tmp / "model.pt").write_text("half")
+        raise RuntimeError("the writer fails")
+    assert not target.exists() and sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_a_special_file_is_refused_not_replaced(tmp_path, make):
+    if make == "fifo":
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    before = os.stat(target)
+    with pytest.raises(CapsnetError, match="not a regular file"):
+        io.atomic_write_text(target, "x")
+    with pytest.raises(CapsnetError, match="not a regular file"):
+        with io.atomic_directory(target):
+            pass
+    after = os.stat(target)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode,
+        before.st_ino,
+        before.st_rdev,
+    )
+    assert [p.name for p in tmp_path.iterdir()] == (["fifo"] if make == "fifo" else [])
+
+
+def test_read_json_bounds_nesting(tmp_path):
+    deep = tmp_path / "best.json"
+    for depth in (io.MAX_JSON_DEPTH + 1, 100_000):
+        deep.write_text("[" * depth + "]" * depth)
+        with pytest.raises(CapsnetError, match=f"nested deeper than {io.MAX_JSON_DEPTH}"):
+            io.read_json(deep)
+    deep.write_text("[" * io.MAX_JSON_DEPTH + "]" * io.MAX_JSON_DEPTH)
+    assert io.json_depth(io.read_json(deep)) == io.MAX_JSON_DEPTH
+    assert io.json_depth({"a": [1, {"b": 2}]}) == 3 and io.json_depth(7) == 0
 
 
 def test_old_copy_beside_a_new_directory_is_removed(tmp_path):

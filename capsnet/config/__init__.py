@@ -63,6 +63,7 @@ from capsnet.config.sweep import (
     TrialCheckpointConfig,
     WandbConfig,
 )
+from capsnet.config.trace import trace
 from capsnet.config.viewpoints import (
     DATA_FIELDS,
     KINDS,
@@ -107,7 +108,7 @@ class Params:
 def load(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate a params file (a missing section takes its defaults)."""
     path = Path(path)
-    return from_dict(Params, read_yaml(path) or {}, source=path.name)
+    return trace(from_dict(Params, read_yaml(path) or {}, source=path.name))
 
 
 def load_or_default(path: str | os.PathLike | None) -> Params:

@@ -6,7 +6,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from capsnet.config.schema import Invalid, above, at_least, range_pair
+from capsnet.config.schema import Invalid, at_least, range_pair
 
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
@@ -127,11 +127,11 @@ class AffineAugment:
 @dataclass(frozen=True)
 class ElasticAugment:
     alpha: float = 34.0
-    sigma: float = 4.0
+    sigma: float = 4.0  # albumentations' ElasticTransform takes sigma >= 1
 
     def __post_init__(self):
         at_least(self, "alpha", 0)
-        above(self, "sigma", 0)
+        at_least(self, "sigma", 1)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 from pathlib import Path
@@ -98,28 +99,63 @@ NORB_DTYPES = {
 NORB_MAGIC = {dtype: magic for magic, dtype in NORB_DTYPES.items()}
 
 
-def read_norb(path: str | os.PathLike):
+#: Each smallNORB part's element type and dimensions: images, category labels, and the
+#: instance/elevation/azimuth/lighting rows.
+NORB_PARTS = {"dat": ("uint8", 4), "cat": ("int32", 1), "info": ("int32", 2)}
+#: The largest smallNORB matrix this reader accepts (the official training images hold
+#: 447,897,600 bytes).
+NORB_MAX_BYTES = 1 << 31
+
+
+def norb_part(path: str | os.PathLike) -> str | None:
+    """The part (``dat``, ``cat`` or ``info``) an official smallNORB file name says it holds."""
+    name = Path(path).name.removesuffix(".gz").removesuffix(".mat")
+    stem, dash, part = name.rpartition("-")
+    return part if stem and dash and part in NORB_PARTS else None
+
+
+def read_norb(path: str | os.PathLike, part: str | None = None):
     """A smallNORB binary matrix (optionally .gz) -> numpy array of its dtype and dims.
 
     Header: little-endian int32 magic, ndim, then max(3, ndim) dims (the extra ones ignored).
+    ``part`` (default: from the official file name) fixes the dtype and the number of dims
+    the header must declare, so a labels file holding floats is refused, not reinterpreted.
     """
     import numpy as np
 
+    part = part or norb_part(path)
     data = read_bytes(path)
     if len(data) < 8:
         raise DataError(f"{path}: too short for a smallNORB header ({len(data)} bytes)")
     magic, ndim = (int(v) for v in np.frombuffer(data, "<i4", count=2))
     if magic not in NORB_DTYPES:
         raise DataError(f"{path}: smallNORB magic {magic:#x} unknown")
+    if part is not None and NORB_DTYPES[magic] != NORB_PARTS[part][0]:
+        raise DataError(
+            f"{path}: smallNORB magic {magic:#x} says {NORB_DTYPES[magic]}, but a {part} file "
+            f"holds {NORB_PARTS[part][0]}"
+        )
     if not 0 < ndim <= 8:
         raise DataError(f"{path}: smallNORB header ndim {ndim} out of range 1..8")
+    if part is not None and ndim != NORB_PARTS[part][1]:
+        raise DataError(
+            f"{path}: smallNORB header declares {ndim} dims, a {part} file has "
+            f"{NORB_PARTS[part][1]}"
+        )
     header = 8 + 4 * max(3, ndim)
     if len(data) < header:
         raise DataError(f"{path}: truncated smallNORB header")
     dims = [int(d) for d in np.frombuffer(data, "<i4", count=ndim, offset=8)]
     dtype = np.dtype(NORB_DTYPES[magic]).newbyteorder("<")
-    expected = int(np.prod(dims)) * dtype.itemsize
-    if len(data) - header != expected or min(dims) < 0:
+    if min(dims) < 0:
+        raise DataError(f"{path}: header dims {dims} include a negative size")
+    expected = math.prod(dims) * dtype.itemsize  # Python integers: no wrap-around
+    if expected > NORB_MAX_BYTES:
+        raise DataError(
+            f"{path}: header dims {dims} ({NORB_DTYPES[magic]}) claim {expected} bytes, more "
+            f"than any smallNORB file ({NORB_MAX_BYTES})"
+        )
+    if len(data) - header != expected:
         raise DataError(
             f"{path}: header dims {dims} ({NORB_DTYPES[magic]}) need {expected} bytes but the "
             f"file holds {len(data) - header}"

@@ -24,6 +24,14 @@ RAW_MD5 = {
     "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
 }
 
+# file stem -> bytes of the decompressed file (an IDX header plus one byte per value)
+RAW_SIZE = {
+    "train-images-idx3-ubyte": 16 + 60_000 * 28 * 28,
+    "train-labels-idx1-ubyte": 8 + 60_000,
+    "t10k-images-idx3-ubyte": 16 + 10_000 * 28 * 28,
+    "t10k-labels-idx1-ubyte": 8 + 10_000,
+}
+
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -33,7 +41,11 @@ SPLIT_FILES = {
 def remote_files() -> list[RemoteFile]:
     return [
         RemoteFile(
-            "mnist", f"{stem}.gz", tuple(base + f"{stem}.gz" for base in OFFICIAL_BASES), md5
+            "mnist",
+            f"{stem}.gz",
+            tuple(base + f"{stem}.gz" for base in OFFICIAL_BASES),
+            md5,
+            size=RAW_SIZE[stem],
         )
         for stem, md5 in RAW_MD5.items()
     ]

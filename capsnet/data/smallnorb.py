@@ -32,6 +32,9 @@ RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
     ("test", "cat"): "fd5120d3f770ad57ebe620eb61a0b633",
     ("test", "info"): "7c5b871cc69dcadec1bf6a18141f5edc",
 }
+#: part -> bytes of each decompressed file: the header (magic, ndim, max(3, ndim) dims as
+#: int32), then 24,300 rows
+RAW_SIZE = {"dat": 24 + 24_300 * 2 * 96 * 96, "cat": 20 + 24_300 * 4, "info": 20 + 24_300 * 16}
 CLASSES = 5  # animal, human, airplane, truck, car
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
 INFO_MAX = (9, 8, 34, 5)  # the largest value of each info field
@@ -47,7 +50,11 @@ def filename(split: str, part: str) -> str:
 def remote_files() -> list[RemoteFile]:
     return [
         RemoteFile(
-            "smallnorb", filename(split, part), (OFFICIAL_BASE + filename(split, part),), md5
+            "smallnorb",
+            filename(split, part),
+            (OFFICIAL_BASE + filename(split, part),),
+            md5,
+            size=RAW_SIZE[part],
         )
         for (split, part), md5 in RAW_MD5.items()
     ]

@@ -6,14 +6,21 @@ in the target directory (``capsnet.io`` names), is fsynced, verified and only th
 into place. An archive is extracted into a temporary sibling of its directory, swapped in
 whole. A killed download or extraction therefore never leaves a file that looks complete,
 and the next run removes its temporaries before it starts.
+
+Every read is bounded: a file whose size is known (``RemoteFile.size``, the decompressed
+bytes) is copied and decompressed to at most that size (plus gzip's overhead) and one byte
+more, and every download has a total deadline besides the per-read timeout, so an endless
+source (``/dev/zero``) or one that trickles a byte at a time fails with one line.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import os
 import shutil
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +34,13 @@ from capsnet.errors import DataError
 from capsnet.io import atomic_directory, fsync_dir, new_temp_file, remove_stale
 
 MIRROR_ENV = "CAPSNET_MIRROR"
+DEADLINE_ENV = "CAPSNET_DOWNLOAD_DEADLINE"
 CHUNK = 1 << 20
+#: The most bytes a file of unknown size may have (affNIST's largest archive is far below).
+MAX_UNKNOWN_BYTES = 4 << 30
+#: A download's total deadline: this many seconds, plus its size at MIN_RATE bytes/s.
+DEADLINE_BASE = 120.0
+MIN_RATE = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,11 +56,35 @@ class RemoteFile:
     urls: tuple[str, ...]
     raw_md5: str | None
     check: Callable[[Path], None] | None = None
+    size: int | None = None  # bytes of the decompressed content, where known
+
+    @property
+    def max_bytes(self) -> int:
+        """The most bytes a copy of this file may have on the wire or decompressed: its
+        size plus what gzip can add (stored blocks: 5 bytes per 16 KiB, a header), or
+        MAX_UNKNOWN_BYTES when its size is not known."""
+        if self.size is None:
+            return MAX_UNKNOWN_BYTES
+        return self.size + self.size // 2048 + 1024
+
+    def deadline(self) -> float:
+        """Seconds a whole download of this file may take: $CAPSNET_DOWNLOAD_DEADLINE, else
+        DEADLINE_BASE plus its largest size at MIN_RATE."""
+        text = os.environ.get(DEADLINE_ENV, "").strip()
+        if text:
+            try:
+                value = float(text)
+            except ValueError:
+                value = -1.0
+            if not 0 < value < float("inf"):
+                raise DataError(f"${DEADLINE_ENV}={text!r}: expected seconds, a number > 0")
+            return value
+        return DEADLINE_BASE + self.max_bytes / MIN_RATE
 
     def verify(self, path: str | os.PathLike) -> str | None:
         """None when ``path`` is a verified copy, else why not."""
         if self.raw_md5 is not None:
-            digest = raw_md5(path)
+            digest = raw_md5(path, self.max_bytes)
             if digest != self.raw_md5:
                 return f"MD5 mismatch: raw content {digest}, expected {self.raw_md5}"
         if self.check is not None:
@@ -67,14 +104,22 @@ def candidate_urls(remote: RemoteFile, mirror: str | None = None) -> list[str]:
     return urls
 
 
-def raw_md5(path: str | os.PathLike) -> str:
-    """MD5 of the decompressed content of ``path`` (gzip detected by its magic bytes)."""
+def raw_md5(path: str | os.PathLike, max_bytes: int | None = None) -> str:
+    """MD5 of the decompressed content of ``path`` (gzip detected by its magic bytes);
+    DataError when that content runs past ``max_bytes`` (a gzip bomb stops there)."""
     digest = hashlib.md5()
+    seen = 0
     try:
         with open(path, "rb") as fh:
             opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
         with opener(path, "rb") as fh:
             for chunk in iter(lambda: fh.read(CHUNK), b""):
+                seen += len(chunk)
+                if max_bytes is not None and seen > max_bytes:
+                    raise DataError(
+                        f"{path}: its content runs past {max_bytes} bytes, more than the file "
+                        "it should be"
+                    )
                 digest.update(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
@@ -94,27 +139,41 @@ def is_verified(path: str | os.PathLike, expected: str | RemoteFile) -> bool:
         return False
 
 
+class SourceRefused(Exception):
+    """A source gave more bytes than its file can have, or took longer than its deadline."""
+
+
+def _open_local(path: Path):
+    """A local source: a FIFO or socket would block or never end, so only what can be read
+    to an end is opened (a device node is read up to the size bound)."""
+    mode = path.stat().st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise SourceRefused("not a regular file (a FIFO or socket)")
+    return open(path, "rb"), (path.stat().st_size if stat.S_ISREG(mode) else None)
+
+
 def _open_source(url: str, timeout: float):
     """A readable stream and its size (or None) for a URL, a file:// URL or a local path."""
     if "://" not in url:
-        path = Path(url)
-        return open(path, "rb"), path.stat().st_size
+        return _open_local(Path(url))
     if url.startswith("file://"):
-        path = Path(urllib.request.url2pathname(url[len("file://") :]))
-        return open(path, "rb"), path.stat().st_size
+        return _open_local(Path(urllib.request.url2pathname(url[len("file://") :])))
     request = urllib.request.Request(url, headers={"User-Agent": "capsnet-pipeline"})
     response = urllib.request.urlopen(request, timeout=timeout)
     size = response.headers.get("Content-Length")
-    return response, int(size) if size else None
+    return response, int(size) if size and size.isdigit() else None
 
 
-def _copy_to_temp(url: str, target: Path, timeout: float, progress: bool) -> Path:
-    """Stream ``url`` into a temporary file next to ``target``; return its path."""
+def _copy_to_temp(remote: RemoteFile, url: str, target: Path, timeout: float, progress: bool):
+    """Stream ``url`` into a temporary file next to ``target``; return its path. SourceRefused
+    when the source holds more than ``remote.max_bytes`` or outlasts ``remote.deadline()``."""
     from tqdm.auto import tqdm
 
+    limit, deadline = remote.max_bytes, remote.deadline()
+    ends = time.monotonic() + deadline
     fd, tmp = new_temp_file(target)
     try:
-        stream, size = _open_source(url, timeout)
+        stream, size = _open_source(url, min(timeout, deadline))
         with (
             stream,
             os.fdopen(fd, "wb") as out,
@@ -127,7 +186,17 @@ def _copy_to_temp(url: str, target: Path, timeout: float, progress: bool) -> Pat
                 leave=False,
             ) as bar,
         ):
-            for chunk in iter(lambda: stream.read(CHUNK), b""):
+            if size is not None and size > limit:
+                raise SourceRefused(f"{size} bytes, more than the {limit} the file can have")
+            written = 0
+            # a network response is read as bytes arrive, so the deadline is checked often
+            read = stream.read1 if isinstance(stream, http.client.HTTPResponse) else stream.read
+            while chunk := read(min(CHUNK, limit + 1 - written)):
+                written += len(chunk)
+                if written > limit:
+                    raise SourceRefused(f"more than the {limit} bytes the file can have")
+                if time.monotonic() > ends:
+                    raise SourceRefused(f"not complete after the {deadline:g} s deadline")
                 out.write(chunk)
                 bar.update(len(chunk))
             out.flush()
@@ -136,6 +205,21 @@ def _copy_to_temp(url: str, target: Path, timeout: float, progress: bool) -> Pat
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _place_verified(remote: RemoteFile, tmp: Path, target: Path) -> str | None:
+    """Rename the download ``tmp`` to ``target`` when it verifies (None), else remove it
+    and say why not."""
+    try:
+        problem = remote.verify(tmp)
+    except DataError as exc:  # e.g. a truncated .gz
+        problem = str(exc).replace(str(tmp), "download")
+    if problem is not None:
+        tmp.unlink(missing_ok=True)
+        return problem
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+    return None
 
 
 def fetch(
@@ -165,9 +249,9 @@ def fetch(
     for url in candidate_urls(remote, mirror):
         for attempt in range(retries):
             try:
-                tmp = _copy_to_temp(url, target, timeout, progress)
-            except FileNotFoundError:
-                failures.append(f"{url} (not found)")
+                tmp = _copy_to_temp(remote, url, target, timeout, progress)
+            except (FileNotFoundError, SourceRefused) as exc:
+                failures.append(f"{url} ({'not found' if isinstance(exc, OSError) else exc})")
                 break
             except urllib.error.HTTPError as exc:
                 failures.append(f"{url} (HTTP {exc.code})")
@@ -178,15 +262,9 @@ def fetch(
                 if attempt == retries - 1:
                     failures.append(f"{url} ({reason})")
             else:
-                try:
-                    problem = remote.verify(tmp)
-                except DataError as exc:  # e.g. a truncated .gz
-                    problem = str(exc).replace(str(tmp), "download")
+                problem = _place_verified(remote, tmp, target)
                 if problem is None:
-                    os.replace(tmp, target)
-                    fsync_dir(directory)
                     return target
-                tmp.unlink(missing_ok=True)
                 failures.append(f"{url} ({problem})")
                 break
             if attempt < retries - 1:

@@ -33,10 +33,19 @@ def comparison_meta(meta: dict[str, Any], source: str) -> dict[str, Any] | None:
     if found is None:
         return None
     valid = isinstance(found, dict) and found.get("arm") in ARMS
-    if not valid or not isinstance(found.get("label"), str) or not found["label"]:
+    if valid:
+        budget = found.get("time_budget_seconds")
+        valid = (
+            isinstance(found.get("label"), str)
+            and bool(found["label"])
+            and isinstance(found.get("reference"), (str, type(None)))
+            and (budget is None or (_is_number(budget) and math.isfinite(budget)))
+        )
+    if not valid:
         raise CapsnetError(
             f"{source}: extra 'comparison' must be {{'arm': {' | '.join(ARMS)}, 'label': "
-            f"text, ...}}, got {found!r}"
+            f"text, 'reference': text or null, 'time_budget_seconds': seconds or null}}, "
+            f"got {found!r:.200}"
         )
     return found
 

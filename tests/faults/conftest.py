@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,30 @@ def tally(tmp_path_factory) -> Tally:
     """The session's counts, written to <basetemp>/faults.json when the session ends."""
     yield _TALLY
     _WRITTEN.append(_TALLY.write(tmp_path_factory.getbasetemp() / "faults.json"))
+
+
+#: Seconds one test of the suite may take before it counts as a hang and fails.
+TEST_DEADLINE = 900
+
+
+@pytest.fixture(autouse=True)
+def deadline(tally):
+    """Every case ends within TEST_DEADLINE seconds: past it the test fails as a hang."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        tally.hangs += 1
+        raise TimeoutError(f"the case ran past its {TEST_DEADLINE} s deadline (a hang)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TEST_DEADLINE)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_terminal_summary(terminalreporter):

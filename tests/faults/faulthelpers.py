@@ -3,7 +3,9 @@ line, no traceback, and no output that looks complete but is not.
 
 A ``Tally`` counts every case: bad inputs tried, faults injected (a full disk, a read-only
 file system, a process killed or an operation failing mid-write), tracebacks and partial
-outputs seen. tests/faults/conftest.py prints the totals and writes them as JSON.
+outputs seen, hangs (a subprocess still running at its deadline: ``run_bounded``) and stale
+results (an output that a killed or refused run left or changed after the fact).
+tests/faults/conftest.py prints the totals and writes them as JSON.
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ class Tally:
     faults: int = 0
     tracebacks: int = 0
     partial_outputs: int = 0
+    hangs: int = 0
+    stale_results: int = 0
 
     def line(self) -> str:
         return (
             f"faults: {self.inputs} inputs tried, {self.faults} faults injected, "
-            f"{self.tracebacks} tracebacks, {self.partial_outputs} partial outputs"
+            f"{self.tracebacks} tracebacks, {self.partial_outputs} partial outputs, "
+            f"{self.hangs} hangs, {self.stale_results} stale results"
         )
 
     def write(self, path: Path) -> Path:
@@ -57,6 +62,7 @@ class Outcome:
     code: int
     stderr: str
     traceback: bool
+    hung: bool = False
 
     @property
     def lines(self) -> list[str]:
@@ -111,6 +117,63 @@ def run_injected(
     return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
 
 
+#: Seconds a ``run_bounded`` command may take unless the case says otherwise.
+DEADLINE = 120.0
+
+
+class Hang(BaseException):
+    """Raised in a bounded in-process case at its deadline (not an Exception, so no
+    handler of the code under test swallows it)."""
+
+
+def invoke_bounded(*args, timeout: float = 60.0, env: dict | None = None) -> Outcome:
+    """``invoke`` with a deadline: at ``timeout`` seconds (SIGALRM, main thread) the run
+    stops and the outcome is ``hung``."""
+    import signal
+
+    def expired(signum, frame):
+        raise Hang
+
+    import time
+
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)  # the test's own deadline, if set
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, min(timeout, outer) if outer else timeout)
+    try:
+        return invoke(*args, env=env)
+    except Hang:
+        return Outcome(124, "", False, hung=True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:  # give the test's deadline back what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
+
+
+def run_bounded(
+    args, *, timeout: float = DEADLINE, env: dict | None = None, cwd: Path | None = None
+) -> Outcome:
+    """``capsnet ARGS`` in a subprocess that is killed at ``timeout`` seconds (then
+    ``hung``, exit 124); ``env`` is laid over this process's environment."""
+    full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
+    command = [sys.executable, "-c", "from capsnet.cli import main; main()"]
+    try:
+        done = subprocess.run(
+            [*command, *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        return Outcome(124, stderr or "", "Traceback" in (stderr or ""), hung=True)
+    return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
+
+
 def snapshot(*roots: Path) -> dict[str, str]:
     """relative path -> content hash of every file under ``roots`` that is not a
     recognisable temporary or housekeeping file."""
@@ -152,16 +215,21 @@ def judge(
     names: tuple[str, ...] = (),
     killed: bool = False,
     prefix: str = "Error: ",
+    stale: bool = False,
 ) -> None:
     """Count one case and hold it to the rules: a non-zero exit (``code`` when given), no
     traceback, one stderr line besides progress reports naming each of ``names`` (unless
-    ``killed``), and no file under the watched outputs added, changed or lost (``before`` /
-    ``after`` snapshots)."""
+    ``killed``), no file under the watched outputs added, changed or lost (``before`` /
+    ``after`` snapshots), no hang, and no stale result (``stale``: the case saw one)."""
     if fault:
         tally.faults += 1
     else:
         tally.inputs += 1
     tally.tracebacks += outcome.traceback
+    tally.hangs += outcome.hung
+    tally.stale_results += stale
+    assert not outcome.hung, f"still running at its deadline: {outcome.stderr[-2000:]}"
+    assert not stale, "a stale result appeared"
     changed = []
     if before is not None and after is not None:
         changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))

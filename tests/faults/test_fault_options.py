@@ -43,7 +43,7 @@ STRING_BAD = {
     ("bench", "--device"): ["bogus"],
     ("bench", "--batch-sizes"): ["x", "0", "nan", HUGE],
     ("bench", "--impl"): ["no-such-impl"],
-    ("bench", "--model"): ["no-such-model"],
+    ("bench", "--model"): ["no-such-model", "lenet5", "em-capsnet"],
 }
 
 

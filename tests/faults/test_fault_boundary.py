@@ -1,0 +1,242 @@
+"""The error boundary against what the machine, W&B, Ray and damaged state raise: host
+memory exhausted, W&B online without a key, an end of input (no interrupt), Ctrl+C (130
+everywhere, ``capsnet sweep`` included), an unreachable Ray address, a damaged
+tuner.pkl, errored trials reported by their cause, a checkpoint whose comparison metadata
+has the wrong types. Each is one line, bounded by a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from faulthelpers import Outcome, judge, run_bounded, snapshot
+
+#: Run ``capsnet ARGS`` with ``capsnet.run.train_run`` raising the exception EXC builds.
+_RAISING = """
+import sys
+import capsnet.run
+def train_run(*args, **kwargs):
+    {setup}
+    raise {exc}
+capsnet.run.train_run = train_run
+sys.argv = ["capsnet", *{args!r}]
+from capsnet.cli import main
+main()
+"""
+
+#: name -> (setup line, exception expression, exit code, words the line holds)
+RAISED = {
+    "host-memory": (
+        "pass",
+        'RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: '
+        "can't allocate memory: you tried to allocate 98304000000 bytes. Error code 12 "
+        '(Cannot allocate memory)")',
+        1,
+        ("out of memory", "--batch-size"),
+    ),
+    "wandb-no-key": (
+        "import wandb.errors",
+        'wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")',
+        1,
+        ("W&B", "WANDB_API_KEY"),
+    ),
+    "wandb-no-network": (
+        "import wandb.errors",
+        'wandb.errors.CommError("Network error (ConnectionError), entering retry loop.")',
+        1,
+        ("W&B", "network"),
+    ),
+    "end-of-input": ("pass", 'EOFError("Ran out of input")', 1, ("truncated",)),
+    "disk-full-in-a-temporary": (
+        "pass",
+        'OSError(28, "No space left on device", "runs/.model.pt.a1b2c3-4242-deadbeef.tmp")',
+        1,
+        ("runs/model.pt", "no space left"),
+    ),
+    "ctrl-c": ("pass", "KeyboardInterrupt()", 130, ("Interrupted",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAISED))
+def test_what_training_raises_is_one_line(tmp_path, tally, prepared_root, case):
+    setup, exc, code, names = RAISED[case]
+    if case.startswith("wandb"):
+        pytest.importorskip("wandb")
+    out = tmp_path / "run"
+    args = ["train", "--model", "lenet5", "--epochs", "1", "--data-root", str(prepared_root)]
+    script = _RAISING.format(setup=setup, exc=exc, args=[*args, "--out", str(out)])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        outcome = Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
+    except subprocess.TimeoutExpired:
+        outcome = Outcome(124, "", False, hung=True)
+    prefix = "Interrupted" if code == 130 else "Error: "
+    judge(tally, outcome, fault=True, code=code, names=names, prefix=prefix)
+    if code != 130:
+        assert "Interrupted" not in outcome.stderr
+    assert ".tmp" not in outcome.stderr and ".old" not in outcome.stderr  # no internal path
+    assert not out.exists()
+
+
+def test_an_unreachable_ray_address_fails_after_bounded_tries(tmp_path, tally, prepared_root):
+    pytest.importorskip("ray")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    before = snapshot(tmp_path)
+    started = time.monotonic()
+    done = run_bounded(
+        ["sweep", "--data-root", prepared_root],
+        timeout=90,
+        env={"RAY_ADDRESS": "127.0.0.1:9"},
+        cwd=tmp_path,
+    )
+    judge(tally, done, fault=True, before=before, after=snapshot(tmp_path), names=("127.0.0.1:9",))
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("content", ["random", "truncated", "empty", "text"])
+def test_a_damaged_tuner_state_is_one_line(tmp_path, tally, content):
+    pytest.importorskip("ray")
+    import pickle
+    import random
+
+    from pipeline.sweep import SweepError, restore_tuner
+
+    state = tmp_path / "sweep-0123456789ab"
+    state.mkdir()
+    good = pickle.dumps({"not": "a tuner"} | {str(i): i for i in range(200)})
+    (state / "tuner.pkl").write_bytes(
+        {
+            "random": random.Random(0).randbytes(2048),
+            "truncated": good[: len(good) // 2],
+            "empty": b"",
+            "text": b"tuner state\n",
+        }[content]
+    )
+    try:
+        restore_tuner(str(state), lambda config: None)
+    except SweepError as exc:
+        outcome = Outcome(1, f"Error: {exc}\n", False)
+    except Exception as exc:  # anything else escapes the boundary: a traceback
+        outcome = Outcome(1, f"Traceback: {type(exc).__name__}: {exc}\n", True)
+    else:
+        outcome = Outcome(0, "", False)
+    judge(tally, outcome, fault=True, names=(str(state), "remove that directory"))
+
+
+def test_errored_trials_are_reported_by_their_cause(tally):
+    """Ray wraps a trial's exception with its traceback; the report names the exception
+    and its first meaningful lines, never a link or the traceback's last line."""
+    pytest.importorskip("ray")
+    from ray.exceptions import RayTaskError
+
+    from pipeline.results import _first_line
+
+    pydantic_like = ValueError(
+        "1 validation error for InitSchema\nsigma\n  Input should be greater than or equal to "
+        "1 [type=greater_than_equal, input_value=0.5, input_type=float]\n    For further "
+        "information visit https://errors.pydantic.dev/2.14/v/greater_than_equal"
+    )
+    cases = {
+        "pydantic": (pydantic_like, "ValueError: 1 validation error for InitSchema; sigma;"),
+        "long": (RuntimeError("word " * 100), "RuntimeError: word word"),
+    }
+    for cause, starts in cases.values():
+        traceback = (
+            'Traceback (most recent call last):\n  File "trainable.py", line 9, in train\n'
+            f"{type(cause).__name__}: {cause}"
+        )
+        wrapped = RayTaskError("train_trial", traceback, cause)
+        line = _first_line(wrapped)
+        outcome = Outcome(1, f"Error: {line}\n", False)
+        judge(tally, outcome, names=(starts,))
+        assert "://" not in line and len(line) <= 240 and not line.endswith("wor")
+
+
+@pytest.mark.parametrize(
+    "comparison",
+    [
+        {"arm": "equal_augmentation", "label": "lenet5", "reference": ["capsnet-small"]},
+        {"arm": "equal_time", "label": "lenet5", "reference": {"a": 1}},
+        {"arm": "equal_time", "label": "lenet5", "time_budget_seconds": "soon"},
+        {"arm": "equal_time", "label": ["lenet5"]},
+        ["equal_time"],
+    ],
+    ids=["reference-list", "reference-dict", "budget-text", "label-list", "not-a-dict"],
+)
+def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
+    tmp_path, tally, prepared_root, comparison
+):
+    import torch
+
+    from capsnet import checkpoint, models
+
+    torch.manual_seed(0)
+    models_dir = tmp_path / "models"
+    path = checkpoint.save(
+        models_dir / "lenet5.pt", models.build("lenet5"), extra={"comparison": comparison}
+    )
+    (tmp_path / "params.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            evaluate:
+              models_dir: {models_dir}
+              extra_models_dirs: []
+              out_dir: {tmp_path / "eval"}
+              datasets: [mnist]
+              limit: 8
+            """
+        )
+    )
+    done = run_bounded(["evaluate-stage", "--data-root", prepared_root], timeout=180, cwd=tmp_path)
+    judge(tally, done, names=(path.name, "comparison"))
+    assert snapshot(tmp_path / "eval") == {}
+
+
+def test_ctrl_c_ends_a_sweep_with_130(tmp_path, tally, prepared_root):
+    """SIGINT during a running sweep: Tune saves its state, the command exits 130."""
+    pytest.importorskip("ray")
+    (tmp_path / "params.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            sweep:
+              epochs: 20
+              train_size: 2000
+              val_size: 200
+              num_samples: 1
+              storage_path: {tmp_path / "ray"}
+              wandb: {{mode: disabled}}
+              space: {{model: lenet5, augment: none, routing_iterations: 1}}
+            """
+        )
+    )
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", "from capsnet.cli import main; main()", "sweep", "--data-root",
+         str(prepared_root), "--num-cpus", "1", "--out", str(tmp_path / "sweep")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any((tmp_path / "ray").rglob("params.json")):
+            time.sleep(0.5)  # a trial has started once Tune wrote its params
+        time.sleep(2)
+        os.kill(sweep.pid, signal.SIGINT)
+        _, stderr = sweep.communicate(timeout=120)
+        outcome = Outcome(sweep.returncode, stderr, "Traceback" in stderr)
+    except subprocess.TimeoutExpired:
+        sweep.kill()
+        sweep.communicate()
+        outcome = Outcome(124, "", False, hung=True)
+    # Ray and Tune log to stderr on their own; the command's own last word is the line
+    judge(tally, outcome, fault=True, code=130, killed=True)
+    assert outcome.lines[-1] == "Interrupted.", outcome.stderr[-2000:]
+    assert not (tmp_path / "sweep" / "best.json").exists()

@@ -1,0 +1,297 @@
+"""Hostile inputs, each run with a deadline (in this process or a subprocess): params and
+JSON files that expand or nest without end, smallNORB files whose header lies about their
+content, mirrors that never end or trickle, a zip-bomb checkpoint, malformed best.json
+values, outputs that are device nodes, FIFOs or kernel file systems, and a planted ``.old``
+directory. Each ends within its deadline as one line naming the file or setting, and no
+output appears."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from faulthelpers import invoke_bounded, judge, run_bounded, snapshot
+
+from capsnet.config.yamlfile import MAX_DEPTH, MAX_VALUES
+from capsnet.data import smallnorb
+from capsnet.data.formats import NORB_MAGIC, write_norb
+from capsnet.io import MAX_JSON_DEPTH
+
+NO_MIRROR = {"CAPSNET_MIRROR": ""}
+
+
+def billion_laughs() -> str:
+    """A params file of about 400 bytes whose aliases stand for 9**9 values."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+#: name -> (params.yaml text, what the error says)
+HOSTILE_PARAMS = {
+    "billion-laughs": (billion_laughs(), f"expand to more than {MAX_VALUES} values"),
+    "deep-lists": ("train: " + "[" * 5000 + "]" * 5000 + "\n", f"deeper than {MAX_DEPTH}"),
+    "deep-mappings": ("train:\n" + "".join(f"{' ' * i}k{i}:\n" for i in range(1, 60)), "deeper"),
+    "flow-mappings": ("train: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "deeper"),
+    "self-alias": ("a: &x\n  b: *x\n", "alias"),
+}
+
+#: Commands that read params.yaml, with the arguments they need besides it.
+PARAMS_COMMANDS = {
+    "train": ["train", "--model", "lenet5", "--out", "{tmp}/run"],
+    "data prepare": ["data", "prepare", "multimnist", "--data-root", "{tmp}/data"],
+    "evaluate-stage": ["evaluate-stage", "--params", "params.yaml"],
+    "sweep": ["sweep", "--params", "params.yaml"],
+    "train-final": ["train-final", "--params", "params.yaml"],
+    "viewpoints": ["viewpoints", "--params", "params.yaml"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(PARAMS_COMMANDS))
+@pytest.mark.parametrize("case", sorted(HOSTILE_PARAMS))
+def test_hostile_params_fail_fast_in_one_line(tmp_path, monkeypatch, tally, command, case):
+    if command in ("sweep", "train-final"):
+        pytest.importorskip("ray")
+    text, says = HOSTILE_PARAMS[case]
+    (tmp_path / "params.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in PARAMS_COMMANDS[command]]
+    before = snapshot(tmp_path)
+    done = invoke_bounded(*args, timeout=30)
+    judge(tally, done, before=before, after=snapshot(tmp_path), names=("params.yaml", says))
+
+
+#: name -> best.json content: nesting and config values train-final cannot take.
+HOSTILE_BEST = {
+    "deep": "[" * 100_000 + "]" * 100_000,
+    "just-deep-enough": '{"config": ' + "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH + "}",
+    "lr-text": json.dumps({"config": {"model": "capsnet-small", "lr": "abc"}}),
+    "lr-list": json.dumps({"config": {"model": "capsnet-small", "lr": [0.1]}}),
+    "lr-nan": '{"config": {"model": "capsnet-small", "lr": NaN}}',
+    "lr-overflow": '{"config": {"model": "capsnet-small", "lr": 1e999}}',
+    "lr-bool": json.dumps({"config": {"model": "capsnet-small", "lr": True}}),
+    "routing-fraction": json.dumps({"config": {"model": "capsnet", "routing_iterations": 2.5}}),
+    "model-list": json.dumps({"config": {"model": ["capsnet"]}}),
+    "config-list": json.dumps({"config": [1, 2]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BEST))
+def test_hostile_best_json_fails_train_final_in_one_line(
+    tmp_path, monkeypatch, tally, prepared_root, case
+):
+    pytest.importorskip("ray")
+    best = tmp_path / "best.json"
+    best.write_text(HOSTILE_BEST[case])
+    (tmp_path / "params.yaml").write_text("train:\n  out_dir: models\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["train-final", "--best", best, "--data-root", prepared_root]
+    before = snapshot(tmp_path)
+    done = invoke_bounded(*args, timeout=60, env=NO_MIRROR)
+    judge(tally, done, before=before, after=snapshot(tmp_path), names=("best.json",))
+    assert not (tmp_path / "models").exists()
+
+
+def _norb_root(tmp_path: Path, n: int = 10) -> Path:
+    """A data root holding raw smallNORB files of ``n`` items per split."""
+    raw = tmp_path / "data" / "raw" / "smallnorb"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        images = rng.integers(0, 255, (n, 2, 96, 96)).astype(np.uint8)  # (N, 2, 96, 96)
+        index = np.arange(n)
+        info = np.stack([index % 10, index % 9, index % 18 * 2, index % 6], 1)  # (N, 4)
+        write_norb(raw / smallnorb.filename(split, "dat"), images)
+        write_norb(raw / smallnorb.filename(split, "cat"), (index % 5).astype(np.int32))
+        write_norb(raw / smallnorb.filename(split, "info"), info.astype(np.int32))
+    return tmp_path / "data"
+
+
+def _header_edit(magic: int | None = None, dims: list[int] | None = None, ndim: int | None = None):
+    def edit(data: bytes) -> bytes:
+        header = np.frombuffer(data[:20], "<i4").copy()
+        if magic is not None:
+            header[0] = magic
+        if ndim is not None:
+            header[1] = ndim
+        if dims is not None:
+            header[2 : 2 + len(dims)] = dims
+        return header.tobytes() + data[20:]
+
+    return edit
+
+
+#: (part, what is done to it, what the error says)
+NORB_LIES = {
+    "cat-as-float32": ("cat", _header_edit(magic=NORB_MAGIC["float32"]), "float32"),
+    "cat-as-uint8": ("cat", _header_edit(magic=NORB_MAGIC["uint8"]), "uint8"),
+    "info-as-float64": ("info", _header_edit(magic=NORB_MAGIC["float64"]), "float64"),
+    "dat-as-int32": ("dat", _header_edit(magic=NORB_MAGIC["int32"]), "int32"),
+    "cat-dims-wrap": ("cat", _header_edit(dims=[2**16, 2**16, 2**16]), "dims"),
+    "cat-ndim-3-wrap": ("cat", _header_edit(ndim=3, dims=[2**20, 2**20, 2**12]), "dims"),
+    "cat-negative": ("cat", _header_edit(dims=[-10]), "negative"),
+    "info-dims-product-zero": ("info", _header_edit(dims=[0, 4]), "dims"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NORB_LIES))
+def test_smallnorb_headers_that_lie_are_refused(tmp_path, tally, case):
+    import gzip
+
+    part, edit, says = NORB_LIES[case]
+    root = _norb_root(tmp_path)
+    path = root / "raw" / "smallnorb" / smallnorb.filename("train", part)
+    path.write_bytes(gzip.compress(edit(gzip.decompress(path.read_bytes())), mtime=0))
+    (tmp_path / "params.yaml").write_text("data:\n  smallnorb:\n    enabled: true\n")
+    prepared = root / "prepared"
+    done = run_bounded(["data", "prepare", "smallnorb", "--data-root", root], cwd=tmp_path)
+    judge(tally, done, before={}, after=snapshot(prepared), names=(path.name, says))
+
+
+def _trickle_server(content_length: int, interval: float):
+    """An HTTP server on localhost that sends one byte every ``interval`` seconds."""
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(content_length))
+            self.end_headers()
+            try:
+                for _ in range(content_length):
+                    self.wfile.write(b"\x1f")
+                    self.wfile.flush()
+                    time.sleep(interval)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, tally):
+    server = _trickle_server(1000, 0.5)
+    try:
+        mirror = f"http://127.0.0.1:{server.server_port}"
+        env = {"CAPSNET_DOWNLOAD_DEADLINE": "2", "CAPSNET_MIRROR": None}
+        root = tmp_path / "data"
+        started = time.monotonic()
+        done = run_bounded(
+            ["data", "download", "mnist", "--data-root", root, "--mirror", mirror],
+            timeout=90,
+            env=env,
+            cwd=tmp_path,
+        )
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+    judge(tally, done, before={}, after=snapshot(root / "raw"), names=("deadline",))
+    assert took < 60, took
+
+
+@pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo"])
+def test_an_endless_mirror_entry_stops_at_the_known_size(tmp_path, tally, mnist_mirror, endless):
+    mirror = tmp_path / "mirror" / "mnist"
+    mirror.mkdir(parents=True)
+    for gz in (mnist_mirror / "mnist").glob("*.gz"):
+        (mirror / gz.name).symlink_to(gz)
+    bad = mirror / "train-labels-idx1-ubyte.gz"
+    bad.unlink()
+    if endless == "fifo":
+        os.mkfifo(bad)  # opening it would wait for a writer forever
+    else:
+        bad.symlink_to(endless)
+    root = tmp_path / "data"
+    done = run_bounded(
+        ["data", "download", "mnist", "--data-root", root, "--mirror", mirror.parent],
+        timeout=120,
+        cwd=tmp_path,
+    )
+    says = "regular file" if endless == "fifo" else "bytes the file can have"
+    judge(tally, done, names=("train-labels-idx1-ubyte.gz", says))
+    assert not (root / "raw" / "mnist" / bad.name).exists()
+    assert [p.name for p in (root / "raw" / "mnist").iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_zip_bomb_checkpoint_is_refused_before_it_inflates(tmp_path, tally, prepared_root):
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        with archive.open("archive/data/0", "w", force_zip64=True) as member:
+            block = bytes(1 << 20)
+            for _ in range(4096):  # 4 GiB of zeros, about 4 MB on disk
+                member.write(block)
+    out = tmp_path / "out.json"
+    done = run_bounded(
+        ["eval", bomb, "--limit", "8", "--data-root", prepared_root, "--out", out], timeout=60
+    )
+    judge(tally, done, names=("bomb.pt", "inflate"))
+    assert not out.exists()
+
+
+def _special_outputs(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return {"fifo": fifo, "char-device": Path("/dev/null"), "proc": Path("/proc/capsnet-x")}
+
+
+@pytest.mark.parametrize("target", ["fifo", "char-device", "proc"])
+@pytest.mark.parametrize("command", ["train", "eval", "data show"])
+def test_special_outputs_are_refused_before_work(
+    tmp_path, tally, prepared_root, lenet_checkpoint, target, command
+):
+    out = _special_outputs(tmp_path)[target]
+    before = os.stat(out) if out.exists() else None
+    args = {
+        "train": ["train", "--model", "lenet5", "--epochs", "1", "--data-root", prepared_root],
+        "eval": ["eval", lenet_checkpoint, "--limit", "8", "--data-root", prepared_root],
+        "data show": ["data", "show", "mnist", "--data-root", prepared_root],
+    }[command]
+    done = run_bounded([*args, "--out", out], timeout=120, cwd=tmp_path)
+    judge(tally, done, names=(str(out),))
+    assert "--out" in done.lines[0]
+    if before is not None:
+        after = os.stat(out)
+        assert (after.st_mode, after.st_ino, after.st_rdev) == (
+            before.st_mode,
+            before.st_ino,
+            before.st_rdev,
+        )
+
+
+def test_a_kernel_storage_path_is_blamed_on_its_setting(tmp_path, tally, prepared_root):
+    pytest.importorskip("ray")
+    (tmp_path / "params.yaml").write_text("sweep:\n  storage_path: /proc/ray\n")
+    done = run_bounded(["sweep", "--data-root", prepared_root], timeout=120, cwd=tmp_path)
+    judge(tally, done, names=("sweep.storage_path", "/proc/ray"))
+    assert "--out" not in done.lines[0]
+
+
+def test_a_planted_old_copy_never_becomes_the_output(tmp_path, tally, mnist_mirror):
+    """A ``.old`` directory beside a missing output, left by a writer whose pid is gone,
+    stays debris: the next writer fails here (a corrupt raw file), and no output appears."""
+    from capsnet.io import _HOST
+
+    root = tmp_path / "data"
+    raw = root / "raw" / "mnist"
+    raw.mkdir(parents=True)
+    for gz in (mnist_mirror / "mnist").glob("*.gz"):
+        (raw / gz.name).write_bytes(gz.read_bytes())
+    (raw / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b not gzip")
+    planted = root / "prepared" / f".mnist.{_HOST}-999999999-0badf00d.old"
+    planted.mkdir(parents=True)
+    (planted / "train.pt").write_text("planted")
+    done = run_bounded(["data", "prepare", "mnist", "--data-root", root], env=NO_MIRROR)
+    judge(tally, done, names=("train-labels-idx1-ubyte.gz",))
+    assert not (root / "prepared" / "mnist").exists()

@@ -1,0 +1,141 @@
+"""A DVC stage reads only what DVC tracks and dies with its dvc process.
+
+Inside a stage (DVC sets $DVC_STAGE for every stage command) an environment input that
+would change what a command reads is refused in one line. Killing the dvc process alone
+with SIGKILL, with the command its child or a shell's child, ends the command too: it
+never lands an output after its runner is gone (a stale result beside a rerun's). Every
+case is a real process tree with a deadline."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from faulthelpers import Outcome, judge, run_bounded, snapshot
+
+STAGE_COMMANDS = {
+    "sweep": ["sweep", "--params", "params.yaml"],
+    "train": ["train-final", "--params", "params.yaml"],
+    "evaluate": ["evaluate-stage", "--params", "params.yaml"],
+    "viewpoints": ["viewpoints", "--params", "params.yaml"],
+    "prepare_mnist": ["data", "prepare", "mnist"],
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_COMMANDS))
+def test_capsnet_data_is_refused_inside_a_stage(tmp_path, tally, prepared_root, stage):
+    if stage in ("sweep", "train"):
+        pytest.importorskip("ray")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    env = {"DVC_STAGE": stage, "CAPSNET_DATA": str(prepared_root)}
+    before = snapshot(tmp_path)
+    done = run_bounded(STAGE_COMMANDS[stage], timeout=120, env=env, cwd=tmp_path)
+    judge(tally, done, before=before, after=snapshot(tmp_path), code=2)
+    assert "CAPSNET_DATA" in done.lines[0] and f"DVC stage {stage}" in done.lines[0]
+
+
+def test_the_default_data_root_from_the_environment_is_accepted(tmp_path, tally):
+    """$CAPSNET_DATA naming the root the stage's command names anyway changes nothing."""
+    env = {"DVC_STAGE": "prepare_mnist", "CAPSNET_DATA": "data", "CAPSNET_MIRROR": None}
+    done = run_bounded(["data", "prepare", "mnist"], timeout=120, env=env, cwd=tmp_path)
+    judge(tally, done, names=("data/raw/mnist",))  # it got past the check, to the missing data
+
+
+def test_no_stage_but_download_uses_a_mirror(tmp_path, monkeypatch):
+    """Inside a stage, --mirror / $CAPSNET_MIRROR / data.mirror reach only data download."""
+    import click
+
+    from capsnet.cli_options import mirror_option, resolve_mirror
+
+    seen = {}
+
+    @click.command("prepare")
+    @mirror_option
+    def prepare(mirror):
+        seen["prepare"] = (mirror, resolve_mirror(mirror))
+
+    @click.command("download")
+    @mirror_option
+    def download(mirror):
+        seen["download"] = (mirror, resolve_mirror(mirror))
+
+    monkeypatch.setenv("CAPSNET_MIRROR", str(tmp_path))
+    monkeypatch.setenv("DVC_STAGE", "x")
+    for command in (prepare, download):
+        command.main([], standalone_mode=False)
+    assert seen == {"prepare": (None, None), "download": (str(tmp_path), str(tmp_path))}
+    monkeypatch.delenv("DVC_STAGE")
+    prepare.main([], standalone_mode=False)
+    assert seen["prepare"] == (str(tmp_path), str(tmp_path))
+
+
+#: A stand-in for ``dvc repro``: runs ARGV with $DVC_STAGE set and waits for it.
+FAKE_DVC = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    env = dict(os.environ, DVC_STAGE="train")
+    sys.exit(subprocess.Popen(sys.argv[1:], env=env).wait())
+    """
+)
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of the live Python processes (not shells) whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and cmdline.startswith(sys.executable) and state not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("through", ["direct", "shell"])
+def test_killing_dvc_alone_ends_the_stage_command(tmp_path, tally, prepared_root, through):
+    out = tmp_path / f"run-{through}"
+    command = [
+        sys.executable, "-c", "from capsnet.cli import main; main()", "train", "--model",
+        "lenet5", "--epochs", "100", "--data-root", str(prepared_root), "--out", str(out),
+    ]  # fmt: skip
+    if through == "shell":  # a shell that cannot exec its last command stays in between
+        command = ["/bin/sh", "-c", shlex.join(command) + "; true"]
+    dvc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_DVC, *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        assert _wait_for(lambda: _processes_with(str(out)), 60), "the command never started"
+        time.sleep(3)  # past the CLI's start, into loading data and training
+        os.kill(dvc.pid, signal.SIGKILL)
+        dvc.wait(10)
+        ended = _wait_for(lambda: not _processes_with(str(out)), 30)
+    finally:
+        for pid in _processes_with(str(out)):  # this test's own command, if it outlived dvc
+            os.kill(pid, signal.SIGKILL)
+    outcome = Outcome(137, "", False, hung=not ended)
+    judge(tally, outcome, fault=True, killed=True, stale=(out / "model.pt").exists())
+    assert not (out / "model.pt").exists()
