@@ -10,7 +10,6 @@ import csv
 import html
 import math
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -296,13 +295,12 @@ def render_html(
     )
     rotation = [p for p in figures if p.stem == "rotation"]
     others = [p for p in figures if p.stem != "rotation"]
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        f"<p>Generated {stamp} from eval/metrics.json. Percentages are test accuracy; the "
+        "<p>Generated from eval/metrics.json. Percentages are test accuracy; the "
         "grey numbers are the papers' (Sabour et al. 2017; Hinton et al. 2018) for the same "
         "kind of model. affnist-synth is a stand-in and is never compared with affNIST.</p>",
         "<h2>Results</h2>",
@@ -338,7 +336,7 @@ def write_report(
     title: str = "capsnet-pipeline evaluation",
 ) -> Path:
     """Write the self-contained report for ``metrics`` to ``out`` atomically."""
-    results = load_results(metrics)
+    results = load_results(metrics).raw
     fig_dir = fig_dir if fig_dir is not None else Path(metrics).parent / "figures"
     text = render_html(results, fig_dir, read_sweep(sweep_csv), title)
     return atomic_write_text(out, text)

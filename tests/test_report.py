@@ -155,7 +155,7 @@ def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatc
     for published in runs:
         run_dir = found[published["run_id"]]
         info = tracking.read_run_info(run_dir)
-        assert info["job_type"] == "eval" and info["group"] == "exp-1"
+        assert info["job_type"] == "eval" and info["group"] == "exp-1/eval"
         assert info["config"]["model"] == published["name"]
         history = tracking.read_history(run_dir)
         entry = RESULTS[published["name"]]

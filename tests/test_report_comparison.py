@@ -169,7 +169,7 @@ def test_wandb_comparison_table_rows(tmp_path, monkeypatch):
     assert len(runs) == 1 + sum("checkpoint" in e for e in results.values())
     run_dir = tracking.offline_runs(tmp_path / "runs")[runs[-1]["run_id"]]
     info = tracking.read_run_info(run_dir)
-    assert info["job_type"] == "comparison" and info["group"] == "exp-1"
+    assert info["job_type"] == "comparison" and info["group"] == "exp-1/comparison"
     (row,) = tracking.read_history(run_dir)
     assert row["comparison/_type"] == "table-file"
     table = json.loads((run_dir / "files" / row["comparison/path"]).read_text())

@@ -1,4 +1,5 @@
-"""The evaluation's files and its printed summary: metrics.json (the results, NaN as null),
+"""The evaluation's files and its printed summary: metrics.json (the full results, NaN as
+null), summary.json (the headline numbers under stable keys: the stage's DVC metrics),
 rotation.csv (angle, model, accuracy, std), and a table per checkpoint."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 from capsnet import evaluate
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
-from capsnet.io import atomic_write_text
+from capsnet.headline import cell_value, main_entries, model_picks, std_value
+from capsnet.io import OutputSet
 
 
 def _finite(value):
@@ -63,13 +65,95 @@ def _number(value) -> str:
     return f"{value:.6f}" if isinstance(value, (float, int)) and math.isfinite(value) else ""
 
 
-def write_outputs(results: dict, out_dir: str | Path) -> dict[str, Path]:
-    """``out_dir``/rotation.csv then metrics.json (the manifest, last), each atomically;
-    {output name: path}."""
+#: The test sets of summary.json: {column of capsnet.headline: key}. Every model has
+#: every key (null where a set was not evaluated), so experiments compare column by column.
+SUMMARY_SETS = {
+    "mnist": "mnist",
+    "rotated-mnist@35": "rot35",
+    "expanded-mnist": "expanded",
+    "affnist": "affnist",
+    "multimnist": "multimnist",
+    "smallnorb": "smallnorb",
+}
+#: The sets whose cells are seed means, with their standard deviation beside them.
+SEEDED_SETS = ("mnist", "rot35")
+
+
+def _rounded(value) -> float | None:
+    return (
+        round(float(value), 6) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    )
+
+
+def _arm_models(results: dict, arm: str) -> dict[str, dict]:
+    section = ((results.get(COMPARISON_KEY) or {}).get("arms") or {}).get(arm) or {}
+    return {m: g for m, g in (section.get("models") or {}).items() if isinstance(g, dict)}
+
+
+def _arm_row(group: dict) -> dict[str, float | None]:
+    accuracy, std = group.get("accuracy") or {}, group.get("std") or {}
+    at = {float(k): k for k in accuracy}
+    row = {}
+    for key, angle in (("mnist", 0.0), ("rot35", 35.0)):
+        row[key] = _rounded(accuracy.get(at.get(angle)))
+        row[f"{key}_sd"] = _rounded(std.get(at.get(angle)))
+    row["seeds"] = group.get("seeds")
+    row["train_s"] = _rounded(group.get("train_seconds"))
+    return row
+
+
+def summary_metrics(results: dict) -> dict[str, dict]:
+    """summary.json: per model of the results table, the accuracy on each SUMMARY_SETS set
+    (mean over seeds, ``<set>_sd`` their deviation for SEEDED_SETS), the seeds and the mean
+    training seconds; per comparison arm other than equal augmentation (equal training time,
+    augmented baselines), the baselines' numbers under ``<arm>.<model>``."""
+    entries = main_entries(results)
+    summary: dict[str, dict] = {}
+    trained = _arm_models(results, "equal_augmentation")
+    for model, chosen in model_picks(entries, list(SUMMARY_SETS)).items():
+        row: dict = {}
+        for column, key in SUMMARY_SETS.items():
+            found = chosen.get(column)
+            row[key] = _rounded(cell_value(found[1], column)) if found else None
+            if key in SEEDED_SETS:
+                row[f"{key}_sd"] = _rounded(std_value(found[1], column)) if found else None
+        first = chosen.get("mnist") or chosen.get("rotated-mnist@35")
+        row["seeds"] = first[1].get("seeds", 1) if first else None
+        row["train_s"] = _rounded((trained.get(model) or {}).get("train_seconds"))
+        summary[model] = row
+    arms = (results.get(COMPARISON_KEY) or {}).get("arms") or {}
+    for arm, section in arms.items():
+        if arm == "equal_augmentation" or not isinstance(section, dict):
+            continue
+        rows = {
+            model: _arm_row(group)
+            for model, group in _arm_models(results, arm).items()
+            if model != section.get("reference")
+        }
+        if rows:
+            summary[arm] = rows
+    return summary
+
+
+def write_outputs(
+    results: dict, out_dir: str | Path, outputs: OutputSet | None = None
+) -> dict[str, Path]:
+    """``out_dir``/rotation.csv, summary.json, then metrics.json (the manifest, last),
+    published as one unit: into ``outputs`` when given (the caller commits it with its
+    figures), else committed here; {output name: path}."""
     out = Path(out_dir)
-    rotation = atomic_write_text(out / "rotation.csv", rotation_csv(results))
-    metrics = atomic_write_text(out / "metrics.json", metrics_json(results))
-    return {"metrics": metrics, "rotation_csv": rotation}
+    own = outputs is None
+    outputs = outputs or OutputSet()
+    written = {
+        "rotation_csv": outputs.file(out / "rotation.csv", rotation_csv(results)),
+        "summary": outputs.file(
+            out / "summary.json", json.dumps(summary_metrics(results), indent=2) + "\n"
+        ),
+        "metrics": outputs.file(out / "metrics.json", metrics_json(results)),
+    }
+    if own:
+        outputs.commit()
+    return written
 
 
 def summary_lines(results: dict) -> list[str]:

@@ -44,8 +44,9 @@ def test_offline_run_history_and_info_read_back(tmp_path):
     assert [(h["epoch"], h["val_accuracy"]) for h in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert all(h["blob"] == big for h in history)
     info = tracking.read_run_info(runs[run_id])
-    assert (info["group"], info["job_type"], info["name"]) == ("g", "train", "train-x")
+    assert (info["group"], info["job_type"], info["name"]) == ("g/train", "train", "train-x")
     assert info["config"]["lr"] == 0.001
+    assert set(tracking.provenance()) <= set(info["config"])
 
 
 def test_disabled_mode_starts_no_run(tmp_path):
@@ -89,11 +90,15 @@ def _publish(tmp_path, group="exp-1"):
 
 def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     first = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
     second = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
     assert first == second and len(set(first.values())) == 2
     assert first["capsnet-small"] == tracking.run_id(
-        "capsnet-test", "exp-1", "capsnet-small", "models/capsnet-small.pt"
+        "capsnet-test",
+        "exp-1/eval",
+        "eval-capsnet-small",
+        tracking.content_hash(RESULTS["capsnet-small"]),
     )
     # each publish wrote its own offline run under the same id: `wandb sync` of both
     # lands in one W&B run per checkpoint
@@ -106,9 +111,46 @@ def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
     for run_dir in (tmp_path / "runs").glob("wandb/offline-run-*"):
         info = tracking.read_run_info(run_dir)
         assert info["run_id"] in first.values() and info["job_type"] == "eval"
+        assert info["group"] == "exp-1/eval" and info["config"]["dvc_experiment"] is None
+        assert info["config"]["params_hash"] == tracking.params_hash()
     # another experiment gets other runs
     other = {r["name"]: r["run_id"] for r in _publish(tmp_path, group="exp-2")}
     assert not set(other.values()) & set(first.values())
+
+
+def test_runs_of_a_dvc_experiment_are_its_own(tmp_path, monkeypatch):
+    """Inside `dvc exp run` (DVC_EXP_NAME set) the eval runs get other ids and a group per
+    experiment and stage, and record the experiment's name; other numbers, other ids."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    workspace = {r["name"]: r["run_id"] for r in _publish(tmp_path / "a")}
+    monkeypatch.setenv("DVC_EXP_NAME", "tiny-exp")
+    experiment = {r["name"]: r["run_id"] for r in _publish(tmp_path / "b")}
+    assert not set(workspace.values()) & set(experiment.values())
+    for run_dir in tracking.offline_runs(tmp_path / "b" / "runs").values():
+        info = tracking.read_run_info(run_dir)
+        assert info["group"] == "exp-1/tiny-exp/eval"
+        assert info["config"]["dvc_experiment"] == "tiny-exp"
+    changed = {**RESULTS, "capsnet-small": {**RESULTS["capsnet-small"], "mnist": {"accuracy": 0.5}}}
+    from pipeline import publish
+
+    again = publish.publish_runs(
+        changed, tmp_path, project="capsnet-test", group="exp-1", mode="offline",
+        wandb_dir=tmp_path / "c",
+    )  # fmt: skip
+    ids = {r["name"]: r["run_id"] for r in again}
+    assert ids["capsnet-small"] != experiment["capsnet-small"]
+    assert ids["lenet5@multimnist"] == experiment["lenet5@multimnist"]
+
+
+def test_a_relative_wandb_dir_lands_in_the_experiments_repository(tmp_path, monkeypatch):
+    """Queued experiments run in a temporary copy; DVC_ROOT names the main workspace."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert tracking.wandb_directory("runs") == tmp_path / "runs"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
+    assert tracking.wandb_directory("runs") == tmp_path / "main" / "runs"
+    assert tracking.wandb_directory(tmp_path / "abs") == tmp_path / "abs"
 
 
 def test_run_ids_are_valid_wandb_ids():
@@ -156,7 +198,8 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
 
     (run_dir,) = tracking.offline_runs(tmp_path).values()
     info = tracking.read_run_info(run_dir)
-    assert info["run_id"] == "abc12_00000" and info["group"] == "tiny"
+    assert info["group"] == "tiny/sweep" and info["config"]["trial_id"] == "abc12_00000"
+    assert len(info["run_id"]) == 24 and "params_hash" in info["config"]
     assert {k: info["config"][k] for k in shared} == shared
     assert info["config"]["model"] == "capsnet-small" and info["config"]["lr"] == 0.01
     assert (info["config"]["node"], info["config"]["device"]) == ("n1", "cpu")
