@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from comparisonhelpers import seeded_results
 
 from capsnet import config
 from capsnet.errors import CapsnetError
-from pipeline import publish, readme
+from pipeline import readme
 
 
 def _entry(model: str, checkpoint: str, **sets) -> dict:
