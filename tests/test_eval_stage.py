@@ -176,7 +176,7 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
 
     written = evaluation.write_outputs(results, tmp_path / "eval")
-    assert set(written) == {"metrics", "rotation_csv"}
+    assert set(written) == {"metrics", "rotation_csv", "summary"}
     figures = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {
         "rotation.png",
