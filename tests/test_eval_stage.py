@@ -229,7 +229,7 @@ def test_metrics_json_writes_nan_as_null(tmp_path):
         "accuracy": None,
         "n": 0,
     }
-    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy,std\n"
+    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy,std,group,kind\n"
 
 
 def test_seed_checkpoints_are_reported_with_mean_and_std():
@@ -376,7 +376,7 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["lenet5"]["mnist"]["n"] == 30
-    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy,std\n")
+    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy,std,group,kind\n")
     assert (tmp_path / "eval" / "figures" / "confusion-lenet5.png").is_file()
 
     params.write_text("evaluate:\n  datasets: [mnist, cifar]\n")

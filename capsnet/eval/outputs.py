@@ -34,29 +34,40 @@ def metrics_json(results: dict) -> str:
     return json.dumps(_finite(results), indent=2) + "\n"
 
 
-def rotation_rows(results: dict) -> list[tuple[float, str, float, float | None]]:
-    """(angle, entry, accuracy, std) rows of every checkpoint and seed-mean entry with a
-    rotated-mnist sweep; std is None for a single checkpoint."""
+def rotation_rows(results: dict) -> list[tuple[float, str, float, float | None, str, str]]:
+    """(angle, entry, accuracy, std, group, kind) rows of every checkpoint and seed-mean
+    entry with a rotated-mnist sweep. kind: "mean" (a seed mean, with its std), "seed" (a
+    checkpoint of a seed group) or "checkpoint" (in no group); group: the seed mean's name
+    for a mean and its seeds, the entry's own name otherwise (one colour per group)."""
+    group_of = {
+        member: name
+        for name, entry in results.items()
+        if isinstance(entry, dict) and "checkpoint" not in entry
+        for member in entry.get("names") or []
+    }
     rows = []
     for name, entry in results.items():
         sweep = entry.get("rotated-mnist")
         if "model" not in entry or not isinstance(sweep, dict) or "accuracy" not in sweep:
             continue
+        single = "checkpoint" in entry
+        kind = "mean" if not single else "seed" if name in group_of else "checkpoint"
         spread = ((entry.get("std") or {}).get("rotated-mnist") or {}).get("accuracy") or {}
         for angle, acc in sweep["accuracy"].items():
-            std = spread.get(angle) if "checkpoint" not in entry else None
-            rows.append((float(angle), name, acc, std))
+            std = spread.get(angle) if not single else None
+            rows.append((float(angle), name, acc, std, group_of.get(name, name), kind))
     return sorted(rows, key=lambda r: (r[1], r[0]))
 
 
 def rotation_csv(results: dict) -> str:
-    """rotation.csv's text: a header ``angle,model,accuracy,std`` and one row per point
-    (std empty for a single checkpoint)."""
+    """rotation.csv's text: a header ``angle,model,accuracy,std,group,kind`` and one row per
+    point (std empty for a single checkpoint); see ``rotation_rows``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["angle", "model", "accuracy", "std"])
-    for angle, name, acc, std in rotation_rows(results):
-        writer.writerow([evaluate.format_angle(angle), name, _number(acc), _number(std)])
+    writer.writerow(["angle", "model", "accuracy", "std", "group", "kind"])
+    for angle, name, acc, std, group, kind in rotation_rows(results):
+        row = [evaluate.format_angle(angle), name, _number(acc), _number(std), group, kind]
+        writer.writerow(row)
     return buffer.getvalue()
 
 
