@@ -162,12 +162,47 @@ def params_hash(params_path: str | os.PathLike = "params.yaml") -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """The hash of the Python files of the capsnet and pipeline packages (what runs)."""
+    import capsnet
+
+    digest = hashlib.sha256()
+    for package in (Path(capsnet.__file__).parent, Path(__file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.relative_to(package.parent).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def data_hash(lock_path: str | os.PathLike = "dvc.lock") -> str | None:
+    """The hash of the data DVC recorded (every ``data/`` output's hash in dvc.lock), None
+    without a dvc.lock."""
+    import yaml
+
+    try:
+        stages = (yaml.safe_load(Path(lock_path).read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    outs = sorted(
+        (out.get("path", ""), out.get("md5", ""))
+        for stage in stages.values()
+        if isinstance(stage, dict)
+        for out in stage.get("outs") or []
+        if isinstance(out, dict) and str(out.get("path", "")).startswith("data/")
+    )
+    return content_hash(outs)
+
+
 def provenance(params_path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
-    """What every run's config records about where it came from."""
+    """What every run's config records about where it came from: the git commit, the DVC
+    experiment, and the hashes of params.yaml, the code and the data."""
     return {
         "git_commit": git_commit(),
         "dvc_experiment": os.environ.get("DVC_EXP_NAME") or None,
         "params_hash": params_hash(params_path),
+        "code_hash": code_hash(),
+        "data_hash": data_hash(),
     }
 
 
@@ -186,6 +221,26 @@ def wandb_directory(setting: str | os.PathLike) -> Path:
     if not path.is_absolute() and root:
         path = Path(root) / path
     return path.resolve()
+
+
+#: Training settings that only the margin loss (and its reconstruction term) reads.
+MARGIN_KEYS = ("m_plus", "m_minus", "lam", "recon_weight")
+
+
+def used_settings(config: dict[str, Any], model: str, loss: str = "auto") -> dict[str, Any]:
+    """``config`` (a trial or best.json config) without the settings ``model`` does not
+    use: model fields it lacks (routing_iterations for lenet5) and the margin loss's
+    settings when it trains with another loss."""
+    from capsnet import models
+    from pipeline.trainable import applies
+
+    if loss == "auto":
+        loss = getattr(models.spec(model).model_cls, "default_loss", "cross-entropy")
+    return {
+        key: value
+        for key, value in config.items()
+        if applies(model, key) and (loss == "margin" or key not in MARGIN_KEYS)
+    }
 
 
 def sweep_run_config(sweep, base, split) -> dict[str, Any]:
@@ -212,9 +267,10 @@ def _trial_run(project: str, group: str, mode: str, directory: Path, trial, shar
 
     directory.mkdir(parents=True, exist_ok=True)
     origin = provenance()
+    index = trial.trial_id.rsplit("_", 1)[-1]  # Tune's trial counter; the prefix is random
     identity = run_id(
-        project, group_name(group, "sweep"), str(origin["params_hash"]),
-        str(origin["git_commit"]), content_hash(trial.config), trial.trial_id,
+        project, group_name(group, "sweep"), content_hash(origin), content_hash(trial.config),
+        index,
     )  # fmt: skip
     return wandb.init(
         project=project,

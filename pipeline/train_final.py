@@ -271,7 +271,8 @@ class _Trainer:
         if "augment" in run_config:
             run_config["augment"] = spec.augment
         wandb_config = {
-            **run_config, **fields, "epochs": spec.train.epochs,
+            **tracking.used_settings(run_config, spec.model, spec.train.loss),
+            "dataset": spec.dataset, **fields, "epochs": spec.train.epochs,
             "batch_size": spec.train.batch_size, "seed": spec.train.seed,
             "time_budget": spec.train.time_budget, "comparison": comparison,
             "train_images": len(split.train),

@@ -206,3 +206,42 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
     history = tracking.read_history(run_dir)
     assert [(h["epoch"], h["val_accuracy"]) for h in history] == [(1, 0.25), (2, 0.5)]
     assert all("node" not in h and "device" not in h for h in history)
+
+
+def test_run_configs_hold_only_the_settings_the_model_uses():
+    best = {
+        "model": "capsnet-small",
+        "routing_iterations": 3,
+        "m_plus": 0.9,
+        "m_minus": 0.1,
+        "lam": 0.5,
+        "recon_weight": 0.0005,
+        "augment": "shift",
+        "lr": 0.001,
+    }
+    lenet = tracking.used_settings({**best, "model": "lenet5"}, "lenet5")
+    assert lenet == {"model": "lenet5", "augment": "shift", "lr": 0.001}
+    assert tracking.used_settings(best, "capsnet-small") == best
+    forced = tracking.used_settings({**best, "model": "lenet5"}, "lenet5", loss="margin")
+    assert "routing_iterations" not in forced and forced["m_plus"] == 0.9
+
+
+def test_provenance_names_commit_params_code_and_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("a: 1  # a comment\n")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  prep:\n    outs:\n    - path: data/prepared/mnist\n"
+        "      md5: abc.dir\n    - path: models\n      md5: def.dir\n"
+    )
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "0123456789abcdef")
+    tracking.git_commit.cache_clear()
+    try:
+        origin = tracking.provenance()
+    finally:
+        tracking.git_commit.cache_clear()
+    assert origin["git_commit"] == "0123456789abcdef"
+    assert origin["params_hash"] == tracking.content_hash({"a": 1})
+    assert origin["data_hash"] == tracking.content_hash([("data/prepared/mnist", "abc.dir")])
+    assert len(origin["code_hash"]) == 16
+    (tmp_path / "params.yaml").write_text("a: 1\n")  # layout and comments do not count
+    assert tracking.params_hash() == origin["params_hash"]
