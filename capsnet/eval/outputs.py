@@ -173,7 +173,19 @@ def summary_lines(results: dict) -> list[str]:
     viewpoints = results.get(VIEWPOINTS_KEY)
     entries = {n: e for n, e in results.items() if n != COMPARISON_KEY and "model" in e}
     comparison = comparison_lines(results.get(COMPARISON_KEY))
-    return _table_lines(entries) + comparison + viewpoint_lines(viewpoints)
+    return _table_lines(entries) + _skip_lines(entries) + comparison + viewpoint_lines(viewpoints)
+
+
+def _skip_lines(entries: dict) -> list[str]:
+    """Why the "skipped" cells are skipped: one line per reason, naming the pairs."""
+    reasons: dict[str, list[str]] = {}
+    for name, entry in entries.items():
+        if "checkpoint" not in entry:
+            continue  # a seed mean repeats its checkpoints' reasons
+        for key, value in entry.items():
+            if isinstance(value, dict) and "skipped" in value:
+                reasons.setdefault(str(value["skipped"]), []).append(f"{name}/{key}")
+    return [f"skipped: {reason} ({', '.join(pairs)})" for reason, pairs in reasons.items()]
 
 
 def _fmt(x) -> str:
