@@ -12,7 +12,7 @@ from comparisonhelpers import checkpoint_entry, seeded_results
 
 from capsnet.eval.outputs import SUMMARY_SETS, summary_metrics, write_outputs
 
-KEYS = {*SUMMARY_SETS.values(), "mnist_sd", "rot35_sd", "seeds", "train_s"}
+KEYS = {*SUMMARY_SETS.values(), "mnist_sd", "rot35_sd", "n_seeds", "train_s"}
 
 
 def _keys(summary: dict) -> set[str]:
@@ -35,11 +35,11 @@ def test_summary_holds_the_headline_numbers_of_the_table():
     lenet = summary["lenet5"]
     assert set(lenet) == KEYS
     # the seed mean fills the row (0.955 ± 0.007 over lenet5 and lenet5@seed1), not a seed
-    assert (lenet["mnist"], lenet["mnist_sd"], lenet["seeds"]) == (0.955, 0.007, 2)
+    assert (lenet["mnist"], lenet["mnist_sd"], lenet["n_seeds"]) == (0.955, 0.007, 2)
     assert lenet["rot35"] == 0.5 and lenet["train_s"] == 20.0
     assert lenet["affnist"] is None and lenet["smallnorb"] is None  # skipped: null, kept
     caps = summary["capsnet-small"]
-    assert (caps["mnist"], caps["rot35"], caps["seeds"], caps["mnist_sd"]) == (0.97, 0.7, 1, None)
+    assert (caps["mnist"], caps["rot35"], caps["n_seeds"], caps["mnist_sd"]) == (0.97, 0.7, 1, None)
     # the equal-time arm: the baseline's numbers, never the reference model's
     assert summary["equal_time"] == {
         "lenet5": {
@@ -47,7 +47,7 @@ def test_summary_holds_the_headline_numbers_of_the_table():
             "mnist_sd": 0.007,
             "rot35": 0.6,
             "rot35_sd": 0.0,
-            "seeds": 2,
+            "n_seeds": 2,
             "train_s": 20.0,
         }
     }

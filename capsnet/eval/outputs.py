@@ -108,7 +108,7 @@ def _arm_row(group: dict) -> dict[str, float | None]:
     for key, angle in (("mnist", 0.0), ("rot35", 35.0)):
         row[key] = _rounded(accuracy.get(at.get(angle)))
         row[f"{key}_sd"] = _rounded(std.get(at.get(angle)))
-    row["seeds"] = group.get("seeds")
+    row["n_seeds"] = group.get("seeds")
     row["train_s"] = _rounded(group.get("train_seconds"))
     return row
 
@@ -129,7 +129,7 @@ def summary_metrics(results: dict) -> dict[str, dict]:
             if key in SEEDED_SETS:
                 row[f"{key}_sd"] = _rounded(std_value(found[1], column)) if found else None
         first = chosen.get("mnist") or chosen.get("rotated-mnist@35")
-        row["seeds"] = first[1].get("seeds", 1) if first else None
+        row["n_seeds"] = first[1].get("seeds", 1) if first else None
         row["train_s"] = _rounded((trained.get(model) or {}).get("train_seconds"))
         summary[model] = row
     arms = (results.get(COMPARISON_KEY) or {}).get("arms") or {}

@@ -1,0 +1,123 @@
+"""What a DVC user does after `dvc repro`, on the real dvc.yaml and params.yaml shrunk to a
+tiny run (test_dvc_repro's settings) in a temporary git repository: queue an experiment and
+run the queue (it runs in a temporary copy of the workspace, so its W&B runs must land in
+the main one), compare it with `dvc exp show --only-changed` and `dvc metrics diff` in a
+normal terminal, and push the models to a local DVC remote and pull them into a fresh clone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from test_dvc_repro import COPIED_DIRS, COPIED_FILES, run, shrink
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+#: The experiment: one seed per model instead of two.
+EXPERIMENT = ("tiny-exp", "train.seeds=1")
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, repo_root, mnist_mirror):
+    """A git repository holding the shrunk pipeline after `dvc repro`, committed; the dvc
+    command and the environment."""
+    pytest.importorskip("dvc")
+    pytest.importorskip("ray")
+    bin_dir = Path(sys.executable).parent
+    dvc = shutil.which("dvc", path=str(bin_dir))
+    if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
+        pytest.skip("dvc or the capsnet command is not installed")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    work = tmp_path_factory.mktemp("exp") / "repo"
+    for name in COPIED_DIRS:
+        if (repo_root / name).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(repo_root / name, work / name, ignore=ignore)
+    for name in (*COPIED_FILES, ".gitignore"):
+        shutil.copy(repo_root / name, work / name)
+    (work / "params.yaml").write_text(shrink((repo_root / "params.yaml").read_text()))
+    env = {
+        **os.environ,
+        "CAPSNET_MIRROR": str(mnist_mirror),
+        "DVC_NO_ANALYTICS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "WANDB_MODE": "offline",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.org",
+    }
+    for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY", "DVC_ROOT", "DVC_EXP_NAME"):
+        env.pop(key, None)
+    run(["git", "init", "-q", "-b", "main"], work, env)
+    run([dvc, "init", "-q"], work, env)
+    run([dvc, "repro"], work, env)
+    run(["git", "add", "-A"], work, env)
+    run(["git", "commit", "-q", "-m", "baseline"], work, env)
+    return work, dvc, env
+
+
+def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project):
+    work, dvc, env = project
+    name, setting = EXPERIMENT
+    run([dvc, "exp", "run", "--queue", "-n", name, "-S", setting], work, env)
+    log = run([dvc, "exp", "run", "--run-all"], work, env)
+    assert "Ran experiment(s)" in log
+    status = run([dvc, "queue", "status"], work, env)
+    assert any(name in line and "Success" in line for line in status.splitlines()), status
+
+    # the experiment's W&B eval runs are in the main workspace, named after it
+    from pipeline import tracking
+
+    runs = [tracking.read_run_info(d) for d in tracking.offline_runs(work / "runs").values()]
+    mine = [r for r in runs if r["config"].get("dvc_experiment") == name]
+    assert mine and all(r["group"].endswith(f"/{name}/" + r["job_type"]) for r in mine)
+    assert {r["job_type"] for r in mine} >= {"eval", "train"}
+    assert not {r["run_id"] for r in mine} & {
+        r["run_id"] for r in runs if r["config"].get("dvc_experiment") is None
+    }
+
+    shown = run(
+        [dvc, "exp", "show", "--only-changed", "--drop", "Created", "--no-pager"],
+        work,
+        {**env, "COLUMNS": "120"},
+    )
+    (work / "exp-show.txt").write_text(shown)
+    assert name in shown and "rot35" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 120, shown
+    assert "…" not in shown, shown
+
+    diff = run([dvc, "metrics", "diff", "main", name, "--json"], work, env)
+    changed = json.loads(diff)["eval/summary.json"]
+    assert all(isinstance(v["new"], (int, float, type(None))) for v in changed.values())
+    assert "lenet5.n_seeds" in changed and changed["lenet5.n_seeds"]["new"] == 1
+
+
+def test_models_pushed_to_a_local_remote_are_pulled_into_a_fresh_clone(project, tmp_path):
+    work, dvc, env = project
+    remote = tmp_path / "remote"
+    run([dvc, "remote", "add", "--local", "-d", "shared", str(remote)], work, env)
+    run([dvc, "push", "train"], work, env)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(work), str(clone)], tmp_path, env)
+    assert not (clone / "models").exists()
+    run([dvc, "remote", "add", "--local", "-d", "shared", str(remote)], clone, env)
+    run([dvc, "pull", "train"], clone, env)
+    assert _tree_digest(clone / "models") == _tree_digest(work / "models")
+    status = run([dvc, "status", "train"], clone, env)
+    assert "changed outs" not in status
