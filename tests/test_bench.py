@@ -46,6 +46,10 @@ def test_quick_run_prints_a_table_and_one_json_line():
     assert set(result["peak_rss_mb"]) == set(bench.IMPLEMENTATIONS)
     assert set(result["ratios"]["4"]) == set(bench.TARGETS)
     assert "train img/s" in lines[0]
+    # a smoke run of the small model is not held to the full model's targets
+    assert result["targets"] == {} and not any("(target " in line for line in lines)
+    assert "none applies to this run" in done.stdout
+    assert bench.targets_for("capsnet", 128) == bench.TARGETS
 
 
 def test_run_with_a_subset_of_implementations_and_no_rss():
