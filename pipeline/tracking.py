@@ -223,26 +223,6 @@ def wandb_directory(setting: str | os.PathLike) -> Path:
     return path.resolve()
 
 
-#: Training settings that only the margin loss (and its reconstruction term) reads.
-MARGIN_KEYS = ("m_plus", "m_minus", "lam", "recon_weight")
-
-
-def used_settings(config: dict[str, Any], model: str, loss: str = "auto") -> dict[str, Any]:
-    """``config`` (a trial or best.json config) without the settings ``model`` does not
-    use: model fields it lacks (routing_iterations for lenet5) and the margin loss's
-    settings when it trains with another loss."""
-    from capsnet import models
-    from pipeline.trainable import applies
-
-    if loss == "auto":
-        loss = getattr(models.spec(model).model_cls, "default_loss", "cross-entropy")
-    return {
-        key: value
-        for key, value in config.items()
-        if applies(model, key) and (loss == "margin" or key not in MARGIN_KEYS)
-    }
-
-
 def sweep_run_config(sweep, base, split) -> dict[str, Any]:
     """What every trial of ``sweep`` shares, for its W&B run's config: the dataset, epochs,
     batch size and seed of the base RunSpec, the data sizes actually loaded and the

@@ -34,7 +34,7 @@ from capsnet.errors import ConfigError
 from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
-from pipeline.trainable import run_spec
+from pipeline.trainable import run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -271,7 +271,7 @@ class _Trainer:
         if "augment" in run_config:
             run_config["augment"] = spec.augment
         wandb_config = {
-            **tracking.used_settings(run_config, spec.model, spec.train.loss),
+            **used_settings(run_config, spec.model, spec.train.loss),
             "dataset": spec.dataset, **fields, "epochs": spec.train.epochs,
             "batch_size": spec.train.batch_size, "seed": spec.train.seed,
             "time_budget": spec.train.time_budget, "comparison": comparison,

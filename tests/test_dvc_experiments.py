@@ -18,8 +18,17 @@ from test_dvc_repro import COPIED_DIRS, COPIED_FILES, run, shrink
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-#: The experiment: one seed per model instead of two.
-EXPERIMENT = ("tiny-exp", "train.seeds=1")
+#: The experiment of docs/pipeline.md: one seed per model instead of two.
+EXPERIMENT = "one-seed"
+
+
+def documented(root: Path, *prefix: str) -> list[str]:
+    """The command of docs/pipeline.md that starts with ``prefix`` (its words)."""
+    from test_docs_commands import commands
+
+    found = [w for w in commands(root / "docs" / "pipeline.md") if w[: len(prefix)] == [*prefix]]
+    assert found, f"docs/pipeline.md has no `{' '.join(prefix)}` command"
+    return found[0]
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -72,16 +81,19 @@ def project(tmp_path_factory, repo_root, mnist_mirror):
     return work, dvc, env
 
 
-def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project):
+def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project, repo_root):
+    """The docs' commands, as written: queue, run the queue, read its status, compare."""
     work, dvc, env = project
-    name, setting = EXPERIMENT
-    run([dvc, "exp", "run", "--queue", "-n", name, "-S", setting], work, env)
-    log = run([dvc, "exp", "run", "--run-all"], work, env)
+    name = EXPERIMENT
+    queue = documented(repo_root, "dvc", "exp", "run", "--queue")
+    assert name in queue
+    run([dvc, *queue[1:]], work, env)
+    log = run([dvc, *documented(repo_root, "dvc", "exp", "run", "--run-all")[1:]], work, env)
     assert "Ran experiment(s)" in log
-    status = run([dvc, "queue", "status"], work, env)
+    status = run([dvc, *documented(repo_root, "dvc", "queue", "status")[1:]], work, env)
     assert any(name in line and "Success" in line for line in status.splitlines()), status
 
-    # the experiment's W&B eval runs are in the main workspace, named after it
+    # the experiment's W&B runs are in the main workspace, named after it
     from pipeline import tracking
 
     runs = [tracking.read_run_info(d) for d in tracking.offline_runs(work / "runs").values()]
@@ -92,20 +104,22 @@ def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project):
         r["run_id"] for r in runs if r["config"].get("dvc_experiment") is None
     }
 
-    shown = run(
-        [dvc, "exp", "show", "--only-changed", "--drop", "Created", "--no-pager"],
-        work,
-        {**env, "COLUMNS": "120"},
-    )
+    show = documented(repo_root, "dvc", "exp", "show")
+    shown = run([dvc, *show[1:], "--no-pager"], work, {**env, "COLUMNS": "120"})
     (work / "exp-show.txt").write_text(shown)
-    assert name in shown and "rot35" in shown
+    assert name in shown and "rot35" in shown and "train.seeds" in shown, shown
     assert max(len(line) for line in shown.splitlines()) <= 120, shown
     assert "…" not in shown, shown
 
-    diff = run([dvc, "metrics", "diff", "main", name, "--json"], work, env)
-    changed = json.loads(diff)["eval/summary.json"]
+    diff = documented(repo_root, "dvc", "metrics", "diff")
+    changed = json.loads(run([dvc, *diff[1:], "--json"], work, env))["eval/summary.json"]
     assert all(isinstance(v["new"], (int, float, type(None))) for v in changed.values())
-    assert "lenet5.n_seeds" in changed and changed["lenet5.n_seeds"]["new"] == 1
+    assert changed["lenet5.n_seeds"] == {"old": 2, "new": 1, "diff": -1}
+
+    plots = documented(repo_root, "dvc", "plots", "diff")
+    run([dvc, *plots[1:]], work, env)
+    page = work / plots[plots.index("-o") + 1] / "index.html"
+    assert "VEGA_FILES" in page.read_text()
 
 
 def test_models_pushed_to_a_local_remote_are_pulled_into_a_fresh_clone(project, tmp_path):

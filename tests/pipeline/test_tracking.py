@@ -209,6 +209,8 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
 
 
 def test_run_configs_hold_only_the_settings_the_model_uses():
+    from pipeline.trainable import used_settings
+
     best = {
         "model": "capsnet-small",
         "routing_iterations": 3,
@@ -219,10 +221,10 @@ def test_run_configs_hold_only_the_settings_the_model_uses():
         "augment": "shift",
         "lr": 0.001,
     }
-    lenet = tracking.used_settings({**best, "model": "lenet5"}, "lenet5")
+    lenet = used_settings({**best, "model": "lenet5"}, "lenet5")
     assert lenet == {"model": "lenet5", "augment": "shift", "lr": 0.001}
-    assert tracking.used_settings(best, "capsnet-small") == best
-    forced = tracking.used_settings({**best, "model": "lenet5"}, "lenet5", loss="margin")
+    assert used_settings(best, "capsnet-small") == best
+    forced = used_settings({**best, "model": "lenet5"}, "lenet5", loss="margin")
     assert "routing_iterations" not in forced and forced["m_plus"] == 0.9
 
 
