@@ -42,7 +42,7 @@ SHORT_HELP: dict[str, str] = {
     "evaluate-stage": "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
     "evaluate.out_dir.",
     "models": "List the registered models with their parameter counts.",
-    "publish": "W&B eval runs (offline unless configured), report.html and, online, a W&B Report.",
+    "publish": "report.html, results.md and W&B eval runs; with --readme the README's table.",
     "sweep": "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
     "train": "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",
     "train-final": "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",

@@ -135,38 +135,26 @@ def eval_command(
 
     from capsnet import config
     from capsnet import eval as evaluation
-    from capsnet.io import OutputSet, foreign_entries
+    from capsnet.outputset import OutputSet
     from capsnet.train import select_device
 
     _refuse_repeats(checkpoints)
-    if figures_dir is not None:
-        foreign = [n for n in foreign_entries(figures_dir, ()) if not n.endswith(".png")]
-        if foreign:
-            raise click.BadParameter(
-                f"{figures_dir} holds {foreign[0]!r}, not a figure; the folder is replaced "
-                "whole, so name an empty or a figures folder",
-                param_hint="--figures",
-            )
+    _refuse_foreign_figures(figures_dir)
     section = config.load_or_default(params_path).evaluate
-    datasets = list(dict.fromkeys(datasets or ("mnist",)))
-    if angles and "rotated-mnist" not in datasets:
-        datasets.append("rotated-mnist")
-    given = {"angles": tuple(angles) if angles else section.angles}
-    base = dataclasses.replace(
-        EvaluateParams(datasets=tuple(datasets), **given),
-        limit=section.limit if limit is None else limit,
-    )
+    datasets = list(dict.fromkeys([*(datasets or ("mnist",)), *(["rotated-mnist"] * bool(angles))]))
+    angles = tuple(angles) if angles else section.angles
+    base = EvaluateParams(datasets=tuple(datasets), angles=angles, limit=_or(limit, section.limit))
     chosen = section.robustness
     settings = dataclasses.replace(
         base,
-        batch_size=section.batch_size if batch_size is None else batch_size,
+        batch_size=_or(batch_size, section.batch_size),
         device=str(select_device(device)),
         robustness=dataclasses.replace(
             base.robustness,
             enabled=robustness,
-            epsilons=chosen.epsilons if epsilons is None else tuple(epsilons),
-            bim_steps=chosen.bim_steps if bim_steps is None else bim_steps,
-            limit=chosen.limit if robustness_limit is None else robustness_limit,
+            epsilons=tuple(_or(epsilons, chosen.epsilons)),
+            bim_steps=_or(bim_steps, chosen.bim_steps),
+            limit=_or(robustness_limit, chosen.limit),
         ),
         equivariance=dataclasses.replace(section.equivariance, enabled=equivariance),
     )
@@ -178,12 +166,30 @@ def eval_command(
         results = evaluation.evaluate_checkpoints(list(checkpoints), request, figures=drawer)
         if out is not None:
             outputs.file(out, evaluation.metrics_json(results))
-    for line in evaluation.summary_lines(results):
-        click.echo(line)
-    if out is not None:
-        click.echo(f"wrote {out}")
+    lines = evaluation.summary_lines(results) + ([f"wrote {out}"] if out is not None else [])
     if drawer is not None:
-        click.echo(f"wrote {len(drawer.written)} figure(s) to {figures_dir}")
+        lines.append(f"wrote {len(drawer.written)} figure(s) to {figures_dir}")
+    click.echo("\n".join(lines))
+
+
+def _or(given, default):
+    """An option's value, or the params file's when the option was not given."""
+    return default if given is None else given
+
+
+def _refuse_foreign_figures(figures_dir: Path | None) -> None:
+    """--figures is replaced whole: a folder holding anything but PNG files is refused."""
+    from capsnet.io import foreign_entries
+
+    if figures_dir is None:
+        return
+    foreign = [n for n in foreign_entries(figures_dir, ()) if not n.endswith(".png")]
+    if foreign:
+        raise click.BadParameter(
+            f"{figures_dir} holds {foreign[0]!r}, not a figure; the folder is replaced "
+            "whole, so name an empty or a figures folder",
+            param_hint="--figures",
+        )
 
 
 def _refuse_repeats(checkpoints) -> None:

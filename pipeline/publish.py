@@ -22,8 +22,8 @@ from typing import Any
 import click
 
 from capsnet.cli_options import check_output, params_option
-from capsnet.io import OutputSet, refuse_read_only
-from pipeline import comparison_text, readme, report, tracking
+from capsnet.outputset import OutputSet, refuse_read_only
+from pipeline import comparison_text, provenance, readme, report, tracking
 from pipeline.cells import COMPARISON_KEY, EvalResults, load_results, parse_results
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
@@ -106,7 +106,7 @@ def publish_runs(
                 wandb_dir,
                 {"model": entry.model, "checkpoint": entry.checkpoint, "entry": name},
                 job_type="eval",
-                content=tracking.content_hash(entry.raw),
+                content=provenance.content_hash(entry.raw),
             )
             metrics = flatten_metrics(entry.raw)
             points = rotation_points(entry.raw)
@@ -137,7 +137,7 @@ def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=tracking.content_hash(comparison),
+        content=provenance.content_hash(comparison),
     )
     table = wandb.Table(
         columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
@@ -225,7 +225,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     for name, path in paths.items():
         refuse_read_only(path, f"{path} (publish {name})")
     readme_text = readme.read_document(readme_path) if readme_path is not None else None
-    origin = {**tracking.provenance(), "machine": tracking.machine()}
+    origin = {**provenance.provenance(), "machine": provenance.machine()}
     fig_dir = Path(fig_dir)
     sweep_rows = report.read_sweep(settings.sweep_results)
     html = report.render_html(results.raw, fig_dir, sweep_rows)
@@ -289,8 +289,9 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     help="Also copy the results table into this document (between the results markers).",
 )
 def publish_command(params_path, metrics_path, readme_path):
-    """report.html, results.md, W&B eval runs (offline unless configured) and, online, a
-    W&B Report; with --readme the document's results block too."""
+    """report.html, results.md and W&B eval runs; with --readme the README's table.
+
+    W&B is offline unless configured; online, a W&B Report too."""
     from capsnet import config
 
     params = config.load(params_path)

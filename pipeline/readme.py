@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 
 from capsnet.errors import CapsnetError
-from capsnet.io import atomic_write_text, refuse_read_only
+from capsnet.io import atomic_write_text
+from capsnet.outputset import refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import (
     COMPARISON_KEY,

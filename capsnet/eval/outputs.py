@@ -15,7 +15,7 @@ from capsnet import evaluate
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
 from capsnet.headline import cell_value, main_entries, model_picks, std_value
-from capsnet.io import OutputSet
+from capsnet.outputset import OutputSet
 
 
 def _finite(value):

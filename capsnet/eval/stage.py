@@ -14,7 +14,8 @@ from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.outputs import write_outputs
 from capsnet.eval.request import EvalRequest
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, evaluate_viewpoints
-from capsnet.io import OutputSet, read_disabled
+from capsnet.io import read_disabled
+from capsnet.outputset import OutputSet
 
 
 def stage_checkpoints(settings, log=None) -> tuple[list[Path], list[str]]:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline import tracking
+from pipeline import provenance, tracking
 
 
 def test_mode_is_offline_without_an_api_key(monkeypatch, tmp_path):
@@ -46,7 +46,7 @@ def test_offline_run_history_and_info_read_back(tmp_path):
     info = tracking.read_run_info(runs[run_id])
     assert (info["group"], info["job_type"], info["name"]) == ("g/train", "train", "train-x")
     assert info["config"]["lr"] == 0.001
-    assert set(tracking.provenance()) <= set(info["config"])
+    assert set(provenance.provenance()) <= set(info["config"])
 
 
 def test_disabled_mode_starts_no_run(tmp_path):
@@ -98,7 +98,7 @@ def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
         "capsnet-test",
         "exp-1/eval",
         "eval-capsnet-small",
-        tracking.content_hash(RESULTS["capsnet-small"]),
+        provenance.content_hash(RESULTS["capsnet-small"]),
     )
     # each publish wrote its own offline run under the same id: `wandb sync` of both
     # lands in one W&B run per checkpoint
@@ -112,7 +112,7 @@ def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
         info = tracking.read_run_info(run_dir)
         assert info["run_id"] in first.values() and info["job_type"] == "eval"
         assert info["group"] == "exp-1/eval" and info["config"]["dvc_experiment"] is None
-        assert info["config"]["params_hash"] == tracking.params_hash()
+        assert info["config"]["params_hash"] == provenance.params_hash()
     # another experiment gets other runs
     other = {r["name"]: r["run_id"] for r in _publish(tmp_path, group="exp-2")}
     assert not set(other.values()) & set(first.values())
@@ -236,14 +236,14 @@ def test_provenance_names_commit_params_code_and_data(tmp_path, monkeypatch):
         "      md5: abc.dir\n    - path: models\n      md5: def.dir\n"
     )
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "0123456789abcdef")
-    tracking.git_commit.cache_clear()
+    provenance.git_commit.cache_clear()
     try:
-        origin = tracking.provenance()
+        origin = provenance.provenance()
     finally:
-        tracking.git_commit.cache_clear()
+        provenance.git_commit.cache_clear()
     assert origin["git_commit"] == "0123456789abcdef"
-    assert origin["params_hash"] == tracking.content_hash({"a": 1})
-    assert origin["data_hash"] == tracking.content_hash([("data/prepared/mnist", "abc.dir")])
+    assert origin["params_hash"] == provenance.content_hash({"a": 1})
+    assert origin["data_hash"] == provenance.content_hash([("data/prepared/mnist", "abc.dir")])
     assert len(origin["code_hash"]) == 16
     (tmp_path / "params.yaml").write_text("a: 1\n")  # layout and comments do not count
-    assert tracking.params_hash() == origin["params_hash"]
+    assert provenance.params_hash() == origin["params_hash"]
