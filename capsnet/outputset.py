@@ -7,16 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from capsnet import io  # through the module, so its helpers are one implementation
 from capsnet.errors import CapsnetError
-from capsnet.io import (
-    _remove,
-    _swap_in,
-    fsync_dir,
-    locked,
-    new_temp_dir,
-    new_temp_file,
-    remove_stale,
-)
 
 
 def refuse_read_only(path: str | os.PathLike, what: str = "") -> None:
@@ -45,8 +37,8 @@ class OutputSet:
     def directory(self, path: str | os.PathLike) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(path)
-        staging = new_temp_dir(path)
+        io.remove_stale(path)
+        staging = io.new_temp_dir(path)
         self._dirs.append((path, staging))
         return staging
 
@@ -54,8 +46,8 @@ class OutputSet:
         path = Path(path)
         refuse_read_only(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(path)
-        fd, tmp = new_temp_file(path)
+        io.remove_stale(path)
+        fd, tmp = io.new_temp_file(path)
         self._files.append((path, tmp))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -64,24 +56,32 @@ class OutputSet:
         return path
 
     def commit(self) -> list[Path]:
-        """Swap the directories in and rename the files; the targets, in that order."""
+        """Swap the directories in and rename the files; the targets, in that order. A
+        rename that fails leaves the targets not reached as they were and no temporary."""
         done = []
-        for path, staging in self._dirs:
-            with locked(path.parent):
-                remove_stale(path)
-                replaced = _swap_in(staging, path)
-            _remove(replaced)
-            done.append(path)
-        for path, tmp in self._files:
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-            done.append(path)
-        self._dirs, self._files = [], []
+        try:
+            while self._dirs:
+                path, staging = self._dirs[0]
+                with io.locked(path.parent):
+                    io.remove_stale(path)
+                    replaced = io._swap_in(staging, path)
+                self._dirs.pop(0)
+                io._remove(replaced)
+                done.append(path)
+            while self._files:
+                path, tmp = self._files[0]
+                os.replace(tmp, path)
+                self._files.pop(0)
+                io.fsync_dir(path.parent)
+                done.append(path)
+        except BaseException:
+            self.discard()
+            raise
         return done
 
     def discard(self) -> None:
         for _, temporary in [*self._dirs, *self._files]:
-            _remove(temporary)
+            io._remove(temporary)
         self._dirs, self._files = [], []
 
     def __enter__(self) -> OutputSet:
