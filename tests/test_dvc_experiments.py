@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-from test_dvc_repro import COPIED_DIRS, COPIED_FILES, run, shrink
+from test_dvc_repro import run, shrunk_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -43,36 +41,14 @@ def _tree_digest(folder: Path) -> dict[str, str]:
 def project(tmp_path_factory, repo_root, mnist_mirror):
     """A git repository holding the shrunk pipeline after `dvc repro`, committed; the dvc
     command and the environment."""
-    pytest.importorskip("dvc")
-    pytest.importorskip("ray")
-    bin_dir = Path(sys.executable).parent
-    dvc = shutil.which("dvc", path=str(bin_dir))
-    if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
-        pytest.skip("dvc or the capsnet command is not installed")
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     work = tmp_path_factory.mktemp("exp") / "repo"
-    for name in COPIED_DIRS:
-        if (repo_root / name).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(repo_root / name, work / name, ignore=ignore)
-    for name in (*COPIED_FILES, ".gitignore"):
-        shutil.copy(repo_root / name, work / name)
-    (work / "params.yaml").write_text(shrink((repo_root / "params.yaml").read_text()))
-    env = {
-        **os.environ,
-        "CAPSNET_MIRROR": str(mnist_mirror),
-        "DVC_NO_ANALYTICS": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "WANDB_MODE": "offline",
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.org",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.org",
-    }
-    for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY", "DVC_ROOT", "DVC_EXP_NAME"):
-        env.pop(key, None)
+    dvc, env = shrunk_copy(work, repo_root, mnist_mirror, files=(".gitignore",))
+    env.update(
+        GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org",
+        GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.org",
+    )  # fmt: skip
     run(["git", "init", "-q", "-b", "main"], work, env)
     run([dvc, "init", "-q"], work, env)
     run([dvc, "repro"], work, env)
