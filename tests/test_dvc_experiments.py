@@ -51,6 +51,7 @@ def project(tmp_path_factory, repo_root, mnist_mirror):
     )  # fmt: skip
     run(["git", "init", "-q", "-b", "main"], work, env)
     run([dvc, "init", "-q"], work, env)
+    shutil.copy(repo_root / ".dvc" / "config", work / ".dvc" / "config")  # the plots page
     run([dvc, "repro"], work, env)
     run(["git", "add", "-A"], work, env)
     run(["git", "commit", "-q", "-m", "baseline"], work, env)

@@ -147,5 +147,5 @@ def test_plots_diff_draws_a_line_per_model_and_revision_into_any_out_dir(clone):
     result = render(work / "out" / "diff" / "index.html")
     (chart,) = [c for c in result["drawn"] if c["title"].startswith("Test accuracy versus")]
     assert sorted(chart["revs"]) == ["HEAD", "workspace"]
-    assert '"strokeDash":{"field":"rev"' in chart["encoding"]
+    assert '"strokeDash":{"field":"rev"' in chart["encoding"]  # in each line layer
     assert chart["marks"] > 0
