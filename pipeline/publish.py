@@ -244,7 +244,8 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     runs = publish_runs(
         results, fig_dir, project=settings.project, group=group, mode=mode, wandb_dir=settings.dir
     )
-    say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {Path(settings.dir) / 'wandb'}")
+    where = tracking.wandb_directory(settings.dir) / "wandb"
+    say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {where}")
     url = None
     if mode == "online" and settings.report:
         url = create_wandb_report(
