@@ -182,12 +182,20 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
         "rotation.png",
         "reconstructions.png",
         "equivariance.png",
-        "perturbation-capsnet-small.png",
         "confusion-lenet5.png",
         "confusion-capsnet-small.png",
         "multimnist-caps36.png",
     } <= figures
     assert {p.name for p in drawer.written.values()} == figures
+    # the perturbation grid exists exactly when some pose dimension visibly changes
+    from capsnet import figures as draw
+
+    model, _ = checkpoint.load(untrained["capsnet-small"])
+    images, labels = mnist_test_set(mnist_root, 1)
+    with torch.no_grad():
+        rows = draw.perturbation_rows(model, images[0].float() / 255, int(labels[0]))
+    shown = "perturbation-capsnet-small.png" in figures
+    assert shown == bool(draw.visible_rows(rows)), draw.visible_rows(rows)
     for name in figures:
         assert (tmp_path / "eval" / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     assert not list((tmp_path / "eval").rglob(".*"))  # no temporary files left behind
