@@ -47,7 +47,7 @@ SHORT_HELP: dict[str, str] = {
     "models": "List the registered models with their parameter counts.",
     "profile": "Check a params profile (profiles/NAME.yaml) against the params file; --apply "
     "writes it.",
-    "publish": "W&B eval runs (offline unless configured), report.html and, online, a W&B Report.",
+    "publish": "report.html, results.md and W&B eval runs; with --readme the README's table.",
     "sweep": "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
     "train": "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",
     "train-final": "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",

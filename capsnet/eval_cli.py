@@ -21,7 +21,7 @@ from capsnet.cli_options import (
     params_option,
     resolve_mirror,
 )
-from capsnet.config import EVAL_DATASETS, EvaluateParams, RobustnessParams
+from capsnet.config import EVAL_DATASETS, EvaluateParams
 
 
 def _stderr_log(line: str) -> None:
@@ -48,14 +48,15 @@ def _stderr_log(line: str) -> None:
 @click.option(
     "--limit",
     type=count(),
-    default=field_default(EvaluateParams, "limit"),
-    help="Evaluate on the first N test images of each set only.",
+    default=None,
+    help="Evaluate on the first N test images of each set only  [default: evaluate.limit "
+    "of the params file, as the evaluate stage]",
 )
 @click.option(
     "--batch-size",
     type=count(),
-    default=field_default(EvaluateParams, "batch_size"),
-    show_default=True,
+    default=None,
+    help="[default: evaluate.batch_size of the params file]",
 )
 @click.option("--device", default=field_default(EvaluateParams, "device"), show_default=True)
 @data_root_option()
@@ -69,21 +70,21 @@ def _stderr_log(line: str) -> None:
 @click.option(
     "--epsilons",
     type=FloatList(FiniteFloat(0, 1, low_open=True)),
-    default=format_floats(field_default(RobustnessParams, "epsilons")),
-    show_default=True,
+    default=None,
+    help="[default: evaluate.robustness.epsilons of the params file]",
 )
 @click.option(
     "--bim-steps",
     type=count(2),
-    default=field_default(RobustnessParams, "bim_steps"),
-    show_default=True,
+    default=None,
+    help="[default: evaluate.robustness.bim_steps of the params file]",
 )
 @click.option(
     "--robustness-limit",
     type=count(),
-    default=field_default(RobustnessParams, "limit"),
-    show_default=True,
-    help="Attack the first N MNIST test images.",
+    default=None,
+    help="Attack the first N MNIST test images  [default: evaluate.robustness.limit of the "
+    "params file]",
 )
 @click.option(
     "--equivariance/--no-equivariance",
@@ -104,9 +105,15 @@ def _stderr_log(line: str) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     callback=output_option_check("root"),
-    help="Write the PNG figures (rotation curve, reconstructions, ...) here.",
+    help="Write the PNG figures (rotation curve, reconstructions, ...) here; the folder is "
+    "replaced whole (it may hold only PNG files from an earlier run).",
+)
+@params_option(
+    "its evaluate section gives the defaults; without the file, the built-in ones",
+    default=None,
 )
 def eval_command(
+    params_path,
     checkpoints,
     datasets,
     angles,
@@ -126,39 +133,76 @@ def eval_command(
     """Evaluate CHECKPOINT(s) side by side on the chosen test sets."""
     import dataclasses
 
+    from capsnet import config
     from capsnet import eval as evaluation
-    from capsnet.io import atomic_write_text
+    from capsnet.outputset import OutputSet
     from capsnet.train import select_device
 
-    datasets = list(dict.fromkeys(datasets or ("mnist",)))
-    if angles and "rotated-mnist" not in datasets:
-        datasets.append("rotated-mnist")
-    given = {"angles": angles} if angles else {}
-    base = EvaluateParams(datasets=tuple(datasets), limit=limit, **given)
+    _refuse_repeats(checkpoints)
+    _refuse_foreign_figures(figures_dir)
+    section = config.load_or_default(params_path).evaluate
+    datasets = list(dict.fromkeys([*(datasets or ("mnist",)), *(["rotated-mnist"] * bool(angles))]))
+    angles = tuple(angles) if angles else section.angles
+    base = EvaluateParams(datasets=tuple(datasets), angles=angles, limit=_or(limit, section.limit))
+    chosen = section.robustness
     settings = dataclasses.replace(
         base,
-        batch_size=batch_size,
+        batch_size=_or(batch_size, section.batch_size),
         device=str(select_device(device)),
         robustness=dataclasses.replace(
             base.robustness,
             enabled=robustness,
-            epsilons=tuple(epsilons),
-            bim_steps=bim_steps,
-            limit=robustness_limit,
+            epsilons=tuple(_or(epsilons, chosen.epsilons)),
+            bim_steps=_or(bim_steps, chosen.bim_steps),
+            limit=_or(robustness_limit, chosen.limit),
         ),
-        equivariance=dataclasses.replace(base.equivariance, enabled=equivariance),
+        equivariance=dataclasses.replace(section.equivariance, enabled=equivariance),
     )
     log = _stderr_log if sys.stderr.isatty() else None
     request = evaluation.EvalRequest(settings, data_root=data_root, mirror=mirror, log=log)
-    drawer = evaluation.FigureDrawer(figures_dir) if figures_dir is not None else None
-    results = evaluation.evaluate_checkpoints(list(checkpoints), request, figures=drawer)
-    for line in evaluation.summary_lines(results):
-        click.echo(line)
-    if out is not None:
-        atomic_write_text(out, evaluation.metrics_json(results))
-        click.echo(f"wrote {out}")
+    with OutputSet() as outputs:  # the figures folder and --out land together, or neither
+        staging = outputs.directory(figures_dir) if figures_dir is not None else None
+        drawer = evaluation.FigureDrawer(staging) if staging is not None else None
+        results = evaluation.evaluate_checkpoints(list(checkpoints), request, figures=drawer)
+        if out is not None:
+            outputs.file(out, evaluation.metrics_json(results))
+    lines = evaluation.summary_lines(results) + ([f"wrote {out}"] if out is not None else [])
     if drawer is not None:
-        click.echo(f"wrote {len(drawer.written)} figure(s) to {figures_dir}")
+        lines.append(f"wrote {len(drawer.written)} figure(s) to {figures_dir}")
+    click.echo("\n".join(lines))
+
+
+def _or(given, default):
+    """An option's value, or the params file's when the option was not given."""
+    return default if given is None else given
+
+
+def _refuse_foreign_figures(figures_dir: Path | None) -> None:
+    """--figures is replaced whole: a folder holding anything but PNG files is refused."""
+    from capsnet.io import foreign_entries
+
+    if figures_dir is None:
+        return
+    foreign = [n for n in foreign_entries(figures_dir, ()) if not n.endswith(".png")]
+    if foreign:
+        raise click.BadParameter(
+            f"{figures_dir} holds {foreign[0]!r}, not a figure; the folder is replaced "
+            "whole, so name an empty or a figures folder",
+            param_hint="--figures",
+        )
+
+
+def _refuse_repeats(checkpoints) -> None:
+    """A checkpoint named twice (by any path) would count as two seeds: refused."""
+    seen: dict[Path, Path] = {}
+    for path in checkpoints:
+        key = Path(path).resolve()
+        if key in seen:
+            raise click.BadParameter(
+                f"{path} is {seen[key]} again; each checkpoint counts once",
+                param_hint="CHECKPOINTS",
+            )
+        seen[key] = Path(path)
 
 
 @click.command("evaluate-stage")

@@ -10,6 +10,9 @@ import torch
 from capsnet.io import atomic_open
 
 PERTURBATION_DELTAS = tuple(round(-0.25 + 0.05 * i, 2) for i in range(11))  # the paper's sweep
+#: A perturbed pose dimension is drawn only when its reconstructions change visibly: the mean
+#: absolute pixel difference between the two ends of the sweep is at least this.
+VISIBLE_CHANGE = 0.01
 
 
 def _pyplot():
@@ -56,7 +59,14 @@ def rotation_curve(
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7 if len(curves) > 6 else None)
+    # below the axes, never over the curves (the 30-60 degree range is where they differ)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=min(3, max(1, len(curves))),
+        fontsize=7 if len(curves) > 6 else 8,
+        frameon=False,
+    )
     ax.set_title(title or "Accuracy on rotated MNIST")
     return save_figure(fig, path)
 
@@ -150,6 +160,12 @@ def equivariance_plot(diagnostics: dict[str, dict], path) -> Path:
 
 
 @torch.no_grad()
+def visible_rows(rows: list[torch.Tensor], threshold: float = VISIBLE_CHANGE) -> list[int]:
+    """Indices of the perturbation rows (each (S, C, H, W)) whose first and last images
+    differ by at least ``threshold`` in mean absolute pixel value."""
+    return [i for i, row in enumerate(rows) if float((row[-1] - row[0]).abs().mean()) >= threshold]
+
+
 def perturbation_rows(
     model,
     image: torch.Tensor,

@@ -1,81 +1,134 @@
-"""From eval/metrics.json (the schema of capsnet/eval/) to table cells: which entry fills
-a model's cell for a test set, its number and deviation, and the column titles. Shared by
-report.html (pipeline/report.py) and the README block (pipeline/readme.py)."""
+"""eval/metrics.json (the schema of capsnet/eval/) read once, checked and typed
+(``load_results`` -> ``EvalResults``), and turned into table cells: the column titles and
+percentages. Which entry fills a model's cell lives in ``capsnet.headline``, shared
+with the evaluate stage's summary metrics. Used by report.html (pipeline/report.py), the
+README table (pipeline/readme.py) and the W&B eval runs (pipeline/publish.py)."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from capsnet.errors import CapsnetError
+from capsnet.headline import (  # noqa: F401  (re-exported for the report and README)
+    COMPARISON_KEY,
+    VIEWPOINTS_KEY,
+    cell_value,
+    comparison_run,
+    main_entries,
+    model_entries,
+    model_picks,
+    pick,
+    std_value,
+    table_columns,
+    trained_on,
+)
 from capsnet.io import read_json
 
+#: Sections of metrics.json beside the checkpoint and seed-mean entries.
+SECTIONS = (COMPARISON_KEY, VIEWPOINTS_KEY)
 
-def load_results(path: str | os.PathLike) -> dict[str, dict]:
+
+@dataclass(frozen=True)
+class Entry:
+    """One evaluated checkpoint (``checkpoint`` set) or seed mean (``checkpoints``, ``seeds``
+    and ``std`` set). ``scores`` maps each test set to its numbers or to {"skipped": why}."""
+
+    name: str
+    model: str
+    checkpoint: str | None
+    checkpoints: tuple[str, ...]
+    seeds: int
+    scores: dict[str, dict[str, Any]]
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """{test set: reason} of the sets this entry was not evaluated on."""
+        return {k: str(v["skipped"]) for k, v in self.scores.items() if "skipped" in v}
+
+
+@dataclass(frozen=True)
+class EvalResults:
+    """metrics.json, checked: the entries by name, the comparison and viewpoint sections."""
+
+    entries: dict[str, Entry]
+    comparison: dict[str, Any] | None
+    viewpoints: dict[str, Any] | None
+    raw: dict[str, dict] = field(repr=False)
+
+    def checkpoints(self) -> dict[str, Entry]:
+        """The entries of single checkpoints (no seed means)."""
+        return {n: e for n, e in self.entries.items() if e.checkpoint is not None}
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _check_scores(where: str, scores: Any) -> None:
+    """Numbers (or null) at every leaf but the known text fields; a skip has its reason."""
+    text_keys = ("skipped", "source", "attack")
+    if isinstance(scores, dict):
+        for key, value in scores.items():
+            if key in text_keys:
+                if not isinstance(value, str):
+                    raise CapsnetError(f"{where}/{key}: text expected")
+            else:
+                _check_scores(f"{where}/{key}", value)
+    elif isinstance(scores, list):
+        for i, value in enumerate(scores):
+            _check_scores(f"{where}/{i}", value)
+    elif not _is_number(scores):
+        raise CapsnetError(f"{where}: a number expected, got {scores!r:.40}")
+
+
+def _entry(path: Path, name: str, data: dict) -> Entry:
+    where = f"{path}: {name}"
+    model, checkpoint = data.get("model"), data.get("checkpoint")
+    checkpoints = data.get("checkpoints") or []
+    if not isinstance(model, str) or not model:
+        raise CapsnetError(f"{where}: no model name")
+    if checkpoint is None and not checkpoints:
+        raise CapsnetError(f"{where}: neither a checkpoint nor the checkpoints of a seed mean")
+    if not isinstance(checkpoint, (str, type(None))) or not all(
+        isinstance(c, str) for c in checkpoints
+    ):
+        raise CapsnetError(f"{where}: checkpoint paths must be text")
+    scores = {k: v for k, v in data.items() if isinstance(v, dict) and k != "std"}
+    for key, value in scores.items():
+        _check_scores(f"{where}/{key}", value)
+    _check_scores(f"{where}/std", data.get("std") or {})
+    seeds = data.get("seeds", 1)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise CapsnetError(f"{where}/seeds: a count >= 1 expected")
+    return Entry(name, model, checkpoint, tuple(checkpoints), seeds, scores, data)
+
+
+def load_results(path: str | os.PathLike) -> EvalResults:
+    """metrics.json checked against the schema of capsnet/eval/ (CapsnetError naming the
+    file and the entry otherwise); at least one evaluated checkpoint is required."""
     path = Path(path)
-    data = read_json(path, "run the evaluate stage first")
+    return parse_results(read_json(path, "run the evaluate stage first"), path)
+
+
+def parse_results(data: Any, path: str | os.PathLike = "metrics.json") -> EvalResults:
+    """``load_results`` for a value already read (``path`` names it in errors)."""
+    path = Path(path)
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise CapsnetError(f"{path}: not an evaluation result ({{name: {{...}}}} expected)")
-    return data
-
-
-VIEWPOINTS_KEY = "viewpoints"  # metrics.json's novel-viewpoint section, not a checkpoint
-COMPARISON_KEY = "comparison"  # metrics.json's seeds comparison, not a checkpoint
-
-
-def model_entries(results: dict) -> dict[str, dict]:
-    """The checkpoint and seed-mean entries of ``results`` (without the "viewpoints" and
-    "comparison" sections)."""
-    return {
-        n: e
-        for n, e in results.items()
-        if n not in (VIEWPOINTS_KEY, COMPARISON_KEY) and isinstance(e, dict) and "model" in e
+    entries = {
+        name: _entry(path, name, value) for name, value in data.items() if name not in SECTIONS
     }
-
-
-def _angle_key(entry: dict, angle: float) -> str | None:
-    accuracies = entry.get("rotated-mnist", {}).get("accuracy", {})
-    return next((k for k in accuracies if float(k) == angle), None)
-
-
-def cell_value(entry: dict, column: str) -> float | None:
-    """The accuracy ``column`` stands for ("mnist", "rotated-mnist@35", "multimnist", ...),
-    None when absent or skipped."""
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return None if key is None else entry["rotated-mnist"]["accuracy"][key]
-    value = entry.get(column)
-    if not isinstance(value, dict) or "skipped" in value:
-        return None
-    found = value.get("strict_accuracy" if column == "multimnist" else "accuracy")
-    return found if isinstance(found, (int, float)) else None
-
-
-def std_value(entry: dict, column: str) -> float | None:
-    std = entry.get("std") or {}
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return (std.get("rotated-mnist") or {}).get("accuracy", {}).get(key)
-    value = std.get(column) or {}
-    return value.get("strict_accuracy" if column == "multimnist" else "accuracy")
-
-
-def table_columns(results: dict, angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number, in a fixed order."""
-    candidates = [
-        "mnist",
-        f"rotated-mnist@{angle:g}",
-        "expanded-mnist",
-        "affnist",
-        "affnist-synth",
-        "multimnist",
-        "smallnorb",
-        "smallnorb-azimuth-novel",
-        "smallnorb-elevation-novel",
-    ]
-    return [c for c in candidates if any(cell_value(e, c) is not None for e in results.values())]
+    if not any(e.checkpoint is not None for e in entries.values()):
+        raise CapsnetError(f"{path}: no evaluated checkpoint; run the evaluate stage first")
+    comparison = data.get(COMPARISON_KEY)
+    if comparison is not None and not isinstance(comparison.get("arms", {}), dict):
+        raise CapsnetError(f"{path}: {COMPARISON_KEY}/arms: a mapping expected")
+    return EvalResults(entries, comparison, data.get(VIEWPOINTS_KEY), data)
 
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
@@ -111,95 +164,3 @@ def paper_metric(column: str, entry: dict) -> str:
     if column == "affnist" and entry.get("affnist", {}).get("source") != "affnist":
         return ""  # the synthetic stand-in is never compared with the paper's affNIST
     return column
-
-
-# --- which entry fills a model's cell ----------------------------------------------------------
-
-#: The training set a test column is scored for (the part after "@" in a checkpoint name;
-#: a checkpoint without one was trained on its model's own set).
-TRAINED_FOR = {
-    "expanded-mnist": "expanded-mnist",
-    "affnist": "expanded-mnist",
-    "affnist-synth": "expanded-mnist",
-    "multimnist": "multimnist",
-}
-#: The names after "@" that are training sets; any other (equal-time, a strategy such as
-#: rotate) names a comparison run, which never fills a model's row.
-TRAINING_SETS = frozenset(
-    ("mnist", "rotated-mnist", "affnist", "affnist-synth", "smallnorb", *TRAINED_FOR.values())
-)
-_SEED = re.compile(r"(?:^|-)seed\d+$")
-
-
-def _tag(stem: str) -> str:
-    """The part of a checkpoint name after "@" without its seed (``lenet5@seed2`` -> "",
-    ``lenet5@equal-time-seed1`` -> "equal-time", ``lenet5@multimnist`` -> "multimnist")."""
-    return _SEED.sub("", stem.partition("@")[2])
-
-
-def _stems(name: str, entry: dict) -> list[str]:
-    paths = [entry.get("checkpoint"), *(entry.get("checkpoints") or [])]
-    return [Path(p).stem for p in paths if p] or [name]
-
-
-def trained_on(name: str, entry: dict) -> str | None:
-    """The training set a checkpoint name announces (``lenet5@multimnist`` -> multimnist),
-    None for a checkpoint trained on its model's own set (``lenet5``, ``lenet5@seed1``)."""
-    return _tag(_stems(name, entry)[0]) or None
-
-
-def comparison_run(name: str, entry: dict, comparison: dict | None = None) -> bool:
-    """Whether an entry is an equal-time or augmented-baseline run (or their mean): named
-    with an arm or strategy after "@", or listed in such an arm of ``comparison``."""
-    tags = {_tag(stem) for stem in _stems(name, entry)}
-    if any(tag and tag not in TRAINING_SETS for tag in tags):
-        return True
-    listed = {
-        listed_name
-        for arm, section in ((comparison or {}).get("arms") or {}).items()
-        if arm != "equal_augmentation" and isinstance(section, dict)
-        for group in (section.get("models") or {}).values()
-        if isinstance(group, dict) and group.get("model") != section.get("reference")
-        for listed_name in group.get("names") or []
-    }
-    return name in listed or bool(set(entry.get("names") or []) & listed)
-
-
-def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
-    """The entry of one model that fills ``column``: among those with a number for it, the
-    one trained for the column's set, then a seed mean over a single checkpoint, then the
-    first; None when no entry has a number."""
-    wanted = TRAINED_FOR.get(column)
-    found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
-    if not found:
-        return None
-
-    def rank(item: tuple[str, dict]) -> tuple[bool, bool]:
-        name, entry = item
-        return trained_on(name, entry) == wanted, "checkpoint" not in entry
-
-    best = max(rank(item) for item in found)
-    return next(item for item in found if rank(item) == best)
-
-
-def main_entries(results: dict) -> dict[str, dict]:
-    """The entries the main table is built from: ``model_entries`` without the comparison
-    runs (equal time, augmented baselines) and their means."""
-    comparison = results.get(COMPARISON_KEY)
-    return {
-        name: entry
-        for name, entry in model_entries(results).items()
-        if not comparison_run(name, entry, comparison)
-    }
-
-
-def model_picks(entries: dict[str, dict], columns: list[str]) -> dict[str, dict[str, tuple]]:
-    """{model: {column: (entry name, entry)}}: one row per model, each cell from ``pick``
-    over that model's ``entries``."""
-    models: dict[str, dict[str, dict]] = {}
-    for name, entry in entries.items():
-        models.setdefault(entry["model"], {})[name] = entry
-    return {
-        model: {c: found for c in columns if (found := pick(group, c)) is not None}
-        for model, group in models.items()
-    }

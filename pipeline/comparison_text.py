@@ -179,21 +179,35 @@ def _arm_sentences(name: str, arm: dict, keys: list[str], target: float, ref_arm
     return outcomes, lines
 
 
+#: How each judged outcome of a comparison reads in the headline sentence.
+_OUTCOME_WORDS = {
+    "ahead": "ahead by more than the seeds' spread",
+    "behind": "behind by more than the seeds' spread",
+    "unclear": "level within the seeds' spread",
+}
+
+
 def _summary(outcomes: list[str], key: str, target: float) -> str:
+    """The headline: how many comparisons the capsule model wins, loses or ties, e.g. "At
+    35°, the capsule model is behind by more than the seeds' spread in 1 of 2 comparisons
+    and level within the seeds' spread in 1 of 2." (only the outcomes that occurred)."""
     where = _angle_words(key, target)
-    counts = {k: outcomes.count(k) for k in ("ahead", "behind", "unclear", "one seed")}
+    where = where[0].upper() + where[1:]
+    total = len(outcomes)
+    noun = "comparison" if total == 1 else "comparisons"
     parts = [
-        f"ahead by more than the seeds' spread in {counts['ahead']}",
-        f"behind by more than the spread in {counts['behind']}",
-        f"within the spread in {counts['unclear']}",
+        f"{words} in {outcomes.count(kind)} of {total}"
+        for kind, words in _OUTCOME_WORDS.items()
+        if outcomes.count(kind)
     ]
-    if counts["one seed"]:
-        parts.append(f"trained with one seed (no spread) in {counts['one seed']}")
-    return (
-        f"{where[0].upper()}{where[1:]}, of {len(outcomes)} comparison(s) the capsule model is "
-        + ", ".join(parts[:-1])
-        + f" and {parts[-1]}."
-    )
+    single = outcomes.count("one seed")
+    unjudged = f"{single} of {total} {noun} used one seed, with no spread to judge by"
+    if not parts:
+        return f"{where}, {unjudged}."
+    parts[0] += f" {noun}"
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+    tail = f"; {unjudged}" if single else ""
+    return f"{where}, the capsule model is {listed}{tail}."
 
 
 def _paper_context(target: float) -> str | None:

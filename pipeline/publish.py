@@ -1,13 +1,19 @@
-"""The publish stage: one W&B eval run per evaluated checkpoint (job_type "eval", group =
-the experiment), one "comparison" run with the seeds' comparison as a table, a W&B Report
-when online, and eval/report.html always.
+"""The publish stage: eval/report.html, eval/results.md (the results table the README
+copies) and eval/published.json, one W&B eval run per evaluated checkpoint (job_type
+"eval"), one "comparison" run with the seeds' comparison as a table, and a W&B Report
+when online.
 
-W&B is offline unless an API key is configured (pipeline.tracking.resolve_mode); nothing
-here touches the network in offline mode. ``capsnet publish`` is the stage's command.
+Publishing is one unit: metrics.json is read through the typed loader (``cells.
+load_results``, which refuses an empty or malformed result), the README's markers and
+every target's permissions are checked, and every text is rendered before anything is
+written; the W&B runs are logged next, and the files last, together (``OutputSet``). W&B
+is offline unless an API key is configured (pipeline.tracking.resolve_mode); nothing here
+touches the network in offline mode. ``capsnet publish`` is the stage's command.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -16,8 +22,9 @@ from typing import Any
 import click
 
 from capsnet.cli_options import check_output, params_option
-from pipeline import comparison_text, readme, report, tracking
-from pipeline.cells import COMPARISON_KEY
+from capsnet.outputset import OutputSet, refuse_read_only
+from pipeline import comparison_text, provenance, readme, report, tracking
+from pipeline.cells import COMPARISON_KEY, EvalResults, load_results, parse_results
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
@@ -71,7 +78,7 @@ def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[
 
 
 def publish_runs(
-    results: dict,
+    results: EvalResults | dict,
     fig_dir: str | os.PathLike,
     *,
     project: str,
@@ -81,28 +88,28 @@ def publish_runs(
 ) -> list[dict[str, Any]]:
     """Log one eval run per checkpoint entry, and one "comparison" run with the comparison
     table when metrics.json has one; returns [{name, run_id, mode, url}]. A run's id
-    follows from the project, the experiment (``group``), the entry and its checkpoint
-    path, so publishing again reuses the same ids."""
+    follows from the project, the experiment's group, the entry and a hash of its results,
+    so publishing the same results again reuses the same ids."""
     if mode == "disabled":
         return []
+    if not isinstance(results, EvalResults):
+        results = parse_results(results)
     fig_dir = Path(fig_dir)
     published = []
     try:
-        for name, entry in results.items():
-            if "checkpoint" not in entry:
-                continue  # seed means are in the report table, not runs of their own
+        for name, entry in results.checkpoints().items():
             run = tracking.start_run(
                 project,
                 group,
                 f"eval-{name}",
                 mode,
                 wandb_dir,
-                {"model": entry["model"], "checkpoint": entry["checkpoint"], "entry": name},
+                {"model": entry.model, "checkpoint": entry.checkpoint, "entry": name},
                 job_type="eval",
-                run_id=tracking.run_id(project, group, name, entry["checkpoint"]),
+                content=provenance.content_hash(entry.raw),
             )
-            metrics = flatten_metrics(entry)
-            points = rotation_points(entry)
+            metrics = flatten_metrics(entry.raw)
+            points = rotation_points(entry.raw)
             run.log({**metrics, **_media(name, points, fig_dir)})
             for angle, accuracy in points:  # one row per angle: a line plot against "angle"
                 run.log({"angle": angle, "rotated_accuracy": accuracy})
@@ -110,9 +117,8 @@ def publish_runs(
             run_id, url = run.id, (run.url if mode == "online" else None)
             run.finish()  # before the next init, which would otherwise return this run
             published.append({"name": name, "run_id": run_id, "mode": mode, "url": url})
-        comparison = results.get(COMPARISON_KEY)
-        if comparison_text.long_rows(comparison):
-            published.append(_comparison_run(comparison, project, group, mode, wandb_dir))
+        if comparison_text.long_rows(results.comparison):
+            published.append(_comparison_run(results.comparison, project, group, mode, wandb_dir))
     finally:
         tracking.finish_all([])  # waits until W&B's service has written every run
     return published
@@ -131,7 +137,7 @@ def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        run_id=tracking.run_id(project, group, COMPARISON_KEY),
+        content=provenance.content_hash(comparison),
     )
     table = wandb.Table(
         columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
@@ -197,45 +203,73 @@ def create_wandb_report(
     return doc.url
 
 
-def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
-    """The whole stage for a ``config.Params``: runs, report.html, the W&B Report when
-    online. Returns what was published (also written beside the HTML as published.json)."""
-    from capsnet.io import atomic_write_json
+def output_paths(settings) -> dict[str, Path]:
+    """The publish stage's files, all beside ``publish.html``."""
+    html = Path(settings.html)
+    return {
+        "html": html,
+        "table": html.with_name("results.md"),
+        "manifest": html.with_name("published.json"),
+    }
 
+
+def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[str, Any]:
+    """The whole stage for a ``config.Params``: report.html, results.md, the W&B runs, the
+    W&B Report when online, ``readme_path``'s results block when given, published.json
+    last. Everything is checked and rendered first; the files are written together after
+    the runs. Returns what was published (the content of published.json)."""
     settings = params.publish
     say = log or (lambda line: None)
-    results = report.load_results(metrics_path)
+    results = load_results(metrics_path)
+    paths = output_paths(settings)
+    for name, path in paths.items():
+        refuse_read_only(path, f"{path} (publish {name})")
+    readme_text = readme.read_document(readme_path) if readme_path is not None else None
+    origin = {**provenance.provenance(), "machine": provenance.machine()}
+    fig_dir = Path(fig_dir)
+    sweep_rows = report.read_sweep(settings.sweep_results)
+    html = report.render_html(results.raw, fig_dir, sweep_rows)
+    figure = os.path.relpath(fig_dir / "rotation.png", paths["table"].parent)
+    table = readme.body(results.raw, Path(figure).as_posix(), origin) + "\n"
+    new_readme = None
+    if readme_text is not None:
+        figure = os.path.relpath(
+            (fig_dir / "rotation.png").resolve(), Path(readme_path).resolve().parent
+        )
+        block = readme.block(results.raw, Path(figure).as_posix(), origin)
+        new_readme = readme.replace_block(readme_text, block, readme_path)
+
     group = settings.experiment or params.sweep.name
     mode = tracking.prepare_environment(settings.mode)
-    sweep_rows = report.read_sweep(settings.sweep_results)
-    html_path = report.write_report(
-        metrics_path, settings.html, fig_dir=fig_dir, sweep_csv=settings.sweep_results
-    )
-    say(f"wrote {html_path}")
     runs = publish_runs(
-        results,
-        fig_dir,
-        project=settings.project,
-        group=group,
-        mode=mode,
-        wandb_dir=settings.dir,
+        results, fig_dir, project=settings.project, group=group, mode=mode, wandb_dir=settings.dir
     )
-    say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {Path(settings.dir) / 'wandb'}")
+    where = tracking.wandb_directory(settings.dir) / "wandb"
+    say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {where}")
     url = None
     if mode == "online" and settings.report:
         url = create_wandb_report(
-            results, project=settings.project, group=group, sweep_rows=sweep_rows
+            results.raw, project=settings.project, group=group, sweep_rows=sweep_rows
         )
         say(f"W&B report: {url}")
     summary = {
         "mode": mode,
         "group": group,
-        "html": str(html_path),
+        "html": str(paths["html"]),
+        "table": str(paths["table"]),
         "runs": runs,
         "report_url": url,
     }
-    out = Path(settings.html).with_name("published.json")
-    atomic_write_json(out, summary)
+    with OutputSet() as outputs:
+        outputs.file(paths["html"], html)
+        outputs.file(paths["table"], table)
+        if new_readme is not None and new_readme != readme_text:
+            outputs.file(readme_path, new_readme)
+        outputs.file(paths["manifest"], json.dumps(summary, indent=2) + "\n")
+    say(f"wrote {paths['html']} and {paths['table']}")
+    if readme_path is not None:
+        changed = new_readme != readme_text
+        say(f"{readme_path}: results table {'updated' if changed else 'unchanged'}")
     return summary
 
 
@@ -253,10 +287,12 @@ def publish(params, metrics_path, fig_dir, log=None) -> dict[str, Any]:
     "readme_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Also regenerate this README's results table (between the results markers).",
+    help="Also copy the results table into this document (between the results markers).",
 )
 def publish_command(params_path, metrics_path, readme_path):
-    """W&B eval runs (offline unless configured), report.html and, online, a W&B Report."""
+    """report.html, results.md and W&B eval runs; with --readme the README's table.
+
+    W&B is offline unless configured; online, a W&B Report too."""
     from capsnet import config
 
     params = config.load(params_path)
@@ -266,11 +302,7 @@ def publish_command(params_path, metrics_path, readme_path):
     check_output(params.publish.dir, f"{params_path.name}: publish.dir")
     if readme_path is not None:
         check_output(readme_path, "--readme", "file")
-    summary = publish(params, metrics_path, out_dir / "figures", log=lambda s: click.echo(s))
-    if readme_path is not None:
-        figure = os.path.relpath(
-            (out_dir / "figures" / "rotation.png").resolve(), readme_path.resolve().parent
-        )
-        changed = readme.update_readme(readme_path, metrics_path, figure=figure)
-        click.echo(f"{readme_path}: results table {'updated' if changed else 'unchanged'}")
+    summary = publish(
+        params, metrics_path, out_dir / "figures", log=click.echo, readme_path=readme_path
+    )
     click.echo(f"published {len(summary['runs'])} run(s); report {summary['html']}")

@@ -1,9 +1,11 @@
-"""The README's results block, regenerated from eval/metrics.json by the publish stage.
+"""The results table: eval/results.md (a DVC output of the publish stage) and the README's
+copy of it between two marker comments.
 
 ``results_table(metrics)`` is a pure function: one row per model, one column per test set,
 each cell from the checkpoint trained for that set (``models/<model>@expanded-mnist.pt``
 for expanded MNIST and affNIST, ``models/<model>.pt`` for MNIST, ...), the paper's number
-beside ours. ``update_readme`` rewrites the text between the two marker comments.
+beside ours. ``origin_line`` names the machine and commit of the run. ``replace_block``
+checks the markers and swaps the block; ``update_readme`` rewrites a document's block.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from capsnet.errors import CapsnetError
 from capsnet.io import atomic_write_text
+from capsnet.outputset import refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import (
     COMPARISON_KEY,
@@ -114,12 +117,38 @@ def results_table(metrics: dict, angle: float = 35.0) -> str:
     return text + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
 
 
-def block(metrics: dict, figure: str | None = None) -> str:
-    """What stands between the markers: the results table and a link to ``figure``."""
-    body = results_table(metrics)
+#: How the origin line starts (tests compare tables without it).
+ORIGIN_PREFIX = "Trained on "
+
+
+def origin_line(origin: dict | None) -> str:
+    """Where the numbers were made: the machine and the commit the run started from, and
+    why another machine gets other trained numbers from the same data."""
+    if not origin:
+        return ""
+    commit = origin.get("git_commit")
+    where = f"commit `{commit[:12]}`" if commit else "an unknown commit"
+    return (
+        f"{ORIGIN_PREFIX}{origin.get('machine') or 'an unknown machine'}, from {where}. "
+        "Trained numbers differ across CPUs (their floating-point kernels differ); the data "
+        "do not (every file is verified by its MD5)."
+    )
+
+
+def body(metrics: dict, figure: str | None = None, origin: dict | None = None) -> str:
+    """The results table, the origin line and a link to ``figure``."""
+    text = results_table(metrics)
+    line = origin_line(origin)
+    if line:
+        text += f"\n\n{line}"
     if figure:
-        body += f"\n\n![accuracy versus rotation]({figure})"
-    return f"{BEGIN}\n{body}\n{END}"
+        text += f"\n\n![accuracy versus rotation]({figure})"
+    return text
+
+
+def block(metrics: dict, figure: str | None = None, origin: dict | None = None) -> str:
+    """What stands between the markers: ``body``."""
+    return f"{BEGIN}\n{body(metrics, figure, origin)}\n{END}"
 
 
 def current_block(text: str, where: str | os.PathLike = "README") -> str:
@@ -129,20 +158,38 @@ def current_block(text: str, where: str | os.PathLike = "README") -> str:
     return _BLOCK.search(text).group(0)
 
 
+def read_document(path: str | os.PathLike) -> str:
+    """The text of a document with a results block, checked before anything is written:
+    it exists, has one pair of markers and may be written (CapsnetError otherwise)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CapsnetError(f"{path}: not found") from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        raise CapsnetError(f"{path}: not a readable text file ({exc.__class__.__name__})") from None
+    current_block(text, path)
+    refuse_read_only(path)
+    return text
+
+
+def replace_block(text: str, new_block: str, where: str | os.PathLike = "README") -> str:
+    """``text`` with its results block replaced by ``new_block``."""
+    return text.replace(current_block(text, where), new_block, 1)
+
+
 def update_readme(
-    readme: str | os.PathLike, metrics: str | os.PathLike, figure: str | None = None
+    readme: str | os.PathLike,
+    metrics: str | os.PathLike,
+    figure: str | None = None,
+    origin: dict | None = None,
 ) -> bool:
     """Rewrite ``readme``'s results block from ``metrics`` (atomically); whether it changed."""
-    readme = Path(readme)
-    try:
-        text = readme.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapsnetError(f"{readme}: not found") from None
-    old = current_block(text, readme)
-    new = block(load_results(metrics), figure)
-    if new == old:
+    text = read_document(readme)
+    new = replace_block(text, block(load_results(metrics).raw, figure, origin), readme)
+    if new == text:
         return False
-    atomic_write_text(readme, text.replace(old, new, 1))
+    atomic_write_text(readme, new)
     return True
 
 

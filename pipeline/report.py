@@ -10,7 +10,6 @@ import csv
 import html
 import math
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,8 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 details summary { color: #a60; cursor: pointer; margin: 0.5em 0; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.85em; color: #555; }
+.wide { max-width: 100%; overflow-x: auto; } #sweep { font-size: 0.8em; }
+#sweep th { white-space: normal; max-width: 7em; }
 """
 
 
@@ -186,10 +187,11 @@ def _viewpoints_table(section: Any) -> str:
     is absent; empty when metrics.json has no such section."""
     if not isinstance(section, dict):
         return ""
+    rule = section.get("rule")
     intro = (
         "<h2>Novel viewpoints (smallNORB)</h2><p>Both models trained on the familiar "
         "viewpoints only, compared on the novel ones at matched familiar-viewpoint test "
-        f"error ({_e(section.get('rule', ''))}). Percentages are test error; the grey "
+        f"error{f' ({_e(rule)})' if rule else ''}. Percentages are test error; the grey "
         "numbers are the paper's novel-viewpoint errors (Hinton et al. 2018, section 5.2).</p>"
     )
     if "skipped" in section:
@@ -228,10 +230,18 @@ def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+#: results.csv columns the report leaves out: the Ray node id and the error text.
+_SWEEP_HIDDEN = ("error", "node")
+
+
 def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
+    """The best ``limit`` trials by final validation accuracy; the settings every trial
+    shares are one line above the table, so the table has only the columns that vary."""
     if not rows:
         return "<p>No sweep results (sweep/results.csv) were found.</p>"
-    columns = [c for c in rows[0] if any(r.get(c) for r in rows) and c not in ("error", "node")]
+    filled = [c for c in rows[0] if any(r.get(c) for r in rows) and c not in _SWEEP_HIDDEN]
+    shared = [c for c in filled if len({r.get(c) for r in rows}) == 1 and len(rows) > 1]
+    columns = [c for c in filled if c not in shared]
 
     def key(row):
         try:
@@ -248,12 +258,15 @@ def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
             return _e(value)
         return f"{number:.4f}" if "." in value else _e(value)
 
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    common = ", ".join(f"{_e(c)} {fmt(rows[0].get(c) or '')}" for c in shared)
+    head = "".join(f"<th>{_e(c.replace('_', ' '))}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{fmt(r.get(c) or '')}</td>" for c in columns) + "</tr>"
         for r in ordered
     )
-    return f'<table id="sweep"><tr>{head}</tr>{body}</table>'
+    return (
+        f'<p id="sweep-shared">Every trial: {common}.</p>' if common else ""
+    ) + f'<div class="wide"><table id="sweep"><tr>{head}</tr>{body}</table></div>'
 
 
 FIGURE_CAPTIONS = {
@@ -296,13 +309,12 @@ def render_html(
     )
     rotation = [p for p in figures if p.stem == "rotation"]
     others = [p for p in figures if p.stem != "rotation"]
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        f"<p>Generated {stamp} from eval/metrics.json. Percentages are test accuracy; the "
+        "<p>Generated from eval/metrics.json. Percentages are test accuracy; the "
         "grey numbers are the papers' (Sabour et al. 2017; Hinton et al. 2018) for the same "
         "kind of model. affnist-synth is a stand-in and is never compared with affNIST.</p>",
         "<h2>Results</h2>",
@@ -338,7 +350,7 @@ def write_report(
     title: str = "capsnet-pipeline evaluation",
 ) -> Path:
     """Write the self-contained report for ``metrics`` to ``out`` atomically."""
-    results = load_results(metrics)
+    results = load_results(metrics).raw
     fig_dir = fig_dir if fig_dir is not None else Path(metrics).parent / "figures"
     text = render_html(results, fig_dir, read_sweep(sweep_csv), title)
     return atomic_write_text(out, text)

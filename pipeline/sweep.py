@@ -79,6 +79,10 @@ class SweepOutcome:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
+#: Checkpoints Tune keeps per trial (the last one resumes an interrupted trial).
+CHECKPOINTS_KEPT = 3
+
+
 def base_spec(
     sweep: SweepConfig, params: Params | None = None, data_root="data", mirror=None
 ) -> RunSpec:
@@ -301,7 +305,10 @@ def _new_tuner(
             name=name,
             storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # Tune forces an experiment snapshot once a trial has made num_to_keep new
+            # checkpoints: at 1 after every epoch of every trial, which repeats its
+            # "snapshotting has been triggered multiple times" warning on short epochs
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             callbacks=callbacks,
             verbose=1,
         ),

@@ -7,9 +7,16 @@ unless it sees WANDB_MODE=offline there, and Ray's processes inherit it) and pas
 every ``wandb.init``. Trial runs are logged from the driver by a Tune callback, so worker
 nodes need neither W&B settings nor network. Each trial run's config holds the trial's
 sampled settings and what all trials share (``sweep_run_config``: epochs, batch size, data
-sizes, seed, resources), plus the node and device the trial reported. Eval runs get ids
-derived from their experiment and checkpoint (``run_id``), so publishing again updates the
-same runs instead of adding new ones.
+sizes, seed, resources), plus the node and device the trial reported.
+
+Every run says where it came from (``provenance``): the git commit, the DVC experiment
+name (``$DVC_EXP_NAME`` inside ``dvc exp run``) and the hash of params.yaml, in its config;
+its group is the experiment's group of its stage (``group_name``). Eval run ids follow from
+the project, stage, experiment and the evaluated content (``run_id``): publishing the same
+results again updates the same runs, another experiment or other numbers make new ones.
+A relative W&B directory is resolved against the repository the experiment was started in
+(``$DVC_ROOT``, which DVC sets to the main workspace also for queued experiments that run
+in a temporary copy), so runs outlive DVC's temporary workspaces (``wandb_directory``).
 
 Offline runs in W&B 0.31 write no wandb-summary.json; ``read_history`` reads the logged
 rows back from a run's ``.wandb`` file (a block-structured log of protobuf records).
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.errors import ConfigError
+from pipeline.provenance import content_hash, provenance
 
 
 def resolve_mode(setting: str = "auto") -> str:
@@ -102,9 +110,26 @@ TRIAL_FACTS = ("node", "device")
 
 
 def run_id(*parts: str) -> str:
-    """A W&B run id derived from ``parts`` (project, experiment, entry, checkpoint): the
-    same parts always name the same run."""
+    """A W&B run id derived from ``parts`` (project, stage, experiment, entry, content
+    hash): the same parts always name the same run."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def group_name(base: str, stage: str) -> str:
+    """The W&B group of a stage's runs: ``base`` (the sweep or experiment name), the DVC
+    experiment when inside ``dvc exp run``, and the stage, e.g. ``capsnet-sweep/eval``."""
+    experiment = os.environ.get("DVC_EXP_NAME")
+    return "/".join(p for p in (base, experiment, stage) if p)[:128]
+
+
+def wandb_directory(setting: str | os.PathLike) -> Path:
+    """Where W&B writes (``<dir>/wandb``): ``setting`` as given when absolute, else under
+    the repository the experiment started in ($DVC_ROOT), else the working directory."""
+    path = Path(setting)
+    root = os.environ.get("DVC_ROOT")
+    if not path.is_absolute() and root:
+        path = Path(root) / path
+    return path.resolve()
 
 
 def sweep_run_config(sweep, base, split) -> dict[str, Any]:
@@ -125,19 +150,26 @@ def sweep_run_config(sweep, base, split) -> dict[str, Any]:
 
 
 def _trial_run(project: str, group: str, mode: str, directory: Path, trial, shared: dict):
-    """The W&B run of one Tune trial: id = trial id, group = sweep, job_type "sweep"."""
+    """The W&B run of one Tune trial (job_type "sweep", group ``group_name(group,
+    "sweep")``): its id follows from the experiment, params and the trial's settings."""
     import wandb
 
     directory.mkdir(parents=True, exist_ok=True)
+    origin = provenance()
+    index = trial.trial_id.rsplit("_", 1)[-1]  # Tune's trial counter; the prefix is random
+    identity = run_id(
+        project, group_name(group, "sweep"), content_hash(origin), content_hash(trial.config),
+        index,
+    )  # fmt: skip
     return wandb.init(
         project=project,
-        group=group,
+        group=group_name(group, "sweep"),
         job_type="sweep",
-        id=trial.trial_id,
+        id=identity,
         name=f"{group}-{trial.trial_id}",
         mode=mode,
         dir=str(directory),
-        config={**shared, **trial.config, "trial_id": trial.trial_id},
+        config={**shared, **trial.config, "trial_id": trial.trial_id, **origin},
         reinit="create_new",
         settings=_settings(),
     )
@@ -173,7 +205,7 @@ def sweep_callback(
         a trial costs no extra Ray actors or processes and works on any cluster."""
 
         def __init__(self):
-            self.directory = Path(wandb_dir).resolve()
+            self.directory = wandb_directory(wandb_dir)
             self.shared = dict(shared or {})
             self.runs: dict[str, Any] = {}
 
@@ -219,17 +251,22 @@ def start_run(
     wandb_dir,
     config: dict,
     job_type="train",
-    run_id: str | None = None,
+    content: str | None = None,
 ):
-    """A W&B run for one final training (job_type "train", or an evaluation: "eval");
-    None when disabled. With ``run_id`` an existing run of that id is continued online
-    (``resume="allow"``) and an offline run syncs into it, never beside it."""
+    """A W&B run for one final training (job_type "train", or an evaluation: "eval") in
+    ``group_name(group, job_type)``, its config ``config`` plus ``provenance``; None when
+    disabled. Its id follows from the project, group, name, provenance and ``content`` (a
+    hash of what the run holds; default the config's). An existing run of that id is
+    continued online (``resume="allow"``) and an offline run syncs into it, never beside it."""
     if mode == "disabled":
         return None
     import wandb
 
-    directory = Path(wandb_dir).resolve()
+    directory = wandb_directory(wandb_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    config = {**config, **provenance()}
+    group = group_name(group, job_type)
+    identity = run_id(project, group, name, content or content_hash(config))
     return wandb.init(
         project=project,
         group=group,
@@ -238,8 +275,8 @@ def start_run(
         mode=mode,
         dir=str(directory),
         config=config,
-        id=run_id,
-        resume="allow" if run_id is not None and mode == "online" else None,
+        id=identity,
+        resume="allow" if mode == "online" else None,
         settings=_settings(),
     )
 

@@ -36,7 +36,7 @@ from capsnet.io import atomic_directory, atomic_write_json, read_json, write_mar
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import tracking
 from pipeline.gpu_worker import Runner, placement
-from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec
+from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -314,7 +314,8 @@ class _Trainer:
         if "augment" in run_config:
             run_config["augment"] = spec.augment
         wandb_config = {
-            **run_config, **fields, "epochs": spec.train.epochs,
+            **used_settings(run_config, spec.model, spec.train.loss),
+            "dataset": spec.dataset, **fields, "epochs": spec.train.epochs,
             "batch_size": spec.train.batch_size, "seed": spec.train.seed,
             "time_budget": spec.train.time_budget, "comparison": comparison,
             "train_images": len(split.train),

@@ -45,6 +45,25 @@ def applies(model: str | None, key: str) -> bool:
     return key in models.config_fields(model)
 
 
+#: Training settings that only the margin loss (and its reconstruction term) reads.
+MARGIN_KEYS = ("m_plus", "m_minus", "lam", "recon_weight")
+
+
+def used_settings(config: dict[str, Any], model: str, loss: str = "auto") -> dict[str, Any]:
+    """``config`` (a trial or best.json config) without the settings ``model`` does not
+    use: model fields it lacks (routing_iterations for lenet5) and the margin loss's
+    settings when it trains with another loss."""
+    from capsnet import models
+
+    if loss == "auto":
+        loss = getattr(models.spec(model).model_cls, "default_loss", "cross-entropy")
+    return {
+        key: value
+        for key, value in config.items()
+        if applies(model, key) and (loss == "margin" or key not in MARGIN_KEYS)
+    }
+
+
 def run_spec(config: dict[str, Any], base: RunSpec) -> RunSpec:
     """``base`` with the model, model fields, augmentation and training settings of a
     trial config (or of best.json's ``config``)."""

@@ -47,6 +47,10 @@ def test_quick_run_prints_a_table_and_one_json_line():
     assert set(result["ratios"]["4"]) == set(bench.TARGETS) - {"gpu_memory_vs_naive"}
     assert result["amp"] == "bf16" and result["compile"] is False  # training's defaults
     assert "train img/s" in lines[0]
+    # a smoke run of the small model is not held to the full model's targets
+    assert result["targets"] == {} and not any("(target " in line for line in lines)
+    assert "none applies to this run" in done.stdout
+    assert bench.targets_for("capsnet", 128) == bench.TARGETS
 
 
 def test_run_with_a_subset_of_implementations_and_no_rss():
@@ -69,6 +73,7 @@ def test_memory_is_gpu_memory_on_cuda_and_rss_elsewhere():
     result["peak_gpu_mb"] = {"capsnet": {"peak_mb": 100.0}, "naive": {"peak_mb": 400.0}}
     assert bench.ratios(result) == {"8": {"gpu_memory_vs_naive": 0.25}}
     result["ratios"] = bench.ratios(result)
+    result["targets"] = {"8": {"gpu_memory_vs_naive": 0.5}}
     assert "batch 8 gpu_memory_vs_naive: 0.25 (target 0.5)" in bench.format_table(result)
     assert "peak GPU memory train step, capsnet (batch 8): 100 MiB" in bench.format_table(result)
 

@@ -179,7 +179,7 @@ def test_outputs_rotation_csv_and_figure(evaluated):
     metrics = json.loads(written["metrics"].read_text())
     assert metrics["comparison"] == json.loads(json.dumps(results["comparison"]))
     rows = list(csv.DictReader(io.StringIO(written["rotation_csv"].read_text())))
-    assert list(rows[0]) == ["angle", "model", "accuracy", "std"]
+    assert list(rows[0]) == ["angle", "model", "accuracy", "std", "group", "kind"]
     by_key = {(r["model"], r["angle"]): r for r in rows}
     entries = [n for n, e in results.items() if "model" in e]
     assert set(by_key) == {(n, str(a)) for n in entries for a in ANGLES}
@@ -189,6 +189,10 @@ def test_outputs_rotation_csv_and_figure(evaluated):
         assert float(row["accuracy"]) == pytest.approx(mean[angle], abs=1e-6)
         assert float(row["std"]) == pytest.approx(std[angle], abs=1e-6)
         assert by_key[("lenet5@equal-time", angle)]["std"] == ""  # a single checkpoint
+        assert (row["group"], row["kind"]) == ("lenet5@equal-time (mean)", "mean")
+        seed = by_key[("lenet5@equal-time", angle)]
+        assert (seed["group"], seed["kind"]) == ("lenet5@equal-time (mean)", "seed")
+        assert (by_key[("lenet5@old", angle)]["kind"]) == "checkpoint"
     assert drawer.written["rotation"].read_bytes()[:4] == b"\x89PNG"
     curves, bands = rotation_curves(results)
     assert set(curves) == {

@@ -307,15 +307,15 @@ def test_train_defaults_are_train_configs():
 
 
 def test_eval_defaults_are_the_evaluate_sections():
+    """Unset limits stay None on the command line: eval_command fills them from the
+    evaluate section of --params (tests/test_eval_stage.py runs that); the device default
+    is the dataclass's."""
     from capsnet.config import EvaluateParams
 
-    defaults = EvaluateParams()
     params = _resolved("eval", ["m.pt"])
-    assert params["epsilons"] == defaults.robustness.epsilons
-    assert params["bim_steps"] == defaults.robustness.bim_steps
-    assert params["robustness_limit"] == defaults.robustness.limit
-    assert (params["batch_size"], params["device"]) == (defaults.batch_size, defaults.device)
-    assert params["limit"] == defaults.limit
+    for name in ("epsilons", "bim_steps", "robustness_limit", "batch_size", "limit", "angles"):
+        assert params[name] in (None, ()), name
+    assert params["device"] == EvaluateParams().device
     assert _resolved("eval", ["m.pt", "--angles", "0, 45"])["angles"] == (0.0, 45.0)
 
 

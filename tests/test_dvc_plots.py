@@ -1,5 +1,7 @@
 """`dvc plots show` on a fresh clone writes a page that draws offline: every script it
-loads is a local file (the npm packages of .ci/setup), and every chart renders with them."""
+loads is a local file (the npm packages of .ci/setup, found from the page's folder up, so
+`-o DIR` works too), every chart with data renders with them, and `dvc plots diff` draws
+one rotation line per model and revision."""
 
 from __future__ import annotations
 
@@ -21,26 +23,42 @@ VEGA_SCRIPTS = (
 #: The `$schema` of a vega-lite spec: a version tag vega-embed reads, never fetches.
 SCHEMA_PREFIX = "https://vega.github.io/schema/"
 
-#: Renders each chart of the page to SVG with the page's own vega and vega-lite files.
+#: Renders each chart of the page to SVG with the vega and vega-lite files the page's loader
+#: finds (VEGA_PREFIXES from the page's folder, the first holding every VEGA_FILES entry).
 RENDER_JS = r"""
 const fs = require("fs");
 const path = require("path");
 const page = process.argv[2];
 const text = fs.readFileSync(page, "utf8");
-const srcs = [...text.matchAll(/<script[^>]*\ssrc="([^"]+)"/g)].map((m) => m[1]);
 const dir = path.dirname(page);
-const load = (name) => require(path.resolve(dir, srcs.find((s) => s.includes(name))));
+const files = JSON.parse(text.match(/var VEGA_FILES = (\[[^\]]*\]);/)[1]);
+const depth = Number(text.match(/var VEGA_DEPTH = (\d+);/)[1]);
+let prefix = null;
+for (let up = 0; up <= depth && prefix === null; up++) {
+  const candidate = path.resolve(dir, "../".repeat(up) + ".vega/");
+  if (files.every((f) => fs.existsSync(path.join(candidate, f)))) prefix = candidate;
+}
+if (prefix === null) { console.error("no .vega found"); process.exit(3); }
+const load = (name) => require(path.join(prefix, files.find((f) => f.endsWith(name))));
 const vega = load("/vega.min.js");
 const vegaLite = load("/vega-lite.min.js");
 const specs = [...text.matchAll(/var spec = (\{.*?\});\s*\n/gs)].map((m) => JSON.parse(m[1]));
+const hasData = (s) =>
+  Object.keys(s).length > 0 && (!Array.isArray(s.data.values) || s.data.values.length > 0);
 (async () => {
   const drawn = [];
-  for (const spec of specs.filter((s) => Object.keys(s).length)) {
+  for (const spec of specs.filter(hasData)) {
     const view = new vega.View(vega.parse(vegaLite.compile(spec).spec), { renderer: "none" });
     const svg = await view.toSVG();
-    drawn.push({ title: spec.title.text || spec.title, marks: (svg.match(/<path/g) || []).length });
+    const revs = [...new Set((spec.data.values || []).map((d) => d.rev))];
+    drawn.push({
+      title: spec.title.text || spec.title,
+      marks: (svg.match(/<path/g) || []).length,
+      revs,
+      encoding: JSON.stringify(spec.encoding || {}) + JSON.stringify(spec.layer || []),
+    });
   }
-  console.log(JSON.stringify(drawn));
+  console.log(JSON.stringify({ drawn, empty: specs.length - specs.filter(hasData).length }));
 })().catch((err) => { console.error(err); process.exit(1); });
 """
 
@@ -52,45 +70,82 @@ def run(args, cwd, env=None):
 
 
 @pytest.fixture(scope="module")
-def plots_page(tmp_path_factory, repo_root) -> Path:
-    """dvc_plots/index.html of `dvc plots show` in a fresh clone of the repository."""
+def clone(tmp_path_factory, repo_root) -> tuple[Path, str, dict]:
+    """A fresh clone of the repository with .vega linked in, the dvc command and its env."""
     vega = repo_root / ".vega" / "node_modules"
     if not all((vega / script).is_file() for script in VEGA_SCRIPTS):
         pytest.skip(f"the vega npm packages are not installed in {vega} (bash .ci/setup, npm)")
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
     if dvc is None or shutil.which("git") is None or not (repo_root / ".git").exists():
         pytest.skip("needs dvc, git and a git checkout of the repository")
-    clone = tmp_path_factory.mktemp("clone") / "repo"
-    run(["git", "clone", "-q", str(repo_root), str(clone)], cwd=repo_root)
-    (clone / ".vega").symlink_to(repo_root / ".vega")  # what .ci/setup installs in a clone
+    work = tmp_path_factory.mktemp("clone") / "repo"
+    run(["git", "clone", "-q", str(repo_root), str(work)], cwd=repo_root)
+    for name in ("dvc.yaml", ".dvc/config", "pipeline/plots"):  # this checkout's, committed or not
+        source, target = repo_root / name, work / name
+        if source.is_dir():
+            shutil.rmtree(target)
+            shutil.copytree(source, target)
+        else:
+            shutil.copy(source, target)
+    (work / ".vega").symlink_to((repo_root / ".vega").resolve())  # what .ci/setup installs
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    run([dvc, "plots", "show"], cwd=clone, env=env)
-    page = clone / "dvc_plots" / "index.html"
+    return work, dvc, env
+
+
+@pytest.fixture(scope="module")
+def plots_page(clone) -> Path:
+    """dvc_plots/index.html of `dvc plots show` in a fresh clone of the repository."""
+    work, dvc, env = clone
+    run([dvc, "plots", "show"], cwd=work, env=env)
+    page = work / "dvc_plots" / "index.html"
     assert page.is_file(), "dvc plots show wrote no HTML"
     return page
 
 
+def render(page: Path) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = page.parent / "render.js"
+    script.write_text(RENDER_JS)
+    return json.loads(run([node, str(script), str(page)], cwd=page.parent))
+
+
 def test_plots_page_loads_only_local_scripts(plots_page):
     html = plots_page.read_text()
-    sources = re.findall(r"<script[^>]*\ssrc=\"([^\"]+)\"", html)
-    assert sorted(Path(src).as_posix().split("node_modules/")[1] for src in sources) == sorted(
-        VEGA_SCRIPTS
-    )
-    for src in sources:
-        assert (plots_page.parent / src).resolve().is_file(), src
+    assert not re.findall(r"<script[^>]*\ssrc=", html)  # loaded by the page's own loader
+    files = json.loads(re.search(r"var VEGA_FILES = (\[[^\]]*\]);", html).group(1))
+    assert sorted(f.split("node_modules/")[1] for f in files) == sorted(VEGA_SCRIPTS)
     for url in re.findall(r"https?://[^\s\"'<>]+", html):
         assert url.startswith(SCHEMA_PREFIX), f"the page refers to {url}"
     assert not re.search(r"(src|href)=\"https?:", html)
 
 
 def test_plots_page_draws_every_chart_offline(plots_page):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    script = plots_page.parent / "render.js"
-    script.write_text(RENDER_JS)
-    drawn = json.loads(run([node, str(script), str(plots_page)], cwd=plots_page.parent))
-    titles = {chart["title"] for chart in drawn}
+    result = render(plots_page)
+    titles = {chart["title"] for chart in result["drawn"]}
     assert {"sweep/plots/by_routing.csv", "sweep/plots/by_augment.csv"} <= titles
     assert any(title.startswith("Test accuracy versus rotation") for title in titles), titles
-    assert all(chart["marks"] > 0 for chart in drawn), drawn
+    assert all(chart["marks"] > 0 for chart in result["drawn"]), result
+
+
+def test_plots_diff_draws_a_line_per_model_and_revision_into_any_out_dir(clone):
+    """`dvc plots diff HEAD -o DIR` with DIR two folders down: the page still finds the
+    vega files, and the rotation chart keeps the two revisions apart (strokeDash = rev)."""
+    work, dvc, env = clone
+    rotation = work / "eval" / "rotation.csv"
+    original = rotation.read_text()
+    lines = original.splitlines()
+    changed = [lines[0]] + [
+        ",".join([r.split(",")[0], r.split(",")[1], "0.5", *r.split(",")[3:]]) for r in lines[1:]
+    ]
+    rotation.write_text("\n".join(changed) + "\n")
+    try:
+        run([dvc, "plots", "diff", "HEAD", "-o", "out/diff"], cwd=work, env=env)
+    finally:
+        rotation.write_text(original)
+    result = render(work / "out" / "diff" / "index.html")
+    (chart,) = [c for c in result["drawn"] if c["title"].startswith("Test accuracy versus")]
+    assert sorted(chart["revs"]) == ["HEAD", "workspace"]
+    assert '"strokeDash":{"field":"rev"' in chart["encoding"]  # in each line layer
+    assert chart["marks"] > 0

@@ -73,19 +73,21 @@ def run(args, cwd, env):
     return result.stdout
 
 
-def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_mirror):
+def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tuple[str, dict]:
+    """The code, dvc.yaml and shrunk params.yaml of the repository (and ``files``) copied
+    to ``work``; (the dvc command, the environment the stages run in). Skips without dvc,
+    Ray or the capsnet command."""
     pytest.importorskip("dvc")
     pytest.importorskip("ray")
     bin_dir = Path(sys.executable).parent
     dvc = shutil.which("dvc", path=str(bin_dir))
     if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
         pytest.skip("dvc or the capsnet command is not installed")
-    work = tmp_path / "repo"
     for name in COPIED_DIRS:
         if (repo_root / name).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
             shutil.copytree(repo_root / name, work / name, ignore=ignore)
-    for name in COPIED_FILES:
+    for name in (*COPIED_FILES, *files):
         shutil.copy(repo_root / name, work / name)
     (work / "params.yaml").write_text(shrink((repo_root / "params.yaml").read_text()))
     env = {
@@ -95,10 +97,16 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
         "RAY_USAGE_STATS_ENABLED": "0",
         "WANDB_MODE": "offline",
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "CAPSNET_PARAMS_TRACE": str(tmp_path / "params-read.tsv"),
+        "CAPSNET_PARAMS_TRACE": str(work.parent / "params-read.tsv"),
     }
-    for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY"):
+    for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY", "DVC_ROOT", "DVC_EXP_NAME"):
         env.pop(key, None)
+    return dvc, env
+
+
+def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_mirror):
+    work = tmp_path / "repo"
+    dvc, env = shrunk_copy(work, repo_root, mnist_mirror)
     run([dvc, "init", "--no-scm", "-q"], work, env)
 
     log = run([dvc, "repro"], work, env)

@@ -176,18 +176,26 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
 
     written = evaluation.write_outputs(results, tmp_path / "eval")
-    assert set(written) == {"metrics", "rotation_csv"}
+    assert set(written) == {"metrics", "rotation_csv", "summary"}
     figures = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {
         "rotation.png",
         "reconstructions.png",
         "equivariance.png",
-        "perturbation-capsnet-small.png",
         "confusion-lenet5.png",
         "confusion-capsnet-small.png",
         "multimnist-caps36.png",
     } <= figures
     assert {p.name for p in drawer.written.values()} == figures
+    # the perturbation grid exists exactly when some pose dimension visibly changes
+    from capsnet import figures as draw
+
+    model, _ = checkpoint.load(untrained["capsnet-small"])
+    images, labels = mnist_test_set(mnist_root, 1)
+    with torch.no_grad():
+        rows = draw.perturbation_rows(model, images[0].float() / 255, int(labels[0]))
+    shown = "perturbation-capsnet-small.png" in figures
+    assert shown == bool(draw.visible_rows(rows)), draw.visible_rows(rows)
     for name in figures:
         assert (tmp_path / "eval" / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     assert not list((tmp_path / "eval").rglob(".*"))  # no temporary files left behind
@@ -229,7 +237,7 @@ def test_metrics_json_writes_nan_as_null(tmp_path):
         "accuracy": None,
         "n": 0,
     }
-    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy,std\n"
+    assert (tmp_path / "rotation.csv").read_text() == "angle,model,accuracy,std,group,kind\n"
 
 
 def test_seed_checkpoints_are_reported_with_mean_and_std():
@@ -376,7 +384,11 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["lenet5"]["mnist"]["n"] == 30
-    assert (tmp_path / "eval" / "rotation.csv").read_text().startswith("angle,model,accuracy,std\n")
+    assert (
+        (tmp_path / "eval" / "rotation.csv")
+        .read_text()
+        .startswith("angle,model,accuracy,std,group,kind\n")
+    )
     assert (tmp_path / "eval" / "figures" / "confusion-lenet5.png").is_file()
 
     params.write_text("evaluate:\n  datasets: [mnist, cifar]\n")
@@ -408,3 +420,47 @@ def test_device_auto_is_the_default_and_picks_what_training_would(untrained, tmp
 
     with pytest.raises(ConfigError, match=r"^params: evaluate\.device: must name a device"):
         from_dict(EvaluateParams, {"device": ""}, prefix="evaluate")
+
+
+def test_cli_defaults_come_from_the_evaluate_section(untrained, mnist_root, tmp_path):
+    """`capsnet eval` reads its limits from params.yaml's evaluate section, as the evaluate
+    stage does, so its numbers match eval/metrics.json; a flag still overrides; the
+    summary says why a cell is skipped."""
+    params = tmp_path / "params.yaml"
+    params.write_text("evaluate:\n  limit: 24\n  angles: [0, 35]\n")
+    path = str(untrained["lenet5"])
+    common = ["eval", path, "--dataset", "rotated-mnist", "--dataset", "affnist-synth"]
+    args = [*common, "--data-root", str(mnist_root), "--params", str(params)]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a.json")])
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "a.json").read_text())["lenet5"]
+    assert written["rotated-mnist"]["n"] == 24
+    assert set(written["rotated-mnist"]["accuracy"]) == {"0", "35"}
+    assert "skipped: images are 40x40, the model takes 28x28 (lenet5/affnist-synth)" in (
+        result.output
+    )
+    again = CliRunner().invoke(main, [*args, "--limit", "12", "--out", str(tmp_path / "b.json")])
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "b.json").read_text())["lenet5"]["rotated-mnist"]["n"] == 12
+
+
+def test_cli_counts_each_checkpoint_once_and_replaces_the_figures_folder(
+    untrained, mnist_root, tmp_path
+):
+    path = untrained["lenet5"]
+    same = path.parent / ".." / path.parent.name / path.name  # another spelling of one file
+    assert_one_line_error(
+        run_cli("eval", str(path), str(same)), str(same), "each checkpoint counts once"
+    )
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "confusion-old.png").write_bytes(b"an earlier run's figure")
+    args = ["eval", str(path), "--data-root", str(mnist_root), "--limit", "16"]
+    result = CliRunner().invoke(main, [*args, "--figures", str(figures)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in figures.iterdir()) == ["confusion-lenet5.png"]
+    (figures / "notes.txt").write_text("mine")
+    assert_one_line_error(
+        run_cli(*args, "--figures", str(figures)), "--figures", "'notes.txt', not a figure"
+    )
+    assert (figures / "notes.txt").read_text() == "mine"

@@ -263,7 +263,43 @@ def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
     assert written["confusion-a"] == figures / "confusion-a.png"
     assert os.listdir(figures) == ["confusion-a.png"]  # the removed model's figure is gone
     assert json.loads(written["metrics"].read_text())["a"]["model"] == "lenet5"
-    assert sorted(os.listdir(tmp_path / "eval")) == ["figures", "metrics.json", "rotation.csv"]
+    assert sorted(os.listdir(tmp_path / "eval")) == [
+        "figures",
+        "metrics.json",
+        "rotation.csv",
+        "summary.json",
+    ]
+
+
+def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
+    """A failure while writing the files (after every figure is drawn) leaves the old
+    figures, rotation.csv and metrics.json: nothing is swapped in before all is written."""
+    from capsnet.eval import outputs, stage
+
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    (models_dir / "a.pt").write_text("checkpoint")
+    out = tmp_path / "eval"
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "rotation.png").write_bytes(b"old figure")
+    for name in ("metrics.json", "rotation.csv", "summary.json"):
+        (out / name).write_text(f"old {name}")
+    params = _eval_params(tmp_path, models_dir)
+
+    def evaluate(paths, request, names, figures):
+        (figures.fig_dir / "rotation.png").write_bytes(b"new figure")
+        figures.written["rotation"] = figures.fig_dir / "rotation.png"
+        return {"a": {"model": "lenet5", "checkpoint": str(paths[0])}}
+
+    def no_space(results):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stage, "evaluate_checkpoints", evaluate)
+    monkeypatch.setattr(outputs, "metrics_json", no_space)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(OSError, match="No space left"):
+        stage.run_stage(params)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_sweep_outputs_plots_whole_and_best_last(tmp_path):

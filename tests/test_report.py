@@ -155,7 +155,7 @@ def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatc
     for published in runs:
         run_dir = found[published["run_id"]]
         info = tracking.read_run_info(run_dir)
-        assert info["job_type"] == "eval" and info["group"] == "exp-1"
+        assert info["job_type"] == "eval" and info["group"] == "exp-1/eval"
         assert info["config"]["model"] == published["name"]
         history = tracking.read_history(run_dir)
         entry = RESULTS[published["name"]]
@@ -184,3 +184,52 @@ def test_publish_stage_offline_never_reports_online(eval_dir, tmp_path, monkeypa
     assert len(summary["runs"]) == 2
     assert Path("eval/report.html").is_file()
     assert json.loads(Path("eval/published.json").read_text())["runs"] == summary["runs"]
+
+
+def test_skipped_viewpoints_say_why_without_empty_brackets():
+    html = report.render_html({**RESULTS, "viewpoints": {"skipped": "smallnorb is switched off"}})
+    section = html[html.index("Novel viewpoints") :]
+    assert "()" not in section and "Not run: smallnorb is switched off" in section
+    ruled = report.render_html({**RESULTS, "viewpoints": {"rule": "target = max", "kinds": {}}})
+    assert "familiar-viewpoint test error (target = max)." in ruled
+
+
+def test_sweep_table_shows_only_the_columns_that_vary():
+    rows = [
+        {"trial_id": "t1", "node": "n" * 56, "model": "capsnet-small", "lr": "0.001",
+         "augment": "shift", "final_val_accuracy": "0.91", "error": ""},
+        {"trial_id": "t2", "node": "m" * 56, "model": "capsnet-small", "lr": "0.001",
+         "augment": "none", "final_val_accuracy": "0.88", "error": ""},
+    ]  # fmt: skip
+    html = report.render_html(RESULTS, sweep_rows=rows)
+    table = html[html.index('<table id="sweep">') :].split("</table>")[0]
+    heads = re.findall(r"<th>([^<]*)</th>", table)
+    assert heads == ["trial id", "augment", "final val accuracy"]
+    assert "Every trial: model capsnet-small, lr 0.0010." in html
+    assert "n" * 56 not in html  # Ray's node ids are not shown
+    assert table.index("0.9100") < table.index("0.8800")  # best first
+
+
+def test_rotation_legend_sits_below_the_curves(tmp_path, monkeypatch):
+    captured = {}
+
+    def keep(fig, path):
+        captured["fig"] = fig
+        return Path(path)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    curves = {f"model {i}": {"0": 0.99, "35": 0.7, "60": 0.3} for i in range(4)}
+    figures.rotation_curve(curves, tmp_path / "rotation.png")
+    fig = captured["fig"]
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y1 < ax.get_window_extent().y0  # entirely below the plotting area
+
+
+def test_perturbation_rows_that_change_nothing_are_not_drawn():
+    import torch
+
+    still = torch.full((11, 1, 4, 4), 0.5)
+    moving = torch.linspace(0, 1, 11).view(11, 1, 1, 1).expand(11, 1, 4, 4)
+    assert figures.visible_rows([still, moving, still + 0.001]) == [1]

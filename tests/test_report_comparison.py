@@ -16,8 +16,7 @@ from pipeline import comparison_text, report
 def test_capsules_ahead_by_more_than_the_spread():
     words = comparison_text.sentences(comparison(0.70, 0.60))
     assert words[0] == (
-        "At 35°, of 1 comparison(s) the capsule model is ahead by more than the seeds' spread "
-        "in 1, behind by more than the spread in 0 and within the spread in 0."
+        "At 35°, the capsule model is ahead by more than the seeds' spread in 1 of 1 comparison."
     )
     assert words[1] == (
         "Equal augmentation (shift, 3 epochs) at 0° (upright MNIST): capsnet-small 97.00% ± "
@@ -36,8 +35,9 @@ def test_capsules_ahead_by_more_than_the_spread():
 
 def test_capsules_behind_is_said_plainly():
     words = comparison_text.sentences(comparison(0.60, 0.75))
-    assert "behind by more than the spread in 1" in words[0]
-    assert "ahead by more than the seeds' spread in 0" in words[0]
+    assert words[0] == (
+        "At 35°, the capsule model is behind by more than the seeds' spread in 1 of 1 comparison."
+    )
     assert words[2].endswith(
         "capsnet-small 60.00% ± 1.00 against lenet5 75.00% ± 1.00; lenet5 ahead by 15.00 "
         "points, more than the seeds' spread (std sum 2.00)."
@@ -46,7 +46,10 @@ def test_capsules_behind_is_said_plainly():
 
 def test_a_difference_inside_the_spread_is_no_clear_difference():
     words = comparison_text.sentences(comparison(0.66, 0.65, std35=0.02))
-    assert "within the spread in 1" in words[0]
+    assert (
+        words[0]
+        == "At 35°, the capsule model is level within the seeds' spread in 1 of 1 comparison."
+    )
     assert words[2].endswith(
         "capsnet-small 66.00% ± 2.00 against lenet5 65.00% ± 2.00; a difference of 1.00 "
         "points, within the seeds' spread (std sum 4.00): no clear difference at 3 seeds."
@@ -55,7 +58,7 @@ def test_a_difference_inside_the_spread_is_no_clear_difference():
 
 def test_one_seed_has_no_spread_to_judge_by():
     words = comparison_text.sentences(comparison(0.70, 0.60, std35=0.0, seeds=1))
-    assert "trained with one seed (no spread) in 1" in words[0]
+    assert words[0] == "At 35°, 1 of 1 comparison used one seed, with no spread to judge by."
     assert "one seed, so no spread to judge the 10.00-point difference." in words[2]
     assert "ahead by 10.00" not in " ".join(words)
 
@@ -81,9 +84,9 @@ def test_equal_time_budget_ratio_and_a_missed_tolerance():
         "Equal training time at 35°: capsnet-small 70.00% ± 1.00 against lenet5 72.00% ± "
         "1.00; lenet5 ahead by 2.00 points, more than the seeds' spread (std sum 2.00)." in words
     )
-    assert (
-        "ahead by more than the seeds' spread in 1, behind by more than the spread in 1"
-        in (words[0])
+    assert words[0] == (
+        "At 35°, the capsule model is ahead by more than the seeds' spread in 1 of 2 "
+        "comparisons and behind by more than the seeds' spread in 1 of 2."
     )
     lenet.update(time_ratio=0.95, within_tolerance=True)
     assert any(
@@ -101,7 +104,8 @@ def test_augmented_baseline_against_the_capsule_model_at_the_nearest_angle():
     rotate["augment"] = "rotate"
     section["arms"]["baseline_augmentation"] = {"models": {"lenet5 (rotate)": rotate}}
     words = comparison_text.sentences(section)
-    assert words[0].startswith("At 30° (the evaluated angle nearest 35°), of 2 comparison(s)")
+    assert words[0].startswith("At 30° (the evaluated angle nearest 35°), the capsule model is ")
+    assert words[0].endswith(" in 1 of 2.")
     assert words[-2] == (
         "Augmented baseline (rotate augmentation, against the equal-augmentation "
         "capsnet-small) at 30° (the evaluated angle nearest 35°): capsnet-small 70.00% ± "
@@ -169,7 +173,7 @@ def test_wandb_comparison_table_rows(tmp_path, monkeypatch):
     assert len(runs) == 1 + sum("checkpoint" in e for e in results.values())
     run_dir = tracking.offline_runs(tmp_path / "runs")[runs[-1]["run_id"]]
     info = tracking.read_run_info(run_dir)
-    assert info["job_type"] == "comparison" and info["group"] == "exp-1"
+    assert info["job_type"] == "comparison" and info["group"] == "exp-1/comparison"
     (row,) = tracking.read_history(run_dir)
     assert row["comparison/_type"] == "table-file"
     table = json.loads((run_dir / "files" / row["comparison/path"]).read_text())

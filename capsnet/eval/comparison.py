@@ -19,8 +19,8 @@ from typing import Any
 
 from capsnet.errors import CapsnetError
 from capsnet.eval.seeds import seed_of
+from capsnet.headline import COMPARISON_KEY  # noqa: F401  (the section's name)
 
-COMPARISON_KEY = "comparison"
 ARMS = ("equal_augmentation", "equal_time", "baseline_augmentation")
 #: How far a baseline's mean training time may lie from the budget, as a fraction of it.
 TIME_TOLERANCE = 0.25

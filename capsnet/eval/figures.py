@@ -1,7 +1,8 @@
 """The evaluation's PNG figures, drawn while each model is loaded for its evaluation.
 
 Per model: the confusion matrix on MNIST rotated by ``confusion_angle``, the pose
-perturbation grid and, for MultiMNIST, each digit reconstructed from its own capsule (the
+perturbation grid (only the pose dimensions whose reconstructions visibly change; none
+when no dimension does) and, for MultiMNIST, each digit reconstructed from its own capsule (the
 two predicted and the two true ones). Across models, drawn once all are evaluated: the
 rotation curve (a mean line in a mean ± std band per seed group, a plain line per checkpoint
 in no group), the equivariance plot and the reconstructions.
@@ -77,13 +78,15 @@ class FigureDrawer:
         self._perturbation(name, model, upright[0], int(labels[0]), device)
 
     def _perturbation(self, name: str, model, image: torch.Tensor, label: int, device) -> None:
-        rows = draw.perturbation_rows(model.cpu(), image, label)
+        with torch.no_grad():
+            rows = draw.perturbation_rows(model.cpu(), image, label)
         model.to(device)
-        if rows:
+        shown = draw.visible_rows(rows)  # a dimension that changes nothing shows nothing
+        if shown:
             self.written[f"perturbation-{name}"] = draw.image_grid(
-                rows,
+                [rows[d] for d in shown],
                 self.fig_dir / f"perturbation-{slug(name)}.png",
-                row_labels=[f"dim {d}" for d in range(len(rows))],
+                row_labels=[f"dim {d}" for d in shown],
                 col_labels=[f"{d:+.2f}" for d in draw.PERTURBATION_DELTAS],
                 title=f"{name}: each pose dimension of the class capsule perturbed",
             )

@@ -1,7 +1,8 @@
 """The DVC ``evaluate`` stage: every checkpoint of ``evaluate.models_dir`` (and of the usable
 ``extra_models_dirs``) with params.yaml's settings, plus the novel-viewpoint section, written
-to ``evaluate.out_dir``: figures/ swapped in whole, then rotation.csv, then metrics.json last,
-so a new metrics.json means the whole set is new."""
+to ``evaluate.out_dir`` as one unit (``capsnet.io.OutputSet``): nothing there changes until
+every checkpoint is evaluated and every file written; then figures/ is swapped in whole,
+then rotation.csv and summary.json, then metrics.json last."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.outputs import write_outputs
 from capsnet.eval.request import EvalRequest
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, evaluate_viewpoints
-from capsnet.io import atomic_directory, read_disabled
+from capsnet.io import read_disabled
+from capsnet.outputset import OutputSet
 
 
 def stage_checkpoints(settings, log=None) -> tuple[list[Path], list[str]]:
@@ -58,10 +60,11 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
         log=log,
     )
     out = Path(settings.out_dir)
-    with atomic_directory(out / "figures") as staging:
-        drawer = FigureDrawer(staging)
+    with OutputSet() as outputs:
+        drawer = FigureDrawer(outputs.directory(out / "figures"))
         results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
         if settings.viewpoints_dir:
             results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request)
+        written = write_outputs(results, out, outputs)
     figures = {name: out / "figures" / path.name for name, path in drawer.written.items()}
-    return {**write_outputs(results, out), **figures}
+    return {**written, **figures}

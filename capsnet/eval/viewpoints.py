@@ -10,8 +10,7 @@ from capsnet import evaluate
 from capsnet.errors import DataError
 from capsnet.eval.datasets import TestSets, model_fit
 from capsnet.eval.request import EvalRequest
-
-VIEWPOINTS_KEY = "viewpoints"  # metrics.json's section (not a checkpoint entry)
+from capsnet.headline import VIEWPOINTS_KEY  # noqa: F401  (the section's name)
 
 
 def evaluate_viewpoints(viewpoints_dir: str | Path, request: EvalRequest) -> dict:

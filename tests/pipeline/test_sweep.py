@@ -74,12 +74,14 @@ def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_pat
     assert [r["routing_iterations"] for r in by_routing] == ["capsnet-small/1", "capsnet-small/3"]
     assert [r["augment"] for r in read_csv(out / "plots" / "by_augment.csv")] == ["none"]
 
-    # one offline W&B run per trial (id = trial id), grouped by sweep, with its metrics
-    runs = tracking.offline_runs(tmp_path / "runs")
+    # one offline W&B run per trial (its trial id in the config), grouped by sweep and
+    # stage, with its metrics
+    found = tracking.offline_runs(tmp_path / "runs").values()
+    runs = {tracking.read_run_info(d)["config"]["trial_id"]: d for d in found}
     assert set(runs) == {r["trial_id"] for r in rows}
     for row in rows:
         info = tracking.read_run_info(runs[row["trial_id"]])
-        assert (info["group"], info["job_type"]) == ("tiny", "sweep")
+        assert (info["group"], info["job_type"]) == ("tiny/sweep", "sweep")
         history = tracking.read_history(runs[row["trial_id"]])
         assert [h["epoch"] for h in history] == [1]
         assert history[-1]["val_accuracy"] == pytest.approx(float(row["final_val_accuracy"]))

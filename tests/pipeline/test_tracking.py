@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline import tracking
+from pipeline import provenance, tracking
 
 
 def test_mode_is_offline_without_an_api_key(monkeypatch, tmp_path):
@@ -44,8 +44,9 @@ def test_offline_run_history_and_info_read_back(tmp_path):
     assert [(h["epoch"], h["val_accuracy"]) for h in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert all(h["blob"] == big for h in history)
     info = tracking.read_run_info(runs[run_id])
-    assert (info["group"], info["job_type"], info["name"]) == ("g", "train", "train-x")
+    assert (info["group"], info["job_type"], info["name"]) == ("g/train", "train", "train-x")
     assert info["config"]["lr"] == 0.001
+    assert set(provenance.provenance()) <= set(info["config"])
 
 
 def test_disabled_mode_starts_no_run(tmp_path):
@@ -89,11 +90,15 @@ def _publish(tmp_path, group="exp-1"):
 
 def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     first = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
     second = {r["name"]: r["run_id"] for r in _publish(tmp_path)}
     assert first == second and len(set(first.values())) == 2
     assert first["capsnet-small"] == tracking.run_id(
-        "capsnet-test", "exp-1", "capsnet-small", "models/capsnet-small.pt"
+        "capsnet-test",
+        "exp-1/eval",
+        "eval-capsnet-small",
+        provenance.content_hash(RESULTS["capsnet-small"]),
     )
     # each publish wrote its own offline run under the same id: `wandb sync` of both
     # lands in one W&B run per checkpoint
@@ -106,9 +111,46 @@ def test_publishing_twice_reuses_the_run_ids(tmp_path, monkeypatch):
     for run_dir in (tmp_path / "runs").glob("wandb/offline-run-*"):
         info = tracking.read_run_info(run_dir)
         assert info["run_id"] in first.values() and info["job_type"] == "eval"
+        assert info["group"] == "exp-1/eval" and info["config"]["dvc_experiment"] is None
+        assert info["config"]["params_hash"] == provenance.params_hash()
     # another experiment gets other runs
     other = {r["name"]: r["run_id"] for r in _publish(tmp_path, group="exp-2")}
     assert not set(other.values()) & set(first.values())
+
+
+def test_runs_of_a_dvc_experiment_are_its_own(tmp_path, monkeypatch):
+    """Inside `dvc exp run` (DVC_EXP_NAME set) the eval runs get other ids and a group per
+    experiment and stage, and record the experiment's name; other numbers, other ids."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    workspace = {r["name"]: r["run_id"] for r in _publish(tmp_path / "a")}
+    monkeypatch.setenv("DVC_EXP_NAME", "tiny-exp")
+    experiment = {r["name"]: r["run_id"] for r in _publish(tmp_path / "b")}
+    assert not set(workspace.values()) & set(experiment.values())
+    for run_dir in tracking.offline_runs(tmp_path / "b" / "runs").values():
+        info = tracking.read_run_info(run_dir)
+        assert info["group"] == "exp-1/tiny-exp/eval"
+        assert info["config"]["dvc_experiment"] == "tiny-exp"
+    changed = {**RESULTS, "capsnet-small": {**RESULTS["capsnet-small"], "mnist": {"accuracy": 0.5}}}
+    from pipeline import publish
+
+    again = publish.publish_runs(
+        changed, tmp_path, project="capsnet-test", group="exp-1", mode="offline",
+        wandb_dir=tmp_path / "c",
+    )  # fmt: skip
+    ids = {r["name"]: r["run_id"] for r in again}
+    assert ids["capsnet-small"] != experiment["capsnet-small"]
+    assert ids["lenet5@multimnist"] == experiment["lenet5@multimnist"]
+
+
+def test_a_relative_wandb_dir_lands_in_the_experiments_repository(tmp_path, monkeypatch):
+    """Queued experiments run in a temporary copy; DVC_ROOT names the main workspace."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert tracking.wandb_directory("runs") == tmp_path / "runs"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
+    assert tracking.wandb_directory("runs") == tmp_path / "main" / "runs"
+    assert tracking.wandb_directory(tmp_path / "abs") == tmp_path / "abs"
 
 
 def test_run_ids_are_valid_wandb_ids():
@@ -156,10 +198,52 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
 
     (run_dir,) = tracking.offline_runs(tmp_path).values()
     info = tracking.read_run_info(run_dir)
-    assert info["run_id"] == "abc12_00000" and info["group"] == "tiny"
+    assert info["group"] == "tiny/sweep" and info["config"]["trial_id"] == "abc12_00000"
+    assert len(info["run_id"]) == 24 and "params_hash" in info["config"]
     assert {k: info["config"][k] for k in shared} == shared
     assert info["config"]["model"] == "capsnet-small" and info["config"]["lr"] == 0.01
     assert (info["config"]["node"], info["config"]["device"]) == ("n1", "cpu")
     history = tracking.read_history(run_dir)
     assert [(h["epoch"], h["val_accuracy"]) for h in history] == [(1, 0.25), (2, 0.5)]
     assert all("node" not in h and "device" not in h for h in history)
+
+
+def test_run_configs_hold_only_the_settings_the_model_uses():
+    from pipeline.trainable import used_settings
+
+    best = {
+        "model": "capsnet-small",
+        "routing_iterations": 3,
+        "m_plus": 0.9,
+        "m_minus": 0.1,
+        "lam": 0.5,
+        "recon_weight": 0.0005,
+        "augment": "shift",
+        "lr": 0.001,
+    }
+    lenet = used_settings({**best, "model": "lenet5"}, "lenet5")
+    assert lenet == {"model": "lenet5", "augment": "shift", "lr": 0.001}
+    assert used_settings(best, "capsnet-small") == best
+    forced = used_settings({**best, "model": "lenet5"}, "lenet5", loss="margin")
+    assert "routing_iterations" not in forced and forced["m_plus"] == 0.9
+
+
+def test_provenance_names_commit_params_code_and_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("a: 1  # a comment\n")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  prep:\n    outs:\n    - path: data/prepared/mnist\n"
+        "      md5: abc.dir\n    - path: models\n      md5: def.dir\n"
+    )
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "0123456789abcdef")
+    provenance.git_commit.cache_clear()
+    try:
+        origin = provenance.provenance()
+    finally:
+        provenance.git_commit.cache_clear()
+    assert origin["git_commit"] == "0123456789abcdef"
+    assert origin["params_hash"] == provenance.content_hash({"a": 1})
+    assert origin["data_hash"] == provenance.content_hash([("data/prepared/mnist", "abc.dir")])
+    assert len(origin["code_hash"]) == 16
+    (tmp_path / "params.yaml").write_text("a: 1\n")  # layout and comments do not count
+    assert provenance.params_hash() == origin["params_hash"]

@@ -74,7 +74,7 @@ def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
     runs = tracking.offline_runs(tmp_path / "runs")
     infos = [tracking.read_run_info(d) for d in runs.values()]
     assert sorted(i["name"] for i in infos) == ["train-capsnet-small", "train-lenet5"]
-    assert {(i["group"], i["job_type"]) for i in infos} == {("tiny", "train")}
+    assert {(i["group"], i["job_type"]) for i in infos} == {("tiny/train", "train")}
     for run_dir in runs.values():
         assert [h["epoch"] for h in tracking.read_history(run_dir)] == [1]
 

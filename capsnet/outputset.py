@@ -1,0 +1,94 @@
+"""Outputs published as one unit: every file and directory of a stage written to
+temporaries first, then renamed into place together (``OutputSet``), and targets a rename
+would silently replace refused (``refuse_read_only``). Built on capsnet/io.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from capsnet import io  # through the module, so its helpers are one implementation
+from capsnet.errors import CapsnetError
+
+
+def refuse_read_only(path: str | os.PathLike, what: str = "") -> None:
+    """CapsnetError when ``path`` exists without write permission: an atomic rename would
+    replace it silently (even for root, hence the mode bits as well as ``os.access``)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not os.access(path, os.W_OK) or not mode & 0o222:
+        raise CapsnetError(f"{what or path}: read-only; not replaced")
+
+
+class OutputSet:
+    """Outputs published as one unit. ``directory(path)`` gives a staging folder to fill,
+    ``file(path, data)`` writes a temporary at once; nothing at the targets changes until
+    ``commit``, which swaps every directory in, then renames every file in the order added
+    (a manifest added last lands last). Leaving the ``with`` block by an error removes
+    every temporary and leaves every target as it was; read-only targets are refused."""
+
+    def __init__(self) -> None:
+        self._dirs: list[tuple[Path, Path]] = []
+        self._files: list[tuple[Path, Path]] = []
+
+    def directory(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        io.remove_stale(path)
+        staging = io.new_temp_dir(path)
+        self._dirs.append((path, staging))
+        return staging
+
+    def file(self, path: str | os.PathLike, data: str | bytes) -> Path:
+        path = Path(path)
+        refuse_read_only(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        io.remove_stale(path)
+        fd, tmp = io.new_temp_file(path)
+        self._files.append((path, tmp))
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return path
+
+    def commit(self) -> list[Path]:
+        """Swap the directories in and rename the files; the targets, in that order. A
+        rename that fails leaves the targets not reached as they were and no temporary."""
+        done = []
+        try:
+            while self._dirs:
+                path, staging = self._dirs[0]
+                with io.locked(path.parent):
+                    io.remove_stale(path)
+                    replaced = io._swap_in(staging, path)
+                self._dirs.pop(0)
+                io._remove(replaced)
+                done.append(path)
+            while self._files:
+                path, tmp = self._files[0]
+                os.replace(tmp, path)
+                self._files.pop(0)
+                io.fsync_dir(path.parent)
+                done.append(path)
+        except BaseException:
+            self.discard()
+            raise
+        return done
+
+    def discard(self) -> None:
+        for _, temporary in [*self._dirs, *self._files]:
+            io._remove(temporary)
+        self._dirs, self._files = [], []
+
+    def __enter__(self) -> OutputSet:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.discard()

@@ -1,0 +1,144 @@
+"""`capsnet publish` as one unit: every input and target is checked and every text rendered
+before anything is written; report.html, eval/results.md, the README block and
+published.json then land together, or none of them does."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_readme import METRICS
+
+from capsnet.cli import main
+from pipeline import publish, readme
+
+README = f"# t\n\nintro\n{readme.BEGIN}\nold table\n{readme.END}\ntail\n"
+OUTPUTS = ("eval/report.html", "eval/results.md", "eval/published.json")
+
+
+@pytest.fixture
+def stage_dir(tmp_path, monkeypatch) -> Path:
+    """A working directory with eval/metrics.json, a README and params.yaml (W&B off)."""
+    monkeypatch.chdir(tmp_path)
+    Path("eval").mkdir()
+    Path("eval/metrics.json").write_text(json.dumps(METRICS))
+    Path("README.md").write_text(README)
+    Path("params.yaml").write_text("publish:\n  mode: disabled\n  dir: runs\n")
+    return tmp_path
+
+
+def _publish(*extra: str):
+    """`capsnet publish` through the capsnet group (its one-line errors on stderr)."""
+    args = ["publish", "--params", "params.yaml", *extra]
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def _error(result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_publish_writes_report_table_readme_and_manifest(stage_dir):
+    result = _publish("--readme", "README.md")
+    assert result.exit_code == 0, result.output
+    assert "README.md: results table updated" in result.output
+    for path in OUTPUTS:
+        assert Path(path).stat().st_size > 0, path
+    table = Path("eval/results.md").read_text()
+    assert table.startswith(readme.results_table(METRICS))
+    assert "![accuracy versus rotation](figures/rotation.png)" in table
+    text = Path("README.md").read_text()
+    assert text.startswith("# t\n\nintro\n") and text.endswith(f"{readme.END}\ntail\n")
+    block = readme.current_block(text)
+    assert readme.results_table(METRICS) in block
+    assert "![accuracy versus rotation](eval/figures/rotation.png)" in block
+    assert readme.ORIGIN_PREFIX in block and "Trained numbers differ across CPUs" in block
+    manifest = json.loads(Path("eval/published.json").read_text())
+    assert manifest["table"] == "eval/results.md" and manifest["runs"] == []
+    html = Path("eval/report.html").read_text()
+    assert "Generated from eval/metrics.json" in html
+
+    before = _snapshot(stage_dir)
+    again = _publish("--readme", "README.md")
+    assert "README.md: results table unchanged" in again.output
+    assert _snapshot(stage_dir) == before  # no timestamp: an unchanged input, equal bytes
+    assert not [p for p in stage_dir.rglob(".*.tmp")]
+
+
+def _refused(stage_dir: Path, expected: str, *extra: str) -> None:
+    before = _snapshot(stage_dir)
+    assert _error(_publish(*extra)) == f"Error: {expected}"
+    assert _snapshot(stage_dir) == before
+    assert not any(Path(p).exists() for p in OUTPUTS)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({}, "eval/metrics.json: no evaluated checkpoint; run the evaluate stage first"),
+        ({"viewpoints": {"skipped": "off"}}, "eval/metrics.json: no evaluated checkpoint;"),
+        (
+            {"m": {"model": "m", "checkpoint": "m.pt", "mnist": {"accuracy": "high"}}},
+            "eval/metrics.json: m/mnist/accuracy: a number expected, got 'high'",
+        ),
+        ({"m": {"checkpoint": "m.pt"}}, "eval/metrics.json: m: no model name"),
+    ],
+)
+def test_bad_metrics_are_refused_before_anything_is_written(stage_dir, metrics, expected):
+    Path("eval/metrics.json").write_text(json.dumps(metrics))
+    before = _snapshot(stage_dir)
+    assert _error(_publish("--readme", "README.md")).startswith(f"Error: {expected}")
+    assert _snapshot(stage_dir) == before
+
+
+@pytest.mark.parametrize(
+    "text", ["no markers\n", f"{readme.END}\n{readme.BEGIN}\n", f"{readme.BEGIN}\n" * 2]
+)
+def test_bad_readme_markers_are_refused_before_anything_is_written(stage_dir, text):
+    Path("README.md").write_text(text)
+    _refused(
+        stage_dir,
+        "README.md: needs one <!-- results:begin --> line and, after it, one "
+        "<!-- results:end --> line",
+        "--readme",
+        "README.md",
+    )
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_a_read_only_readme_is_refused_not_replaced(stage_dir):
+    Path("README.md").chmod(0o444)
+    _refused(stage_dir, "README.md: read-only; not replaced", "--readme", "README.md")
+    assert oct(Path("README.md").stat().st_mode & 0o777) == "0o444"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_a_read_only_report_is_refused_before_anything_is_written(stage_dir):
+    Path("eval/report.html").write_text("old")
+    Path("eval/report.html").chmod(0o444)
+    before = _snapshot(stage_dir)
+    line = _error(_publish("--readme", "README.md"))
+    assert line == "Error: eval/report.html (publish html): read-only; not replaced"
+    assert _snapshot(stage_dir) == before
+
+
+def test_a_failed_wandb_step_writes_no_file(stage_dir, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("W&B service went away")
+
+    monkeypatch.setattr(publish, "publish_runs", broken)
+    before = _snapshot(stage_dir)
+    assert "W&B service went away" in _error(_publish("--readme", "README.md"))
+    assert _snapshot(stage_dir) == before
+    assert not [p for p in stage_dir.rglob(".*.tmp")]
