@@ -33,6 +33,7 @@ REQUIRED = {
     "data download": ["mnist"],
     "data prepare": ["mnist"],
     "data show": ["mnist", "--out", "{tmp}/grid.png"],
+    "profile": ["paper-scale-gpu"],
 }
 
 #: Options whose value is a free string, with values that must be refused before any work.
