@@ -175,10 +175,12 @@ def coordinate_offsets(
 def coordinate_bias(offsets: torch.Tensor, types: int, entries: tuple[int, int]) -> torch.Tensor:
     """The coordinate addition as a vote bias: offsets (H, W, 2) -> (H*W*T, 1, 16) with
     offset (row, col) of each child's position at vote entries ``entries``, zero elsewhere;
-    children ordered (row, col, type) as ``ClassCaps``'s."""
+    children ordered (row, col, type) as ``ClassCaps``'s. Stacked, not index-assigned: no
+    index tensor is copied to the device."""
     h, w, _ = offsets.shape
-    bias = offsets.new_zeros(h, w, 16)  # (H, W, 16)
-    bias[..., list(entries)] = offsets
+    zero = offsets.new_zeros(h, w)  # (H, W)
+    per_entry = {entries[0]: offsets[..., 0], entries[1]: offsets[..., 1]}
+    bias = torch.stack([per_entry.get(e, zero) for e in range(16)], dim=-1)  # (H, W, 16)
     return bias.unsqueeze(2).expand(h, w, types, 16).reshape(h * w * types, 1, 16)
 
 

@@ -423,7 +423,7 @@ def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatc
     with pytest.warns(RuntimeWarning, match="compiled EM routing unavailable"):
         scores = compiled(x).scores
     torch.testing.assert_close(scores, eager(x).scores)
-    assert not any(m.compiled for m in (compiled.caps1, compiled.caps2, compiled.classes))
+    assert not compiled.caps1.compiled and not compiled.caps2.compiled
 
 
 def test_checkpoint_without_new_fields_loads_with_what_it_trained_with(tmp_path):

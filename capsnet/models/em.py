@@ -143,11 +143,12 @@ class EMCapsNet(nn.Module):
         )
 
     def compile_routing(self, enabled: bool = True) -> EMCapsNet:
-        """Route every capsule layer with the EM routing steps compiled by torch.compile
-        (``capsnet.routing.em.compiled_steps``): several times faster per step after a
-        one-off compilation per input shape; falls back to eager, with a warning, where
-        torch.compile cannot build kernels."""
-        for layer in (self.caps1, self.caps2, self.classes):
+        """Route the convolutional capsule layers with the EM routing steps compiled by
+        torch.compile (``capsnet.routing.em.compiled_steps``): several times faster per step
+        after a one-off compilation per input shape; falls back to eager, with a warning,
+        where torch.compile cannot build kernels. The class capsules (one small group per
+        image) stay eager: their graphs would push the steps past dynamo's recompile limit."""
+        for layer in (self.caps1, self.caps2):
             layer.compiled = enabled
         return self
 
