@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> None:
         "--reference-batch-size", type=int, default=None, help="default: --batch-size"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (peak GPU memory too); any torch device for the workers")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda[:N] (peak GPU memory too); any torch device for the workers",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)

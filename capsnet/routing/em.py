@@ -90,48 +90,61 @@ def m_step(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = EM_EPS)
     return mu, sq_diff, var, log_sigma, logit_a
 
 
-def _fit(children, weight, bias, activations, logits, log_total, beta_v, beta_a, lam, min_var):
-    """Votes of a block of groups made inside, assignments from the previous E-step, then
-    the M-step: the arguments of ``em_step`` -> the outputs of ``m_step``."""
+def make_votes(children, weight, bias=None):
+    """Votes of a block of groups: children (n, I, c, 16) from ``expand_poses``, weight
+    (I, J, c, 16) from ``expand_weight``, bias (I, J or 1, 16) or None -> (n, I, J, 16).
+    Entry-wise products 16 wide, unrolled over c: the contraction is only c = 4 long, and
+    torch.compile fuses them into the EM sums."""
     votes = children[:, :, None, 0] * weight[:, :, 0]  # (n, I, J, P): pose @ W, k = 0
-    for k in range(1, children.shape[2]):  # unrolled: entry-wise products, fused into the sums
+    for k in range(1, children.shape[2]):
         votes = votes + children[:, :, None, k] * weight[:, :, k]  # (n, I, J, P)
     if bias is not None:
         votes = votes + bias  # (n, I, J, P)
+    return votes
+
+
+def _fit(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """Assignments from the previous E-step, then the M-step -> the outputs of ``m_step``."""
     r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J): the E-step's assignments
     return m_step(r * activations.unsqueeze(2), votes, beta_v, beta_a, lam, min_var)
 
 
-def em_step(children, weight, bias, activations, logits, log_total, beta_v, beta_a, lam, min_var):
-    """One EM iteration but the last, on a block of n groups.
+def step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """One EM iteration but the last, on a block of n groups with votes (n, I, J, 16).
 
-    children (n, I, c, 16) from ``expand_poses``, weight (I, J, c, 16) from
-    ``expand_weight``, bias (I, J or 1, 16) or None, activations (n, I); the assignments are
-    ``exp(logits - log_total)`` for the previous E-step's logits (n, I, J) (zeros at first)
-    and log_total (n, I), the log of the child's sum of exp(logits) over all its parents;
-    lam a 0-d tensor. -> the E-step logits (n, I, J), log a_j + log N(V_ij; mu_j, var_j),
-    with their maximum over the parents (n, I) (no gradient) and the sum of exp(logits -
-    maximum) (n, I).
+    activations (n, I); the assignments are ``exp(logits - log_total)`` for the previous
+    E-step's logits (n, I, J) (zeros at first) and log_total (n, I), the log of the child's
+    sum of exp(logits) over all its parents; lam a 0-d tensor. -> the E-step logits
+    (n, I, J), log a_j + log N(V_ij; mu_j, var_j), with their maximum over the parents
+    (n, I) (no gradient) and the sum of exp(logits - maximum) (n, I).
     """
     _, sq_diff, var, log_sigma, logit_a = _fit(
-        children, weight, bias, activations, logits, log_total, beta_v, beta_a, lam, min_var
+        votes, activations, logits, log_total, beta_v, beta_a, lam, min_var
     )
     half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (n, I, J): sum_h (V - mu)^2 / 2 var
-    log_norm = log_sigma.sum(dim=3) + 0.5 * children.shape[3] * _LOG_2PI  # (n, 1, J)
+    log_norm = log_sigma.sum(dim=3) + 0.5 * votes.shape[3] * _LOG_2PI  # (n, 1, J)
     out = F.logsigmoid(logit_a) - half_quad - log_norm  # (n, I, J)
     peak = out.detach().amax(dim=2)  # (n, I): a shift, no gradient
     return out, peak, torch.exp(out - peak.unsqueeze(2)).sum(dim=2)  # (n,I,J), (n,I), (n,I)
 
 
-def em_last_step(
-    children, weight, bias, activations, logits, log_total, beta_v, beta_a, lam, min_var
-):
-    """The last EM iteration (the arguments of ``em_step``) -> pose (n, J, 16), activation
-    (n, J)."""
-    mu, _, _, _, logit_a = _fit(
-        children, weight, bias, activations, logits, log_total, beta_v, beta_a, lam, min_var
-    )
+def last_step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """The last EM iteration (the arguments of ``step_from_votes``) -> pose (n, J, 16),
+    activation (n, J)."""
+    mu, _, _, _, logit_a = _fit(votes, activations, logits, log_total, beta_v, beta_a, lam,
+                                min_var)  # fmt: skip
     return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
+
+
+def em_step(children, weight, bias, *args):
+    """``step_from_votes`` with the votes made inside from ``make_votes``'s arguments: the
+    form torch.compile fuses, so the votes are never stored."""
+    return step_from_votes(make_votes(children, weight, bias), *args)
+
+
+def em_last_step(children, weight, bias, *args):
+    """``last_step_from_votes`` with the votes made inside (as ``em_step``)."""
+    return last_step_from_votes(make_votes(children, weight, bias), *args)
 
 
 def compile_routing_function(function, dynamic: bool | None = False):
@@ -165,15 +178,16 @@ def compiled_steps(device_type: str) -> tuple:
 
 
 def _eager_steps() -> tuple:
-    """The steps run eagerly; with autograd on, each block is recomputed in the backward
-    pass (activation checkpointing), so only its inputs are kept, never its votes."""
+    """The steps run eagerly on each block's votes; with autograd on, each call is
+    recomputed in the backward pass (activation checkpointing), so only its inputs are kept
+    (the votes, made once per block), never its vote-sized temporaries."""
     if not torch.is_grad_enabled():
-        return em_step, em_last_step
-    step = functools.partial(checkpoint, em_step, use_reentrant=False, preserve_rng_state=False)
-    last = functools.partial(
-        checkpoint, em_last_step, use_reentrant=False, preserve_rng_state=False
+        return step_from_votes, last_step_from_votes
+    options = {"use_reentrant": False, "preserve_rng_state": False}
+    return (
+        functools.partial(checkpoint, step_from_votes, **options),
+        functools.partial(checkpoint, last_step_from_votes, **options),
     )
-    return step, last
 
 
 def default_block(device: torch.device, group_elements: int) -> int | None:
@@ -290,7 +304,6 @@ def em_routing(
     n_out, cols = weight.shape[1], weight.shape[-1]
     block = min(n, block or default_block(children.device, n_in * n_out * pose_dim) or n)
     pad = (-n) % block
-    step, last_step = compiled_steps(children.device.type) if compiled else _eager_steps()
     with _without_autocast(children.device):
         dtype = torch.promote_types(children.dtype, torch.float32)
         kids = expand_poses(F.pad(children.to(dtype), (0, 0, 0, 0, 0, pad)), cols)
@@ -300,6 +313,12 @@ def em_routing(
         bias = None if vote_bias is None else vote_bias.to(dtype)  # (I, J or 1, 16)
         b_v, b_a = beta_v.to(dtype), beta_a.to(dtype)
         lams = _inverse_temperature_tensor(iterations, final_lambda, children.device, dtype)
+        if compiled:  # votes made inside the compiled steps
+            step, last_step = compiled_steps(children.device.type)
+            groups = [(c, w, bias) for c in kids]
+        else:  # votes made once per block, kept for the backward pass
+            step, last_step = _eager_steps()
+            groups = [(make_votes(c, w, bias),) for c in kids]  # (block, I, J, 16) each
         logits = [kids[0].new_zeros(block, n_in, n_out)] * len(kids)  # (block, I, J) each
         if scope is None:
             log_total = kids[0].new_full((n + pad, n_in), math.log(n_out))  # (N + pad, I)
@@ -307,14 +326,14 @@ def em_routing(
             log_total = F.pad(scope.log_uniform_total(n_out, dtype), (0, 0, 0, pad))
         for it in range(iterations - 1):
             outs = [
-                step(c, w, bias, a, lg, t, b_v, b_a, lams[it], min_var)
-                for c, a, lg, t in zip(kids, acts, logits, log_total.split(block))
+                step(*g, a, lg, t, b_v, b_a, lams[it], min_var)
+                for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
             ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
             logits = [o[0] for o in outs]  # (block, I, J) each
             log_total = _log_totals(scope, outs, n)  # (N + pad, I)
         outs = [
-            last_step(c, w, bias, a, lg, t, b_v, b_a, lams[-1], min_var)
-            for c, a, lg, t in zip(kids, acts, logits, log_total.split(block))
+            last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var)
+            for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
         ]  # pose (block, J, 16), activation (block, J) per block
     pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
     act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
