@@ -657,6 +657,11 @@ def test_compiled_routing_keeps_an_inductor_cache_per_cpu_capability(monkeypatch
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+    # Inductor writes its default into the environment when asked for its cache (an eager
+    # checkpointed step does): that is no user's choice and is separated too.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    compile_routing_function(torch.sigmoid)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
     compile_routing_function(torch.sigmoid)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"

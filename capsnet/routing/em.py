@@ -151,12 +151,16 @@ def compile_routing_function(function, dynamic: bool | None = False):
     """``torch.compile(function, dynamic=dynamic)`` with Inductor's on-disk cache kept apart
     per ``ATEN_CPU_CAPABILITY``: the cache does not key its CPU kernels on that setting, so a
     process run with another one would load kernels built for the other instruction set
-    (wrong results, NaN, or a crash). An explicit ``TORCHINDUCTOR_CACHE_DIR`` is kept."""
+    (wrong results, NaN, or a crash). A ``TORCHINDUCTOR_CACHE_DIR`` the user chose is kept;
+    the default one, which Inductor writes into the environment when anything asks for its
+    cache (an eager checkpointed step does), is replaced."""
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    if capability:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
+        default = default_cache_dir()
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default, os.path.abspath(default)):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{capability}"
     return torch.compile(function, dynamic=dynamic)
 
 
