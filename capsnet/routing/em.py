@@ -1,10 +1,10 @@
 """EM routing (Hinton, Sabour, Frosst 2018) as pure tensor functions.
 
-One implementation, ``em_routing``: the votes V_ij = M_i W_ij (+ a fixed bias, e.g. the
-coordinate addition) are made from the child poses inside each routing step, so no tensor
-of every vote is kept between steps. It runs on any device, eagerly or compiled with
-torch.compile; ``benchmarks/em_reference.py`` holds the readable loop version it is tested
-against.
+One implementation, ``em_routing``: EM iterations as steps over blocks of routing groups,
+with the votes V_ij = M_i W_ij (+ a fixed bias, e.g. the coordinate addition) made from the
+child poses (inside the steps when compiled, once per block when eager). It runs on any
+device, eagerly or compiled with torch.compile; ``benchmarks/em_reference.py`` holds the
+readable loop version it is tested against.
 """
 
 from __future__ import annotations
