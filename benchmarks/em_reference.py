@@ -13,8 +13,6 @@ import math
 import torch
 from torch import nn
 
-from capsnet.em_layers import COORD_ENTRIES
-
 
 def _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps):
     """Weighted Gaussian fit per parent and its activation: votes (B, I, J, P), r (B, I, J)
@@ -52,7 +50,7 @@ def em_routing_reference(
     """votes (B, I, J, P), activations (B, I) -> pose (B, J, P), activation (B, J),
     assignments R (B, I, J), variance (B, J, P)."""
     batch, n_in, n_out, _ = votes.shape
-    r = torch.full((batch, n_in, n_out), 1.0 / n_out, dtype=votes.dtype)  # (B, I, J)
+    r = torch.full((batch, n_in, n_out), 1.0 / n_out, dtype=votes.dtype, device=votes.device)
     for it in range(iterations):
         lam = final_lambda * (1.0 - 0.95 ** (it + 1))
         mu, var, activation = _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps)
@@ -124,7 +122,7 @@ def conv_caps_global_reference(layer, poses, activations, eps: float = 1e-6):
                 )
     r = {}  # window -> R (B, KKT, J), uniform over each child's parents
     for y, x in windows:
-        r[y, x] = torch.empty(votes[y, x].shape[:3], dtype=poses.dtype)
+        r[y, x] = torch.empty(votes[y, x].shape[:3], dtype=poses.dtype, device=poses.device)
     for parents in covers.values():
         for w, first in parents:
             r[w][:, first : first + t_in] = 1.0 / (len(parents) * n_out)
@@ -161,8 +159,9 @@ def class_caps_reference(layer, poses: torch.Tensor, activations: torch.Tensor, 
             votes = torch.einsum("btrc,tecd->bterd", m, layer.weight)  # (B, T, E, r, c)
             votes = votes.reshape(batch, t_in, -1, 16).clone()  # (B, T, E, 16)
             if layer.coordinate_addition:
-                votes[..., COORD_ENTRIES[0]] += offsets[y, x, 0]
-                votes[..., COORD_ENTRIES[1]] += offsets[y, x, 1]
+                row_entry, col_entry = layer.coordinate_entries
+                votes[..., row_entry] += offsets[y, x, 0]
+                votes[..., col_entry] += offsets[y, x, 1]
             all_votes.append(votes)
     votes = torch.cat(all_votes, dim=1)  # (B, HWT, E, 16): position-major like the fast layer
     pose, act, _, _ = em_routing_reference(
@@ -181,17 +180,28 @@ class ReferenceEMCapsNet(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor, target=None):
-        from capsnet.em_layers import coordinate_offsets
         from capsnet.models import ModelOutput
-        from capsnet.models.em import _CENTRE_FIRST, _CENTRE_STEP
 
         m = self.model
         h = torch.relu(m.conv1(x))  # (B, A, h, w)
         poses, act = m.primary(h)  # (B, h, w, B, 16), (B, h, w, B)
         poses, act = conv_caps_reference(m.caps1, poses, act)[:2]  # (B, h1, w1, C, 16)
         poses, act = conv_caps_reference(m.caps2, poses, act)[:2]  # (B, h2, w2, D, 16)
-        offsets = coordinate_offsets(
-            poses.shape[1], poses.shape[2], _CENTRE_FIRST, _CENTRE_STEP, x.shape[2], x.shape[3]
-        )  # (h2, w2, 2)
-        class_poses, scores = class_caps_reference(m.classes, poses, act, offsets)
+        offsets = reference_offsets(m.config.coordinate_form, poses.shape[1], x.shape[2])
+        class_poses, scores = class_caps_reference(m.classes, poses, act, offsets.to(x.device))
         return ModelOutput(scores, class_poses, None)
+
+
+def reference_offsets(form: str, size: int, image_size: int) -> torch.Tensor:
+    """(size, size, 2) scaled (row, col) of each ClassCaps input cell, one by one: "paper",
+    the cell's (index + 0.5) / size; "first-entries", its receptive-field centre in input
+    pixels, conv1 (5x5/2) -> ConvCaps1 (3x3/2) -> ConvCaps2 (3x3/1): pixel 4 i + 8, as
+    (pixel + 0.5) / image size."""
+    offsets = torch.empty(size, size, 2)
+    for y in range(size):
+        for x in range(size):
+            if form == "paper":
+                offsets[y, x] = torch.tensor([(y + 0.5) / size, (x + 0.5) / size])
+            else:
+                offsets[y, x] = torch.tensor([4 * y + 8.5, 4 * x + 8.5]) / image_size
+    return offsets

@@ -1,8 +1,9 @@
 """em-capsnet training-step throughput and peak memory: vectorised vs the loop reference.
 
-Implementations: ``compiled`` (EMCapsNet.compile_routing: torch.compile'd EM routing, the
-fast path), ``eager`` (the default layers: blocked EM routing with a hand-written backward)
-and ``reference`` (benchmarks/em_reference.py: a Python loop over positions, plain autograd).
+Implementations: ``compiled`` (EMCapsNet.compile_routing: the routing steps of
+capsnet.routing.em_routing compiled with torch.compile, the fast path), ``eager`` (the same
+routing run eagerly, each block of windows recomputed in the backward pass) and
+``reference`` (benchmarks/em_reference.py: a Python loop over positions, plain autograd).
 Each runs in its own subprocess (so peak RSS is its own), interleaved over ``--rounds``
 rounds in the same invocation, on identical weights and data; the warm-up steps (and the
 compilation) are not timed. The table reports the median seconds per step and images/s
@@ -73,13 +74,12 @@ def _worker(args: argparse.Namespace) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def step() -> float:
+    def step() -> None:  # no host sync inside: the timer syncs around all steps
         out = net(x)
         loss = losses.spread_loss(out.scores, y, 0.2)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return float(loss)
 
     for _ in range(args.warmup):
         step()
@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> None:
         "--reference-batch-size", type=int, default=None, help="default: --batch-size"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (peak GPU memory too)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda[:N] (peak GPU memory too); any torch device for the workers",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
@@ -144,6 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in impls if name not in IMPLS]
     if unknown or not impls:
         parser.error(f"--impls: {', '.join(unknown) or 'none'} unknown; choose from {IMPLS}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no CUDA device is available here")
     if "compiled" in impls and args.warmup < 1:
         parser.error("--warmup must be >= 1 with the compiled implementation (compilation)")
     passthrough = list(argv if argv is not None else sys.argv[1:])

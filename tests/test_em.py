@@ -10,29 +10,25 @@ import pytest
 import torch
 
 from capsnet import checkpoint, losses, models
-from capsnet.em_layers import (
-    ClassCaps,
-    ConvMatrixCaps,
-    GlobalScope,
-    child_index,
-    coordinate_offsets,
-)
+from capsnet.em_layers import COORDINATE_ENTRIES, ClassCaps, ConvMatrixCaps, coordinate_bias
 from capsnet.errors import ConfigError
 from capsnet.routing import (
     EM_MIN_VAR,
+    GlobalScope,
+    child_index,
     em_inverse_temperatures,
     em_routing,
-    em_routing_blocked,
-    em_routing_from_poses,
 )
 from capsnet.train import TrainConfig, spread_margin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.em_reference import (
     ReferenceEMCapsNet,
+    class_caps_reference,
     conv_caps_global_reference,
     conv_caps_reference,
     em_routing_reference,
+    reference_offsets,
 )
 
 SMALLNORB = {"in_channels": 1, "input_size": 32, "num_classes": 5}
@@ -41,13 +37,25 @@ OVERFIT_IMAGES, OVERFIT_EPOCHS = 10, 100
 TINY = {"A": 8, "B": 4, "C": 4, "D": 4, "input_size": 24, "num_classes": 5}
 
 
-def _routing_inputs(batch=3, n_in=12, n_out=4, seed=0, dtype=torch.float32):
+def _routing_inputs(batch=3, n_in=12, n_out=4, rows=4, seed=0, dtype=torch.float32):
+    """Child poses (N, I, 16), activations (N, I), transforms (I, J, c, c), beta_v, beta_a."""
     g = torch.Generator().manual_seed(seed)
-    votes = torch.randn(batch, n_in, n_out, 16, generator=g, dtype=dtype)
+    cols = 16 // rows
+    children = torch.randn(batch, n_in, 16, generator=g, dtype=dtype)
     activations = torch.rand(batch, n_in, generator=g, dtype=dtype)
+    weight = torch.randn(n_in, n_out, cols, cols, generator=g, dtype=dtype) / cols**0.5
     beta_v = 0.1 * torch.randn(n_out, generator=g, dtype=dtype)
     beta_a = 0.1 * torch.randn(n_out, generator=g, dtype=dtype)
-    return votes, activations, beta_v, beta_a
+    return children, activations, weight, beta_v, beta_a
+
+
+def _votes(children, weight, bias=None):
+    """Votes (N, I, J, 16) by einsum, independent of the routing's vote products."""
+    n, n_in, _ = children.shape
+    cols = weight.shape[-1]
+    m = children.reshape(n, n_in, 16 // cols, cols)  # (N, I, r, c)
+    votes = torch.einsum("nirc,ijcd->nijrd", m, weight).reshape(n, n_in, weight.shape[1], 16)
+    return votes if bias is None else votes + bias
 
 
 # ---- parameter counts ---------------------------------------------------------------------
@@ -107,185 +115,102 @@ def test_inverse_temperature_schedule():
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
 def test_em_invariants(iterations):
-    votes, act, beta_v, beta_a = _routing_inputs()
-    pose, a, r, var = em_routing(votes, act, beta_v, beta_a, iterations, return_assignments=True)
-    assert pose.shape == (3, 4, 16) and a.shape == (3, 4) and r.shape == (3, 12, 4)
-    torch.testing.assert_close(r.sum(dim=2), torch.ones(3, 12))
-    assert (r >= 0).all()
+    """Shapes and ranges of the fast routing; assignments summing to 1 over the parents and
+    variances at or above the floor in the reference it is held against."""
+    children, act, weight, beta_v, beta_a = _routing_inputs()
+    pose, a = em_routing(children, act, weight, beta_v, beta_a, iterations)
+    assert pose.shape == (3, 4, 16) and a.shape == (3, 4)
     assert ((a > 0) & (a < 1)).all()
-    assert (var >= EM_MIN_VAR).all()
+    votes = _votes(children, weight)
+    _, ref_a, r, var = em_routing_reference(votes, act, beta_v, beta_a, iterations)
+    torch.testing.assert_close(a, ref_a)
+    torch.testing.assert_close(r.sum(dim=2), torch.ones(3, 12))
+    assert (r >= 0).all() and (var >= EM_MIN_VAR).all()
 
 
-def _finite_everywhere(votes, act, iterations):
-    votes = votes.clone().requires_grad_(True)
-    act = act.clone().requires_grad_(True)
-    beta_v = torch.zeros(votes.shape[2], requires_grad=True)
-    beta_a = torch.zeros(votes.shape[2], requires_grad=True)
-    pose, a = em_routing(votes, act, beta_v, beta_a, iterations)
+def _finite_everywhere(children, act, weight, iterations):
+    inputs = [t.clone().requires_grad_(True) for t in (children, act, weight)]
+    beta_v = torch.zeros(weight.shape[1], requires_grad=True)
+    beta_a = torch.zeros(weight.shape[1], requires_grad=True)
+    pose, a = em_routing(*inputs[:2], inputs[2], beta_v, beta_a, iterations)
     (pose.square().sum() + a.sum()).backward()
-    for t in (pose, a, votes.grad, act.grad, beta_v.grad, beta_a.grad):
+    for t in (pose, a, *(x.grad for x in inputs), beta_v.grad, beta_a.grad):
         assert torch.isfinite(t).all()
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("case", ["zeros", "zero-activations", "saturated", "identical", "huge"])
 def test_em_no_nan_or_inf(iterations, case):
-    votes, act, _, _ = _routing_inputs(batch=2, n_in=18, n_out=5)
+    children, act, weight, _, _ = _routing_inputs(batch=2, n_in=18, n_out=5)
     if case == "zeros":
-        votes, act = torch.zeros_like(votes), torch.zeros_like(act)
+        children, act = torch.zeros_like(children), torch.zeros_like(act)
     elif case == "zero-activations":
         act = torch.zeros_like(act)
     elif case == "saturated":
-        votes, act = 100.0 * votes, torch.ones_like(act)
+        children, act = 100.0 * children, torch.ones_like(act)
     elif case == "identical":
-        votes = votes[:, :1, :1].expand_as(votes).contiguous()
+        children = children[:, :1].expand_as(children).contiguous()
+        weight = weight[:1, :1].expand_as(weight).contiguous()
     elif case == "huge":
-        votes = 1e4 * votes
-    _finite_everywhere(votes, act, iterations)
+        children = 1e4 * children
+    _finite_everywhere(children, act, weight, iterations)
 
 
 def test_identical_votes_hit_the_variance_floor():
-    votes = torch.randn(1, 1, 1, 16).expand(2, 10, 3, 16).contiguous()
-    pose, _, _, var = em_routing(
-        votes, torch.ones(2, 10), torch.zeros(3), torch.zeros(3), 3, return_assignments=True
-    )
-    torch.testing.assert_close(var, torch.full_like(var, EM_MIN_VAR))
-    torch.testing.assert_close(pose, votes[:, 0])
+    children = torch.randn(1, 1, 16).expand(2, 10, 16).contiguous()
+    weight = torch.randn(1, 1, 4, 4).expand(10, 3, 4, 4).contiguous()
+    pose, a = em_routing(children, torch.ones(2, 10), weight, torch.zeros(3), torch.zeros(3), 3)
+    vote = _votes(children, weight)[:, 0]  # (2, 3, 16): every child's vote
+    torch.testing.assert_close(pose, vote)
+    # equal parents share each child (mass 10 / 3); cost = mass * 16 entries * log sqrt(min_var)
+    lam = em_inverse_temperatures(3)[-1]
+    expected = torch.sigmoid(torch.tensor(-lam * 10 / 3 * 16 * 0.5 * math.log(EM_MIN_VAR)))
+    torch.testing.assert_close(a, expected.expand(2, 3))
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
-def test_em_matches_reference(iterations):
-    votes, act, beta_v, beta_a = _routing_inputs(batch=4, n_in=20, n_out=6, dtype=torch.float64)
-    pose, a, r, var = em_routing(votes, act, beta_v, beta_a, iterations, return_assignments=True)
-    ref_pose, ref_a, ref_r, ref_var = em_routing_reference(votes, act, beta_v, beta_a, iterations)
-    torch.testing.assert_close(pose, ref_pose)
-    torch.testing.assert_close(a, ref_a)
-    torch.testing.assert_close(var, ref_var)
-    if iterations > 1:
-        torch.testing.assert_close(r, ref_r)
-
-
-def test_em_routing_ignores_autocast():
-    votes, act, beta_v, beta_a = _routing_inputs()
-    expected = em_routing(votes, act, beta_v, beta_a, 3)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = em_routing(votes, act, beta_v, beta_a, 3)
-    assert got[0].dtype == torch.float32
-    torch.testing.assert_close(got, expected)
-
-
-def test_em_gradients_match_reference():
-    votes, act, beta_v, beta_a = _routing_inputs(batch=2, n_in=9, n_out=3, dtype=torch.float64)
-    inputs = [t.clone().requires_grad_(True) for t in (votes, act, beta_v, beta_a)]
-    ref_inputs = [t.clone().requires_grad_(True) for t in (votes, act, beta_v, beta_a)]
-    pose, a = em_routing(*inputs, iterations=3)
-    ref_pose, ref_a, _, _ = em_routing_reference(*ref_inputs, iterations=3)
-    weight = torch.randn_like(pose, dtype=torch.float64)
-    ((pose * weight).sum() + 3 * a.sum()).backward()
-    ((ref_pose * weight).sum() + 3 * ref_a.sum()).backward()
-    for fast, ref in zip(inputs, ref_inputs):
-        torch.testing.assert_close(fast.grad, ref.grad)
-
-
-def _make_votes(children, weight):
-    # children (n, I, 4), weight (I, J, 4, 16) -> votes (n, J, I, 16), parent-major
-    return torch.einsum("nic,ijcp->njip", children, weight)
-
-
-@pytest.mark.parametrize("iterations", [1, 2, 3, 5])
-@pytest.mark.parametrize("block_elements", [1, 7 * 16 * 5, 1 << 20])
-def test_blocked_em_matches_em_routing(iterations, block_elements):
-    """Blocked routing with per-block recomputation == em_routing on the full votes, values
-    and gradients of every input, whatever the block size (1 group, 7 groups, all)."""
-    g = torch.Generator().manual_seed(iterations)
-    n, n_in, n_out = 10, 7, 5
-    kids = torch.randn(n, n_in, 4, generator=g, dtype=torch.float64)
-    weight = torch.randn(n_in, n_out, 4, 16, generator=g, dtype=torch.float64)
-    act = torch.rand(n, n_in, generator=g, dtype=torch.float64)
-    beta_v = 0.1 * torch.randn(n_out, generator=g, dtype=torch.float64)
-    beta_a = 0.1 * torch.randn(n_out, generator=g, dtype=torch.float64)
-    inputs = [t.clone().requires_grad_(True) for t in (kids, weight, act, beta_v, beta_a)]
-    ref_inputs = [t.clone().requires_grad_(True) for t in (kids, weight, act, beta_v, beta_a)]
-    c, w, a, bv, ba = inputs
-    pose, act_out = em_routing_blocked(
-        _make_votes, c, a, w, bv, ba, iterations, block_elements=block_elements
-    )
-    rc, rw, ra, rbv, rba = ref_inputs
-    votes = _make_votes(rc, rw).transpose(1, 2)  # (n, I, J, 16)
-    ref_pose, ref_act = em_routing(votes, ra, rbv, rba, iterations)
-    torch.testing.assert_close(pose, ref_pose)
-    torch.testing.assert_close(act_out, ref_act)
-    weight_pose = torch.randn(pose.shape, generator=g, dtype=torch.float64)
-    ((pose * weight_pose).sum() + 3 * act_out.sum()).backward()
-    ((ref_pose * weight_pose).sum() + 3 * ref_act.sum()).backward()
-    for fast, ref in zip(inputs, ref_inputs):
-        torch.testing.assert_close(fast.grad, ref.grad)
-
-
-def test_blocked_em_gradcheck():
-    g = torch.Generator().manual_seed(0)
-    kids = torch.randn(3, 4, 4, generator=g, dtype=torch.float64)
-    weight = torch.randn(4, 3, 4, 16, generator=g, dtype=torch.float64)
-    act = torch.rand(3, 4, generator=g, dtype=torch.float64)
-    betas = [0.1 * torch.randn(3, generator=g, dtype=torch.float64) for _ in range(2)]
-    inputs = tuple(t.requires_grad_(True) for t in (kids, act, weight, *betas))
-
-    def fn(c, a, w, bv, ba):
-        return em_routing_blocked(_make_votes, c, a, w, bv, ba, 2, final_lambda=1.0,
-                                  block_elements=64 * 3)  # fmt: skip
-
-    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
-
-
-def test_conv_votes_transform_matches_einsum():
-    from capsnet.em_layers import transform
-
-    g = torch.Generator().manual_seed(0)
-    for rows in (4, 1):  # 4x4 matrices and the 16-vector ablation (16x16 transforms)
-        cols = 16 // rows
-        kids = torch.randn(5, 6, 16, generator=g, dtype=torch.float64, requires_grad=True)
-        weight = torch.randn(6, 3, cols, cols, generator=g, dtype=torch.float64)
-        weight.requires_grad_(True)
-        m = kids.reshape(5, 6, rows, cols)
-        expected = torch.einsum("nirc,ijcd->njird", m, weight).reshape(5, 3, 6, 16)
-        got = transform(kids, weight, rows)  # (N, J, I, 16)
-        torch.testing.assert_close(got, expected)
-        grad = torch.randn(got.shape, generator=g, dtype=torch.float64)
-        torch.testing.assert_close(
-            torch.autograd.grad(got, (kids, weight), grad),
-            torch.autograd.grad(expected, (kids, weight), grad),
-        )
-
-
 @pytest.mark.parametrize("rows", [4, 1])
-@pytest.mark.parametrize("iterations", [1, 3])
-def test_em_routing_from_poses_matches_em_routing(rows, iterations):
-    """The compile-friendly path (votes made inside) == em_routing on einsum votes: values
-    and gradients of every input, for 4x4 matrices and the 16-vector ablation."""
-    g = torch.Generator().manual_seed(rows + iterations)
-    cols = 16 // rows
-    n, n_in, n_out = 4, 9, 5
-    tensors = (
-        torch.randn(n, n_in, 16, generator=g, dtype=torch.float64),
-        torch.randn(n_in, n_out, cols, cols, generator=g, dtype=torch.float64) / cols,
-        torch.rand(n, n_in, generator=g, dtype=torch.float64),
-        0.1 * torch.randn(n_out, generator=g, dtype=torch.float64),
-        0.1 * torch.randn(n_out, generator=g, dtype=torch.float64),
-    )
+@pytest.mark.parametrize(("block", "bias"), [(None, False), (1, True), (3, False), (None, True)])
+def test_em_matches_reference(iterations, rows, block, bias):
+    """em_routing (votes made inside, ``block`` groups per call with the last padded) == the
+    loop reference on einsum votes in fp64: values and the gradients of every input, for
+    4x4 matrices and the 16-vector ablation, with and without a vote bias."""
+    g = torch.Generator().manual_seed(iterations + 10 * rows)
+    tensors = _routing_inputs(batch=4, n_in=9, n_out=5, rows=rows, seed=iterations,
+                              dtype=torch.float64)  # fmt: skip
+    vote_bias = torch.randn(9, 1, 16, generator=g, dtype=torch.float64) if bias else None
     inputs = [t.clone().requires_grad_(True) for t in tensors]
     ref_inputs = [t.clone().requires_grad_(True) for t in tensors]
-    pose, act = em_routing_from_poses(*inputs, iterations=iterations)
-    kids, weight, a, bv, ba = ref_inputs
-    m = kids.reshape(n, n_in, rows, cols)
-    votes = torch.einsum("nirc,ijcd->nijrd", m, weight).reshape(n, n_in, n_out, 16)
-    ref_pose, ref_act = em_routing(votes, a, bv, ba, iterations)
-    torch.testing.assert_close(pose, ref_pose)
-    torch.testing.assert_close(act, ref_act)
+    pose, act = em_routing(*inputs, iterations, vote_bias=vote_bias, block=block)
+    kids, a, weight, bv, ba = ref_inputs
+    ref_pose, ref_act, _, _ = em_routing_reference(
+        _votes(kids, weight, vote_bias), a, bv, ba, iterations
+    )
+    torch.testing.assert_close(pose, ref_pose, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(act, ref_act, rtol=1e-10, atol=1e-12)
     grad_pose = torch.randn(pose.shape, generator=g, dtype=torch.float64)
     ((pose * grad_pose).sum() + 3 * act.sum()).backward()
     ((ref_pose * grad_pose).sum() + 3 * ref_act.sum()).backward()
-    for fast, ref in zip(inputs, ref_inputs):
-        torch.testing.assert_close(fast.grad, ref.grad)
+    for name, fast, ref in zip(("children", "acts", "weight", "beta_v", "beta_a"), inputs,
+                               ref_inputs):  # fmt: skip
+        torch.testing.assert_close(fast.grad, ref.grad, rtol=1e-8, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+def test_em_gradcheck(scoped):
+    """Finite differences against autograd through the eager steps (recomputed per block in
+    the backward pass), per group and with a scope shared across groups, blocks of 2."""
+    children, act, weight, beta_v, beta_a = _routing_inputs(
+        batch=3, n_in=4, n_out=3, dtype=torch.float64
+    )
+    scope = GlobalScope(torch.tensor([[0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]]), 8)
+    inputs = tuple(t.requires_grad_(True) for t in (children, act, weight, beta_v, beta_a))
+
+    def fn(*args):
+        return em_routing(*args, iterations=2, final_lambda=1.0, block=2,
+                          scope=scope if scoped else None)  # fmt: skip
+
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
 
 
 @pytest.mark.slow
@@ -318,35 +243,28 @@ def test_compiled_routing_matches_eager_model(scope):
     assert compiled.caps1.compiled and compiled.caps2.compiled  # no fallback to eager
 
 
-def test_em_gradcheck():
-    votes, act, beta_v, beta_a = _routing_inputs(batch=1, n_in=4, n_out=3, dtype=torch.float64)
-    inputs = tuple(t.requires_grad_(True) for t in (votes, act, beta_v, beta_a))
-
-    def fn(*args):
-        pose, a = em_routing(*args, iterations=2, final_lambda=1.0)
-        return pose, a
-
-    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
-
-
 # ---- layers and models ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("scope", ["global", "window"])
-def test_model_matches_loop_reference(scope):
+@pytest.mark.parametrize("form", ["paper", "first-entries"])
+def test_model_matches_loop_reference(scope, form):
+    """The whole network against the readable reference (loops over positions, its own
+    coordinate offsets) in fp64: scores, poses and every parameter's gradient."""
     torch.manual_seed(0)
-    model = models.build("em-capsnet-small", routing_scope=scope, **TINY)
-    x = torch.rand(3, 1, 24, 24)
+    model = models.build("em-capsnet-small", routing_scope=scope, coordinate_form=form, **TINY)
+    model = model.double()
+    x = torch.rand(3, 1, 24, 24, dtype=torch.float64)
     out = model(x)
     out.scores.sum().backward()
     fast_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     ref = ReferenceEMCapsNet(model)(x)
     ref.scores.sum().backward()
-    torch.testing.assert_close(out.scores, ref.scores, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out.poses, ref.poses, rtol=1e-4, atol=1e-4)
-    for fast, p in zip(fast_grads, model.parameters()):
-        torch.testing.assert_close(fast, p.grad, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(out.scores, ref.scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.poses, ref.poses, rtol=1e-10, atol=1e-12)
+    for (name, p), fast in zip(model.named_parameters(), fast_grads):
+        torch.testing.assert_close(fast, p.grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
 def _conv_layer_inputs(stride, iterations, seed=0, size=(7, 6), scope="global"):
@@ -362,10 +280,10 @@ def _conv_layer_inputs(stride, iterations, seed=0, size=(7, 6), scope="global"):
     return layer, poses, acts
 
 
-def _assert_matches_global_reference(layer, poses, acts, fast) -> None:
-    """``fast`` (the layer's (poses, activations)) equals the loop reference over the
-    convolution geometry in values and in the gradients of every input and parameter."""
-    ref_poses, ref_acts, _ = conv_caps_global_reference(layer, poses, acts)
+def _assert_matches_reference(layer, poses, acts, fast) -> None:
+    """``fast`` (the layer's (poses, activations)) equals the loop reference of the layer's
+    routing scope in values and in the gradients of every input and parameter."""
+    ref_poses, ref_acts = conv_caps_reference(layer, poses, acts)[:2]
     torch.testing.assert_close(fast[0], ref_poses, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(fast[1], ref_acts, rtol=1e-10, atol=1e-12)
     g_pose, g_act = torch.randn_like(ref_poses), torch.randn_like(ref_acts)
@@ -378,14 +296,15 @@ def _assert_matches_global_reference(layer, poses, acts, fast) -> None:
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("scope", ["global", "window"])
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
-def test_global_routing_matches_loop_reference(stride, iterations):
-    """Global-scope ConvMatrixCaps == the loop reference over the convolution geometry, in
-    values and in the gradients of every input and parameter (fp64)."""
-    layer, poses, acts = _conv_layer_inputs(stride, iterations)
+def test_conv_routing_matches_loop_reference(scope, stride, iterations):
+    """ConvMatrixCaps == the loop reference (global: over the convolution geometry; window:
+    window by window), in values and in the gradients of every input and parameter (fp64)."""
+    layer, poses, acts = _conv_layer_inputs(stride, iterations, scope=scope)
     fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
-    _assert_matches_global_reference(layer, poses, acts, fast)
+    _assert_matches_reference(layer, poses, acts, fast)
 
 
 def test_global_and_window_routing_differ_where_windows_overlap():
@@ -399,8 +318,9 @@ def test_global_and_window_routing_differ_where_windows_overlap():
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_global_assignments_total_one_per_child(stride):
-    """Each child's last assignments sum to 1 over all its parents in all windows (and to
-    the number of covering windows under per-window routing); the fast normaliser agrees."""
+    """Each child's last assignments sum to 1 over all its parents in all windows in the
+    reference; the fast normaliser, exp(logits - log_total), does the same for the first
+    (uniform) and for arbitrary logits."""
     layer, poses, acts = _conv_layer_inputs(stride, iterations=3, size=(7, 7))
     _, _, r = conv_caps_global_reference(layer, poses.detach(), acts.detach())
     total = torch.zeros(2, 7, 7, dtype=torch.float64)  # (B, H, W): summed over T and windows
@@ -410,45 +330,62 @@ def test_global_assignments_total_one_per_child(stride):
     torch.testing.assert_close(total, torch.full_like(total, 2.0))  # T = 2 children a cell
     index = child_index(2, 7, 7, 2, kernel=3, stride=stride)  # (N, 18)
     scope = GlobalScope(index, 2 * 7 * 7 * 2)
-    for r0 in (scope.initial(3), scope.softmax(100 * torch.randn(index.shape[0], 3, 18))):
-        child_total = torch.zeros(2 * 7 * 7 * 2, dtype=r0.dtype).index_add(
-            0, index.reshape(-1), r0.sum(dim=1).reshape(-1)
+    logits = 100 * torch.randn(index.shape[0], 18, 3, dtype=torch.float64)  # (N, I, J)
+    peak = logits.amax(dim=2)  # (N, I)
+    sumexp = torch.exp(logits - peak.unsqueeze(2)).sum(dim=2)  # (N, I)
+    first = torch.exp(-scope.log_uniform_total(3, torch.float64)).unsqueeze(2).expand(-1, -1, 3)
+    later = torch.exp(logits - scope.log_total(peak, sumexp).unsqueeze(2))  # (N, I, J)
+    for assign in (first, later):
+        child_total = torch.zeros(2 * 7 * 7 * 2, dtype=torch.float64).index_add(
+            0, index.reshape(-1), assign.sum(dim=2).reshape(-1)
         )  # (children,)
         torch.testing.assert_close(child_total, torch.ones_like(child_total))
 
 
 def test_global_log_total_normalises_each_child_across_windows():
-    """GlobalScope.log_total from per-slot maxima and sums of exponentials: exp(logits -
-    log_total) is the cross-window softmax, and gradients agree with it too."""
+    """GlobalScope.log_total from per-slot maxima and sums of exponentials is each child's
+    log-sum-exp over every parent of every window holding it (computed here with a dense
+    child-by-slot mask), in values and gradients."""
     index = child_index(2, 5, 5, 2, kernel=3, stride=1)  # (N, 18)
-    scope = GlobalScope(index, 2 * 5 * 5 * 2)
+    n_children = 2 * 5 * 5 * 2
+    scope = GlobalScope(index, n_children)
     g = torch.Generator().manual_seed(0)
     logits = 30 * torch.randn(index.shape[0], 18, 4, generator=g, dtype=torch.float64)
-    logits.requires_grad_()  # (N, I, J): slot-major as the compiled routing keeps them
+    logits.requires_grad_()  # (N, I, J)
     peak = logits.detach().amax(dim=2)  # (N, I)
     sumexp = torch.exp(logits - peak.unsqueeze(2)).sum(dim=2)  # (N, I)
-    r = torch.exp(logits - scope.log_total(peak, sumexp).unsqueeze(2))  # (N, I, J)
-    want = scope.softmax(logits.transpose(1, 2)).transpose(1, 2)  # (N, I, J)
-    torch.testing.assert_close(r, want, rtol=1e-12, atol=1e-15)
-    weights = torch.randn(r.shape, generator=g, dtype=torch.float64)
-    got_grad = torch.autograd.grad((r * weights).sum(), logits)[0]
+    got = scope.log_total(peak, sumexp)  # (N, I)
+    mask = index.reshape(1, -1) == torch.arange(n_children).reshape(-1, 1)  # (children, N*I)
+    slot_lse = torch.logsumexp(logits, dim=2).reshape(1, -1)  # (1, N*I)
+    child_lse = torch.logsumexp(slot_lse.masked_fill(~mask, -torch.inf), dim=1)  # (children,)
+    want = child_lse[index]  # (N, I)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    got_grad = torch.autograd.grad((got * weights).sum(), logits)[0]
     want_grad = torch.autograd.grad((want * weights).sum(), logits)[0]
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-12)
-    uniform = torch.exp(-scope.log_uniform_total(4)).unsqueeze(1).expand(-1, 4, -1)
-    torch.testing.assert_close(uniform, scope.initial(4))  # (N, J, I)
+    torch.testing.assert_close(
+        scope.log_uniform_total(4, torch.float64),
+        torch.log(4.0 * mask.sum(dim=1).to(torch.float64))[index],
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stride", "iterations"), [(1, 1), (1, 3), (2, 4)])
-def test_compiled_global_routing_matches_loop_reference(stride, iterations):
-    """The compiled global path (capsnet.em_compiled) == the loop reference over the
-    convolution geometry in values and all gradients, in fp64 (40 windows at stride 1, 12 at
-    stride 2: the last block of 8 padded)."""
-    layer, poses, acts = _conv_layer_inputs(stride, iterations)
+@pytest.mark.parametrize(
+    ("scope", "stride", "iterations"),
+    [("global", 1, 1), ("global", 1, 3), ("global", 2, 4), ("window", 2, 3)],
+)
+def test_compiled_routing_matches_loop_reference(scope, stride, iterations, monkeypatch):
+    """The compiled steps == the loop reference in values and all gradients, in fp64 (40
+    windows at stride 1, 12 at stride 2, in blocks of 8 with the last one padded)."""
+    import capsnet.routing.em as em
+
+    monkeypatch.setattr(em, "CPU_BLOCK_ELEMENTS", 8 * 18 * 3 * 16)  # 8 windows per call
+    layer, poses, acts = _conv_layer_inputs(stride, iterations, scope=scope)
     layer.compiled = True
     fast = layer(poses, acts)  # (B, H', W', J, 16), (B, H', W', J)
     assert layer.compiled  # no fallback to eager
-    _assert_matches_global_reference(layer, poses, acts, fast)
+    _assert_matches_reference(layer, poses, acts, fast)
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
@@ -472,15 +409,12 @@ def test_routing_scope_setting():
 
 @pytest.mark.parametrize("scope", ["window", "global"])
 def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatch, scope):
-    import capsnet.em_compiled as em_compiled
-    import capsnet.em_layers as em_layers
+    import capsnet.routing.em as em
 
-    def no_compiler(*args, **kwargs):
+    def no_compiler(device_type):
         raise OSError("no C++ compiler")
 
-    monkeypatch.setattr(em_layers, "_compiled_routing", no_compiler)
-    monkeypatch.setattr(em_compiled, "_compiled_step", no_compiler)
-    monkeypatch.setattr(em_compiled, "_compiled_last", no_compiler)
+    monkeypatch.setattr(em, "compiled_steps", no_compiler)
     torch.manual_seed(0)
     eager = models.build("em-capsnet-small", routing_scope=scope, **TINY)
     compiled = models.build("em-capsnet-small", routing_scope=scope, **TINY).compile_routing()
@@ -492,41 +426,93 @@ def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatc
     assert not compiled.caps1.compiled and not compiled.caps2.compiled
 
 
-def test_checkpoint_without_routing_scope_loads_as_window(tmp_path):
-    """A checkpoint saved before routing_scope existed was trained per window."""
-    model = models.build("em-capsnet-small", routing_scope="window", **TINY)
+def test_checkpoint_without_new_fields_loads_with_what_it_trained_with(tmp_path):
+    """A config saved before routing_scope and coordinate_form existed was trained per window
+    with the coordinates (pixel centre / image size) on vote entries 0 and 1: it loads so,
+    and its outputs are the reference's with exactly that coordinate addition."""
+    torch.manual_seed(0)
+    model = models.build(
+        "em-capsnet-small", routing_scope="window", coordinate_form="first-entries", **TINY
+    )
     path = tmp_path / "old.pt"
     checkpoint.save(path, model)
     payload = torch.load(path, weights_only=False)
     del payload["model_config"]["routing_scope"]
+    del payload["model_config"]["coordinate_form"]
     torch.save(payload, path)
     loaded, meta = checkpoint.load(path)
     assert loaded.config.routing_scope == "window" == loaded.caps1.routing_scope
-    assert meta["model_config"]["routing_scope"] == "window"
+    assert loaded.config.coordinate_form == "first-entries"
+    assert meta["model_config"]["coordinate_form"] == "first-entries"
+    assert loaded.classes.coordinate_entries == (0, 1)
+    torch.testing.assert_close(
+        loaded.coordinate_offsets(2, 2, 24, 24, torch.device("cpu"))[:, 0, 0],
+        torch.tensor([8.5, 12.5]) / 24,
+    )
+    x = torch.rand(2, 1, 24, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).scores, ReferenceEMCapsNet(loaded)(x).scores)
+        torch.testing.assert_close(loaded(x).scores, model(x).scores)  # as trained
     checkpoint.save(path, models.build("em-capsnet-small", **TINY))
-    assert checkpoint.load(path)[0].caps2.routing_scope == "global"
+    fresh = checkpoint.load(path)[0]
+    assert fresh.caps2.routing_scope == "global" and fresh.classes.coordinate_entries == (3, 7)
 
 
-def test_coordinate_addition_changes_only_the_first_two_vote_entries():
+@pytest.mark.parametrize(("form", "entries"), [("paper", (3, 7)), ("first-entries", (0, 1))])
+def test_coordinate_bias_changes_only_its_two_vote_entries(form, entries):
+    """Paper form: row on entry 3 and column on entry 7 (the first two entries of the
+    right-hand column of the row-major 4x4 vote); older configs: entries 0 and 1."""
+    assert COORDINATE_ENTRIES[form] == entries
+    offsets = torch.rand(4, 3, 2)  # (H, W, 2)
+    bias = coordinate_bias(offsets, 2, entries).reshape(4, 3, 2, 16)  # (H, W, T, 16)
+    for t in range(2):
+        torch.testing.assert_close(bias[:, :, t, entries[0]], offsets[..., 0])
+        torch.testing.assert_close(bias[:, :, t, entries[1]], offsets[..., 1])
+    others = [e for e in range(16) if e not in entries]
+    assert (bias[..., others] == 0).all()
+
+
+@pytest.mark.parametrize("form", ["paper", "first-entries"])
+@pytest.mark.parametrize("coordinate_addition", [True, False])
+def test_class_caps_matches_reference(form, coordinate_addition):
+    """ClassCaps (each image one routing group, the coordinate addition as a vote bias) ==
+    the reference building every vote position by position, values and gradients (fp64)."""
     torch.manual_seed(0)
-    layer = ClassCaps(in_types=3, num_classes=4)
-    poses = torch.randn(2, 4, 4, 3, 16)
-    offsets = coordinate_offsets(4, 4, first=8.0, step=4.0, image_h=32, image_w=32)
-    plain = layer.votes(poses)  # (B, E, HWT, 16)
-    added = layer.votes(poses, offsets)
-    diff = (added - plain).reshape(2, 4, 4, 4, 3, 16)  # (B, E, H, W, T, 16)
-    expected_rows = offsets[..., 0][None, None, :, :, None].expand(2, 4, 4, 4, 3)
-    expected_cols = offsets[..., 1][None, None, :, :, None].expand(2, 4, 4, 4, 3)
-    torch.testing.assert_close(diff[..., 0], expected_rows)
-    torch.testing.assert_close(diff[..., 1], expected_cols)
-    assert (diff[..., 2:] == 0).all()
+    layer = ClassCaps(3, 4, iterations=3, coordinate_addition=coordinate_addition,
+                      coordinate_entries=COORDINATE_ENTRIES[form]).double()  # fmt: skip
+    with torch.no_grad():
+        layer.beta_v.normal_()
+        layer.beta_a.normal_()
+    poses = torch.randn(2, 4, 4, 3, 16, dtype=torch.float64, requires_grad=True)
+    acts = torch.rand(2, 4, 4, 3, dtype=torch.float64, requires_grad=True)
+    offsets = reference_offsets(form, 4, 32).double()  # (4, 4, 2)
+    fast = layer(poses, acts, offsets)
+    ref = class_caps_reference(layer, poses, acts, offsets)
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
+    wrt = (poses, acts, layer.weight, layer.beta_v, layer.beta_a)
+    grads = (torch.randn_like(ref[0]), torch.randn_like(ref[1]))
+    for got, want in zip(
+        torch.autograd.grad(fast, wrt, grads), torch.autograd.grad(ref, wrt, grads)
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
 
 
-def test_coordinate_offsets_are_receptive_field_centres():
-    offsets = coordinate_offsets(4, 4, first=8.0, step=4.0, image_h=32, image_w=32)
-    centres = torch.tensor([8.5, 12.5, 16.5, 20.5]) / 32
-    torch.testing.assert_close(offsets[:, 0, 0], centres)
-    torch.testing.assert_close(offsets[0, :, 1], centres)
+def test_coordinate_offsets_by_form():
+    """Paper: the ClassCaps input cell's (index + 0.5) / grid size; first-entries: its
+    receptive-field centre in input pixels (4 i + 8) + 0.5 over the image size."""
+    paper = models.build("em-capsnet", **SMALLNORB)
+    older = models.build("em-capsnet", coordinate_form="first-entries", **SMALLNORB)
+    cpu = torch.device("cpu")
+    got = paper.coordinate_offsets(4, 4, 32, 32, cpu)
+    torch.testing.assert_close(got[:, 0, 0], torch.tensor([0.125, 0.375, 0.625, 0.875]))
+    torch.testing.assert_close(got[0, :, 1], torch.tensor([0.125, 0.375, 0.625, 0.875]))
+    torch.testing.assert_close(got, reference_offsets("paper", 4, 32))
+    got = older.coordinate_offsets(4, 4, 32, 32, cpu)
+    torch.testing.assert_close(got[:, 0, 0], torch.tensor([8.5, 12.5, 16.5, 20.5]) / 32)
+    torch.testing.assert_close(got, reference_offsets("first-entries", 4, 32))
+    assert models.build("em-capsnet").config.coordinate_form == "paper"
+    with pytest.raises(ConfigError, match="coordinate_form must be one of paper, first-entries"):
+        models.build("em-capsnet", coordinate_form="centre")
 
 
 def test_coordinate_addition_is_a_setting():
@@ -663,13 +649,18 @@ def test_compiled_routing_keeps_an_inductor_cache_per_cpu_capability(monkeypatch
     user chose one."""
     import os
 
-    from capsnet.em_compiled import compile_routing_function
+    from capsnet.routing.em import compile_routing_function
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     compile_routing_function(torch.sigmoid)
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+    # Inductor writes its default into the environment when asked for its cache (an eager
+    # checkpointed step does): that is no user's choice and is separated too.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    compile_routing_function(torch.sigmoid)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
     compile_routing_function(torch.sigmoid)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from capsnet.em_layers import (
+    COORDINATE_ENTRIES,
     POSE_SHAPES,
     ROUTING_SCOPES,
     ClassCaps,
@@ -52,9 +53,16 @@ class EMCapsNetConfig:
     # global: a child's assignments sum to 1 over all parents of all windows it feeds (paper);
     # window: each K x K window routed as its own group (the ablation)
     routing_scope: str = "global"
+    # paper: (index + 0.5) / size of the ClassCaps input grid added to vote entries 3 and 7
+    # (the first two of the right-hand column, SPEC 1.3); first-entries: the receptive-field
+    # centre in input pixels, (pixel + 0.5) / image size, added to entries 0 and 1
+    coordinate_form: str = "paper"
 
     # Saved configs without a field were trained with this value (capsnet.checkpoint.load).
-    missing_field_defaults: ClassVar[dict[str, str]] = {"routing_scope": "window"}
+    missing_field_defaults: ClassVar[dict[str, str]] = {
+        "routing_scope": "window",
+        "coordinate_form": "first-entries",
+    }
 
     def __post_init__(self):
         _check_positive(
@@ -67,6 +75,11 @@ class EMCapsNetConfig:
             raise ValueError(
                 f"routing_scope must be one of {', '.join(ROUTING_SCOPES)}, "
                 f"got {self.routing_scope!r}"
+            )
+        if self.coordinate_form not in COORDINATE_ENTRIES:
+            raise ValueError(
+                f"coordinate_form must be one of {', '.join(COORDINATE_ENTRIES)}, "
+                f"got {self.coordinate_form!r}"
             )
         if self.final_lambda <= 0 or self.min_var <= 0:
             raise ValueError("final_lambda and min_var must be > 0")
@@ -81,10 +94,11 @@ class EMCapsNetConfig:
         return primary, caps1, _out(caps1, 3, 1)
 
 
-# Receptive-field centre of ConvCaps2 cell i in input pixels: conv1 (5x5, stride 2) maps
-# cell i to pixel 2i + 2; ConvCaps1 (3x3, stride 2) maps i to primary 2i + 1; ConvCaps2
-# (3x3, stride 1) maps i to ConvCaps1 i + 1. Hence pixel 2 * (2 * (i + 1) + 1) + 2 = 4i + 8.
-_CENTRE_FIRST, _CENTRE_STEP = 8.0, 4.0
+# Receptive-field centre of ConvCaps2 cell i in input pixels ("first-entries" form): conv1
+# (5x5, stride 2) maps cell i to pixel 2i + 2; ConvCaps1 (3x3, stride 2) maps i to primary
+# 2i + 1; ConvCaps2 (3x3, stride 1) maps i to ConvCaps1 i + 1. Hence pixel
+# 2 * (2 * (i + 1) + 1) + 2 = 4i + 8.
+PIXEL_CENTRE_FIRST, PIXEL_CENTRE_STEP = 8.0, 4.0
 
 
 @register(
@@ -121,17 +135,30 @@ class EMCapsNet(nn.Module):
         self.caps1 = ConvMatrixCaps(config.B, config.C, kernel=3, stride=2, **routing, **scope)
         self.caps2 = ConvMatrixCaps(config.C, config.D, kernel=3, stride=1, **routing, **scope)
         self.classes = ClassCaps(
-            config.D, config.num_classes, coordinate_addition=config.coordinate_addition, **routing
+            config.D,
+            config.num_classes,
+            coordinate_addition=config.coordinate_addition,
+            coordinate_entries=COORDINATE_ENTRIES[config.coordinate_form],
+            **routing,
         )
 
     def compile_routing(self, enabled: bool = True) -> EMCapsNet:
-        """Route the convolutional capsule layers with torch.compile'd EM routing
-        (``capsnet.em_layers.compiled_em_routing``): several times faster per step after a
-        one-off compilation per input shape; falls back to eager, with a warning, where
-        torch.compile cannot build kernels."""
+        """Route the convolutional capsule layers with the EM routing steps compiled by
+        torch.compile (``capsnet.routing.em.compiled_steps``): several times faster per step
+        after a one-off compilation per input shape; falls back to eager, with a warning,
+        where torch.compile cannot build kernels. The class capsules (one small group per
+        image) stay eager: their graphs would push the steps past dynamo's recompile limit."""
         for layer in (self.caps1, self.caps2):
             layer.compiled = enabled
         return self
+
+    def coordinate_offsets(self, h: int, w: int, image_h: int, image_w: int, device):
+        """(h, w, 2) scaled (row, col) of the ClassCaps input grid cells, on ``device``
+        (built once per shape), in the config's ``coordinate_form``."""
+        if self.config.coordinate_form == "paper":
+            return coordinate_offsets(h, w, 0.0, 1.0, h, w, device)  # (index + 0.5) / size
+        first, step = PIXEL_CENTRE_FIRST, PIXEL_CENTRE_STEP
+        return coordinate_offsets(h, w, first, step, image_h, image_w, device)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
         """x (B, C, H, W) in [0, 1] -> class activations (B, E) and poses (B, E, 16)."""
@@ -139,9 +166,9 @@ class EMCapsNet(nn.Module):
         poses, act = self.primary(h)  # (B, 14, 14, B, 16), (B, 14, 14, B)
         poses, act = self.caps1(poses, act)  # (B, 6, 6, C, 16), (B, 6, 6, C)
         poses, act = self.caps2(poses, act)  # (B, 4, 4, D, 16), (B, 4, 4, D)
-        offsets = coordinate_offsets(
-            poses.shape[1], poses.shape[2], _CENTRE_FIRST, _CENTRE_STEP, x.shape[2], x.shape[3]
-        ).to(poses.device)  # (4, 4, 2)
+        offsets = self.coordinate_offsets(
+            poses.shape[1], poses.shape[2], x.shape[2], x.shape[3], poses.device
+        )  # (4, 4, 2)
         class_poses, scores = self.classes(poses, act, offsets)  # (B, E, 16), (B, E)
         return ModelOutput(scores, class_poses, None)
 

@@ -1,82 +1,31 @@
-"""EM routing (Hinton et al. 2018) as pure tensor functions: the plain form, the blocked form
-that never stores every vote, and the form computed from child poses and transforms."""
+"""EM routing (Hinton, Sabour, Frosst 2018) as pure tensor functions.
+
+One implementation, ``em_routing``: EM iterations as steps over blocks of routing groups,
+with the votes V_ij = M_i W_ij (+ a fixed bias, e.g. the coordinate addition) made from the
+child poses (inside the steps when compiled, once per block when eager). It runs on any
+device, eagerly or compiled with torch.compile; ``benchmarks/em_reference.py`` holds the
+readable loop version it is tested against.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
+import os
+
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 EM_FINAL_LAMBDA = 0.01  # official code: final inverse temperature
 EM_MIN_VAR = 0.0005  # official code: variance floor
+EM_EPS = 1e-6  # added to every r_ij a_i in the M-step weights (bounded with no active child)
 _LOG_2PI = 1.8378770664093453  # log(2 pi)
-_CHUNK_ELEMENTS = 1 << 22  # vote entries per block of the fused EM statistics (16 MiB fp32)
-
-
-def _blocks(votes: torch.Tensor):
-    """Slices over dim 0 so that each block holds about _CHUNK_ELEMENTS vote entries."""
-    per_group = max(1, votes[0].numel())
-    step = max(1, _CHUNK_ELEMENTS // per_group)
-    return [slice(s, s + step) for s in range(0, votes.shape[0], step)]
-
-
-class _WeightedMoments(torch.autograd.Function):
-    """mu = sum_i w_i V_i and m2 = sum_i w_i V_i^2 per parent, for V (N, J, I, P), w (N, J, I).
-
-    Blocked over N so that V^2 is never stored: the only saved tensor is V itself, and the
-    backward writes the vote gradient in one pass.
-    """
-
-    @staticmethod
-    def forward(ctx, v, w):
-        mu = torch.matmul(w.unsqueeze(2), v).squeeze(2)  # (N, J, P)
-        m2 = torch.empty_like(mu)  # (N, J, P)
-        for b in _blocks(v):
-            m2[b] = torch.matmul(w[b].unsqueeze(2), v[b] * v[b]).squeeze(2)  # (n, J, P)
-        ctx.save_for_backward(v, w)
-        return mu, m2
-
-    @staticmethod
-    def backward(ctx, g_mu, g_m2):
-        v, w = ctx.saved_tensors
-        dv = torch.empty_like(v) if ctx.needs_input_grad[0] else None  # (N, J, I, P)
-        dw = torch.empty_like(w) if ctx.needs_input_grad[1] else None  # (N, J, I)
-        for b in _blocks(v):
-            vb, gm, g2 = v[b], g_mu[b].unsqueeze(2), g_m2[b].unsqueeze(2)  # (n,J,I,P), (n,J,1,P)
-            u = torch.addcmul(gm, vb, g2)  # (n, J, I, P) = g_mu + V g_m2
-            if dw is not None:
-                dw[b] = (u * vb).sum(dim=3)  # (n, J, I) = sum_h V g_mu + V^2 g_m2
-            if dv is not None:
-                dv[b] = u.addcmul_(vb, g2).mul_(w[b].unsqueeze(3))  # (n, J, I, P)
-        return dv, dw
-
-
-class _Mahalanobis(torch.autograd.Function):
-    """q_i = sum_h V_ih^2 inv_h - 2 V_ih b_h, i.e. sum_h (V_ih - mu_h)^2 / var_h up to a
-    per-parent constant, for V (N, J, I, P), inv = 1 / var and b = mu / var (N, J, P).
-    Blocked over N; saves only V."""
-
-    @staticmethod
-    def forward(ctx, v, inv, b):
-        q = v.new_empty(v.shape[:3])  # (N, J, I)
-        for s in _blocks(v):
-            t = torch.addcmul(-2.0 * b[s].unsqueeze(2), v[s], inv[s].unsqueeze(2))  # (n,J,I,P)
-            q[s] = (t * v[s]).sum(dim=3)  # (n, J, I)
-        ctx.save_for_backward(v, inv, b)
-        return q
-
-    @staticmethod
-    def backward(ctx, g_q):
-        v, inv, b = ctx.saved_tensors
-        dv = torch.empty_like(v) if ctx.needs_input_grad[0] else None  # (N, J, I, P)
-        d_inv = torch.empty_like(inv)  # (N, J, P)
-        d_b = torch.empty_like(b)  # (N, J, P)
-        for s in _blocks(v):
-            vs, gq = v[s], g_q[s].unsqueeze(2)  # (n, J, I, P), (n, J, 1, I)
-            d_b[s] = -2.0 * torch.matmul(gq, vs).squeeze(2)  # (n, J, P)
-            d_inv[s] = torch.matmul(gq, vs * vs).squeeze(2)  # (n, J, P)
-            if dv is not None:
-                t = torch.addcmul(-b[s].unsqueeze(2), vs, inv[s].unsqueeze(2))  # (n,J,I,P)
-                dv[s] = t.mul_(2.0 * g_q[s].unsqueeze(3))  # (n, J, I, P)
-        return dv, d_inv, d_b
+# Vote entries per routing call on a CPU: 8 windows of em-capsnet's convolutional capsule
+# layers (the best of 2..16 windows per compiled call on one core: cache-resident blocks).
+# On other devices every group is routed in one call.
+CPU_BLOCK_ELEMENTS = 8 * 288 * 32 * 16
 
 
 def em_inverse_temperatures(iterations: int, final_lambda: float = EM_FINAL_LAMBDA) -> list[float]:
@@ -84,107 +33,231 @@ def em_inverse_temperatures(iterations: int, final_lambda: float = EM_FINAL_LAMB
     return [final_lambda * (1.0 - 0.95 ** (i + 1)) for i in range(iterations)]
 
 
+def device_cache(function):
+    """``functools.lru_cache`` for tensor factories keyed by (device, shape, ...): the
+    tensors are built on their device once and are never inference tensors (a first call
+    inside ``torch.inference_mode`` must not poison later training steps)."""
+
+    @functools.lru_cache(maxsize=64)
+    def cached(*args):
+        with torch.inference_mode(False):
+            return function(*args)
+
+    return functools.wraps(function)(cached)
+
+
+@device_cache
+def _inverse_temperature_tensor(
+    iterations: int, final_lambda: float, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """(iterations,) inverse temperatures on ``device``: 0-d slices feed the compiled steps
+    (one graph for every iteration) without a host-to-device copy per call."""
+    return torch.tensor(em_inverse_temperatures(iterations, final_lambda), dtype=dtype).to(device)
+
+
+def expand_poses(children: torch.Tensor, cols: int) -> torch.Tensor:
+    """children (N, I, 16) as rows x cols matrices -> (N, I, c, 16), [n, i, k, (r, d)] =
+    m[n, i, r, k] (for 16-vectors (N, I, 16, 1)): a vote is then sum_k of entry-wise
+    products with ``expand_weight``."""
+    n, n_in, pose_dim = children.shape
+    m = children.reshape(n, n_in, pose_dim // cols, cols).transpose(2, 3)  # (N, I, c, r)
+    if pose_dim == cols:  # 16-vectors: (N, I, 16, 1) broadcasts over the vote entries
+        return m
+    return m.unsqueeze(4).expand(-1, -1, -1, -1, cols).reshape(n, n_in, cols, pose_dim)
+
+
+def expand_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """weight (I, J, c, c) -> (I, J, c, 16), [i, j, k, (r, d)] = W[i, j, k, d]."""
+    n_in, n_out, cols, _ = weight.shape
+    we = weight.unsqueeze(3).expand(-1, -1, -1, rows, -1)  # (I, J, c, r, c)
+    return we.reshape(n_in, n_out, cols, rows * cols)  # (I, J, c, 16)
+
+
+def m_step(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = EM_EPS):
+    """The M-step over child-major votes (n, I, J, P) with activation-weighted assignments
+    r_a (n, I, J) -> mu (n, 1, J, P), squared deviations (n, I, J, P), var (n, 1, J, P),
+    log sigma (n, 1, J, P), activation logits (n, 1, J). The variance is the weighted mean
+    of the squared deviations (two passes, no E[V^2] - mu^2 cancellation)."""
+    n_in, n_out = votes.shape[1], votes.shape[2]
+    mass = r_a.sum(dim=1, keepdim=True)  # (n, 1, J) = sum_i r_ij a_i
+    weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (n, I, J, 1): sum_i 1
+    mu = (weights * votes).sum(dim=1, keepdim=True)  # (n, 1, J, P)
+    sq_diff = (votes - mu) ** 2  # (n, I, J, P)
+    var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (n, 1, J, P)
+    log_sigma = 0.5 * torch.log(var)  # (n, 1, J, P)
+    cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (n,1,J)
+    logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (n, 1, J)
+    return mu, sq_diff, var, log_sigma, logit_a
+
+
+def make_votes(children, weight, bias=None):
+    """Votes of a block of groups: children (n, I, c, 16) from ``expand_poses``, weight
+    (I, J, c, 16) from ``expand_weight``, bias (I, J or 1, 16) or None -> (n, I, J, 16).
+    Entry-wise products 16 wide, unrolled over c: the contraction is only c = 4 long, and
+    torch.compile fuses them into the EM sums."""
+    votes = children[:, :, None, 0] * weight[:, :, 0]  # (n, I, J, P): pose @ W, k = 0
+    for k in range(1, children.shape[2]):
+        votes = votes + children[:, :, None, k] * weight[:, :, k]  # (n, I, J, P)
+    if bias is not None:
+        votes = votes + bias  # (n, I, J, P)
+    return votes
+
+
+def _fit(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """Assignments from the previous E-step, then the M-step -> the outputs of ``m_step``."""
+    r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J): the E-step's assignments
+    return m_step(r * activations.unsqueeze(2), votes, beta_v, beta_a, lam, min_var)
+
+
+def step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """One EM iteration but the last, on a block of n groups with votes (n, I, J, 16).
+
+    activations (n, I); the assignments are ``exp(logits - log_total)`` for the previous
+    E-step's logits (n, I, J) (zeros at first) and log_total (n, I), the log of the child's
+    sum of exp(logits) over all its parents; lam a 0-d tensor. -> the E-step logits
+    (n, I, J), log a_j + log N(V_ij; mu_j, var_j), with their maximum over the parents
+    (n, I) (no gradient) and the sum of exp(logits - maximum) (n, I).
+    """
+    _, sq_diff, var, log_sigma, logit_a = _fit(
+        votes, activations, logits, log_total, beta_v, beta_a, lam, min_var
+    )
+    half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (n, I, J): sum_h (V - mu)^2 / 2 var
+    log_norm = log_sigma.sum(dim=3) + 0.5 * votes.shape[3] * _LOG_2PI  # (n, 1, J)
+    out = F.logsigmoid(logit_a) - half_quad - log_norm  # (n, I, J)
+    peak = out.detach().amax(dim=2)  # (n, I): a shift, no gradient
+    return out, peak, torch.exp(out - peak.unsqueeze(2)).sum(dim=2)  # (n,I,J), (n,I), (n,I)
+
+
+def last_step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+    """The last EM iteration (the arguments of ``step_from_votes``) -> pose (n, J, 16),
+    activation (n, J)."""
+    mu, _, _, _, logit_a = _fit(votes, activations, logits, log_total, beta_v, beta_a, lam,
+                                min_var)  # fmt: skip
+    return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
+
+
+def em_step(children, weight, bias, *args):
+    """``step_from_votes`` with the votes made inside from ``make_votes``'s arguments: the
+    form torch.compile fuses, so the votes are never stored."""
+    return step_from_votes(make_votes(children, weight, bias), *args)
+
+
+def em_last_step(children, weight, bias, *args):
+    """``last_step_from_votes`` with the votes made inside (as ``em_step``)."""
+    return last_step_from_votes(make_votes(children, weight, bias), *args)
+
+
+def compile_routing_function(function, dynamic: bool | None = False):
+    """``torch.compile(function, dynamic=dynamic)`` with Inductor's on-disk cache kept apart
+    per ``ATEN_CPU_CAPABILITY``: the cache does not key its CPU kernels on that setting, so a
+    process run with another one would load kernels built for the other instruction set
+    (wrong results, NaN, or a crash). A ``TORCHINDUCTOR_CACHE_DIR`` the user chose is kept;
+    the default one, which Inductor writes into the environment when anything asks for its
+    cache (an eager checkpointed step does), is replaced."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        default = default_cache_dir()
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default, os.path.abspath(default)):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{capability}"
+    return torch.compile(function, dynamic=dynamic)
+
+
+_COMPILED: dict[str, tuple] = {}  # device type -> (em_step, em_last_step) compiled
+
+
+def compiled_steps(device_type: str) -> tuple:
+    """``em_step`` and ``em_last_step`` compiled once per device type: two functions, so
+    that each keeps its few graphs (per layer shape and grad mode) within dynamo's recompile
+    limit. CPU blocks are padded to one shape (static kernels); on other devices a call
+    holds every group, whose count follows the batch (automatic dynamic shapes)."""
+    if device_type not in _COMPILED:
+        dynamic = False if device_type == "cpu" else None
+        _COMPILED[device_type] = (
+            compile_routing_function(em_step, dynamic),
+            compile_routing_function(em_last_step, dynamic),
+        )
+    return _COMPILED[device_type]
+
+
+def _eager_steps() -> tuple:
+    """The steps run eagerly on each block's votes; with autograd on, each call is
+    recomputed in the backward pass (activation checkpointing), so only its inputs are kept
+    (the votes, made once per block), never its vote-sized temporaries."""
+    if not torch.is_grad_enabled():
+        return step_from_votes, last_step_from_votes
+    options = {"use_reentrant": False, "preserve_rng_state": False}
+    return (
+        functools.partial(checkpoint, step_from_votes, **options),
+        functools.partial(checkpoint, last_step_from_votes, **options),
+    )
+
+
+def default_block(device: torch.device, group_elements: int) -> int | None:
+    """Groups per routing call: about ``CPU_BLOCK_ELEMENTS`` vote entries on a CPU, every
+    group (None) elsewhere."""
+    if device.type == "cpu":
+        return max(1, CPU_BLOCK_ELEMENTS // max(1, group_elements))
+    return None
+
+
+class GlobalScope:
+    """Assignment normalisation of children shared by overlapping groups (SPEC 1.3: a child
+    feeding several K x K windows): a child's assignments sum to 1 over every (group,
+    parent) it votes for. ``index`` (N, I) names the child in slot i of group n."""
+
+    def __init__(self, index: torch.Tensor, n_children: int):
+        self.index = index  # (N, I)
+        self.flat = index.reshape(-1)  # (N*I,)
+        self.n_children = n_children
+        self._uniform: dict[tuple, torch.Tensor] = {}
+
+    def _per_child_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """values (N, I) -> sums over each child's slots, read back at every slot (N, I)."""
+        total = values.new_zeros(self.n_children).index_add(0, self.flat, values.reshape(-1))
+        return total[self.index]  # (N, I)
+
+    def log_uniform_total(self, n_out: int, dtype: torch.dtype) -> torch.Tensor:
+        """(N, I) log(groups holding the child * n_out): with logits 0, exp(logits - this)
+        is uniform over all the child's parents (the first E-step's assignments)."""
+        if (n_out, dtype) not in self._uniform:
+            with torch.inference_mode(False):
+                ones = torch.ones(self.index.shape, dtype=dtype, device=self.index.device)
+                self._uniform[n_out, dtype] = torch.log(self._per_child_sum(ones) * n_out)
+        return self._uniform[n_out, dtype]
+
+    def log_total(self, peak: torch.Tensor, sumexp: torch.Tensor) -> torch.Tensor:
+        """Log of each child's sum of exp(logits) over all its parents, read back per slot
+        (N, I), from per slot maxima ``peak`` (N, I) (no gradient) and sums of
+        exp(logits - peak) ``sumexp`` (N, I) over the slot's parents."""
+        child_peak = peak.new_full((self.n_children,), -torch.inf)  # (children,)
+        child_peak = child_peak.scatter_reduce(0, self.flat, peak.reshape(-1), "amax")
+        shift = child_peak[self.index]  # (N, I): the child's maximum logit
+        return shift + torch.log(self._per_child_sum(sumexp * torch.exp(peak - shift)))
+
+
+def child_index(
+    batch: int, h: int, w: int, types: int, kernel: int, stride: int, device=None
+) -> torch.Tensor:
+    """Child of every window slot, (B*H'*W', K*K*T), windows row-major over (B, H', W'),
+    slots over (kernel row, kernel col, type); children numbered row-major over (B, H, W, T)."""
+    idx = torch.arange(batch * h * w * types, device=device).reshape(batch, h, w, types)
+    idx = idx.unfold(1, kernel, stride).unfold(2, kernel, stride)  # (B, H', W', T, K, K)
+    return idx.permute(0, 1, 2, 4, 5, 3).reshape(-1, kernel * kernel * types)  # (N, KKT)
+
+
+@device_cache
+def conv_scope(
+    batch: int, h: int, w: int, types: int, kernel: int, stride: int, device: torch.device
+) -> GlobalScope:
+    """The GlobalScope of a K x K convolutional capsule layer over a (B, H, W, T) grid of
+    children, built on ``device`` once per shape."""
+    index = child_index(batch, h, w, types, kernel, stride, device)  # (N, KKT)
+    return GlobalScope(index, batch * h * w * types)
+
+
 def em_routing(
-    votes: torch.Tensor,
-    activations: torch.Tensor,
-    beta_v: torch.Tensor,
-    beta_a: torch.Tensor,
-    iterations: int = 3,
-    final_lambda: float = EM_FINAL_LAMBDA,
-    min_var: float = EM_MIN_VAR,
-    eps: float = 1e-6,
-    return_assignments: bool = False,
-    scope=None,
-):
-    """EM routing (Hinton, Sabour, Frosst 2018) over groups of children.
-
-    Args:
-        votes: (N, n_in, n_out, P) vote of each child for each parent (P = 16 pose entries).
-            Fastest when ``votes.transpose(1, 2)`` is contiguous, i.e. the caller allocated
-            the votes as (N, n_out, n_in, P).
-        activations: (N, n_in) child activations in [0, 1].
-        beta_v, beta_a: learned per parent type, broadcastable to (n_out,).
-        iterations: EM iterations >= 1; final_lambda: last inverse temperature scale;
-        min_var: variance floor added to every per-parent variance; eps: added to every
-            r_ij a_i in the mean and variance weights, so that they stay normalised (and the
-            gradients bounded) when all children are inactive.
-        return_assignments: also return the assignments R of the last E-step and the variances.
-        scope: None (each group normalises its children's assignments over its own parents)
-            or an object whose ``initial(n_out)`` gives the first assignments (N, n_out, n_in)
-            and ``softmax(logits (N, n_out, n_in))`` normalises them across groups (a child
-            shared by overlapping windows: em_layers.GlobalScope).
-
-    Returns:
-        pose (N, n_out, P) Gaussian means, activation (N, n_out) in (0, 1), and with
-        ``return_assignments`` R (N, n_in, n_out) (sums to 1 over n_out; uniform when
-        ``iterations == 1``) and the variances (N, n_out, P) (each >= min_var).
-
-    Memory: the votes are the only vote-sized tensor kept for the backward pass; the sums
-    over children (weighted moments, Mahalanobis distances) are fused blocked operations.
-    Likelihoods and log-activations stay in log space (logsigmoid, softmax of logits). The
-    votes are first centred on their mean over children (the result is invariant to the
-    shift), so E[V^2] - mu^2 and the expanded quadratic form keep their precision.
-    """
-    if iterations < 1:
-        raise ValueError(f"routing iterations must be >= 1, got {iterations}")
-    with torch.autocast(votes.device.type, enabled=False):  # routing always in fp32 or fp64
-        return _em_routing(
-            votes, activations, beta_v, beta_a, iterations, final_lambda, min_var, eps,
-            return_assignments, scope,
-        )  # fmt: skip
-
-
-def _em_routing(
-    votes, activations, beta_v, beta_a, iterations, final_lambda, min_var, eps, return_assignments,
-    scope,
-):  # fmt: skip
-    dtype = torch.promote_types(votes.dtype, torch.float32)  # fp32 (or fp64) under autocast
-    votes = votes.to(dtype)
-    n, n_in, n_out, pose_dim = votes.shape
-    v = votes.transpose(1, 2)  # (N, n_out, n_in, P) view
-    centre = v.detach().mean(dim=2, keepdim=True)  # (N, n_out, 1, P): a shift, no gradient
-    v = v - centre  # (N, n_out, n_in, P) contiguous
-    a_in = activations.to(dtype).reshape(n, 1, n_in)  # (N, 1, n_in)
-    beta_v = beta_v.to(dtype).reshape(-1, 1)  # (n_out or 1, 1)
-    beta_a = beta_a.to(dtype).reshape(-1)  # (n_out or 1,)
-    if scope is None:
-        r = v.new_full((n, n_out, n_in), 1.0 / n_out)  # (N, n_out, n_in): uniform assignments
-    else:
-        r = scope.initial(n_out).to(dtype)  # (N, n_out, n_in): uniform over a child's parents
-    for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
-        # M-step: per-parent Gaussian (mean, variance per pose entry) and activation
-        r_a = r * a_in  # (N, n_out, n_in)
-        mass = r_a.sum(dim=2, keepdim=True)  # (N, n_out, 1) = sum_i r_ij a_i
-        weights = (r_a + eps) / (mass + n_in * eps)  # (N, n_out, n_in): sums to exactly 1
-        mu, mean_sq = _WeightedMoments.apply(v, weights)  # (N, n_out, P) each
-        var = (mean_sq - mu * mu).clamp_min(0.0) + min_var  # (N, n_out, P) >= min_var
-        log_sigma = 0.5 * torch.log(var)  # (N, n_out, P)
-        cost = ((beta_v + log_sigma) * mass).sum(dim=2)  # (N, n_out)
-        logit_a = lam * (beta_a - cost)  # (N, n_out)
-        if it == iterations - 1:
-            break
-        # E-step: log N(V_ij; mu_j, var_j) + log a_j, normalised over the parents j
-        inv_var = 1.0 / var  # (N, n_out, P)
-        quad = _Mahalanobis.apply(v, inv_var, mu * inv_var)  # (N, n_out, n_in)
-        quad = quad + (mu * mu * inv_var).sum(dim=2, keepdim=True)  # sum_h (V - mu)^2 / var
-        log_norm = log_sigma.sum(dim=2, keepdim=True) + 0.5 * pose_dim * _LOG_2PI  # (N, n_out, 1)
-        logits = torch.nn.functional.logsigmoid(logit_a).unsqueeze(2) - 0.5 * quad - log_norm
-        if scope is None:
-            r = torch.softmax(logits, dim=1)  # (N, n_out, n_in): sums to 1 over parents
-        else:
-            r = scope.softmax(logits)  # (N, n_out, n_in): sums to 1 over all a child's parents
-    pose = mu + centre.squeeze(2)  # (N, n_out, P)
-    activation = torch.sigmoid(logit_a)  # (N, n_out)
-    if return_assignments:
-        return pose, activation, r.transpose(1, 2), var
-    return pose, activation
-
-
-_GROUP_BLOCK_ELEMENTS = 1 << 20  # vote entries per block in em_routing_blocked (4 MiB fp32)
-
-
-def em_routing_blocked(
-    make_votes,
     children: torch.Tensor,
     activations: torch.Tensor,
     weight: torch.Tensor,
@@ -193,258 +266,98 @@ def em_routing_blocked(
     iterations: int = 3,
     final_lambda: float = EM_FINAL_LAMBDA,
     min_var: float = EM_MIN_VAR,
-    eps: float = 1e-6,
-    block_elements: int | None = None,
-):
-    """``em_routing(make_votes(children, weight).transpose(1, 2), activations, ...)``
-    computed block by block over the N independent routing groups, with the same math, and
-    without ever holding the votes of all groups.
-
-    Args:
-        make_votes: ``(children[s], weight) -> votes (n, n_out, n_in, P)`` (parent-major,
-            contiguous) for a block s of groups; differentiable in both arguments.
-        children: (N, ...) per-group inputs of make_votes (e.g. (N, n_in, 16) child poses).
-        activations: (N, n_in); weight: shared by all groups (e.g. the transformation
-            matrices); beta_v, beta_a, iterations, final_lambda, min_var, eps: as em_routing.
-        block_elements: vote entries per block (default ``_GROUP_BLOCK_ELEMENTS``).
-
-    Returns:
-        pose (N, n_out, P), activation (N, n_out), as em_routing.
-
-    Memory and speed: the votes of one block (a few MiB, cache-resident) are made, routed
-    and dropped. The backward pass recomputes each block's votes, runs autograd only over
-    the small per-(parent, child) tensors, and assembles the vote gradient in one batched
-    matmul from rank-1 factors (see ``_VoteStats``). Nothing vote-sized is allocated for the
-    whole batch, so the cost is cache bandwidth instead of page faults on fresh
-    multi-100-MB temporaries, and memory stays far below the votes' size.
-    """
-    if iterations < 1:
-        raise ValueError(f"routing iterations must be >= 1, got {iterations}")
-    settings = (iterations, final_lambda, min_var, eps, block_elements or _GROUP_BLOCK_ELEMENTS)
-    return _BlockedEM.apply(make_votes, settings, children, activations, weight, beta_v, beta_a)
-
-
-class _VoteStats:
-    """The centred votes of a block and their squares side by side, vv (n, J, I, 2P) =
-    [v, v * v], and its transpose vv_t (n, J, 2P, I). Every use of the votes in EM routing
-    is a matmul with vv: the M-step moments w @ vv and the E-step quadratic form
-    vv @ [-2 mu / var, 1 / var]. Their vote gradients are rank-1 (outer products of a
-    (n, J, I) and a (n, J, 2P) factor); the backward passes of _Moments and _Quadratic only
-    record those factors, and ``vote_grad`` sums them all in one batched matmul."""
-
-    def __init__(self, votes: torch.Tensor):
-        pose_dim = votes.shape[-1]
-        self.centre = votes.mean(dim=2, keepdim=True)  # (n, J, 1, P): a shift, no gradient
-        self.vv = votes.new_empty(*votes.shape[:-1], 2 * pose_dim)  # (n, J, I, 2P)
-        v = torch.sub(votes, self.centre, out=self.vv[..., :pose_dim])  # (n, J, I, P)
-        torch.mul(v, v, out=self.vv[..., pose_dim:])  # (n, J, I, P)
-        # vv @ x as x^T @ vv^T: a batched matrix-vector product is several times faster on
-        # CPU with the long (children) axis contiguous.
-        self.vv_t = self.vv.transpose(2, 3).contiguous()  # (n, J, 2P, I)
-        self.left: list[torch.Tensor] = []  # (n, J, I) factors
-        self.right: list[torch.Tensor] = []  # (n, J, 2P) factors
-
-    def vote_grad(self) -> torch.Tensor:
-        """d loss / d votes (n, J, I, P) from the recorded factors."""
-        pose_dim = self.vv.shape[-1] // 2
-        left = torch.stack(self.left, dim=3)  # (n, J, I, K)
-        right = torch.stack(self.right, dim=2)  # (n, J, K, 2P)
-        dvv = torch.matmul(left, right)  # (n, J, I, 2P): d/d[v, v*v]
-        v = self.vv[..., :pose_dim]  # (n, J, I, P)
-        return torch.addcmul(dvv[..., :pose_dim], v, dvv[..., pose_dim:], value=2.0)
-
-
-class _Moments(torch.autograd.Function):
-    """[mu, E[v^2]] (n, J, 2P) = w (n, J, I) @ vv; vv is a constant of the small graph."""
-
-    @staticmethod
-    def forward(ctx, w, stats):
-        ctx.stats = stats
-        ctx.save_for_backward(w)
-        return torch.matmul(w.unsqueeze(2), stats.vv).squeeze(2)  # (n, J, 2P)
-
-    @staticmethod
-    def backward(ctx, g):
-        (w,) = ctx.saved_tensors
-        # detached: w's graph leads back to nodes whose ctx holds these stats (a cycle
-        # through C++ autograd nodes that the garbage collector cannot break).
-        ctx.stats.left.append(w.detach())
-        ctx.stats.right.append(g.detach())
-        return torch.matmul(g.unsqueeze(2), ctx.stats.vv_t).squeeze(2), None  # (n, J, I)
-
-
-class _Quadratic(torch.autograd.Function):
-    """q (n, J, I) = vv @ coef for coef (n, J, 2P); vv is a constant of the small graph."""
-
-    @staticmethod
-    def forward(ctx, coef, stats):
-        ctx.stats = stats
-        ctx.save_for_backward(coef)
-        return torch.matmul(coef.unsqueeze(2), stats.vv_t).squeeze(2)  # (n, J, I)
-
-    @staticmethod
-    def backward(ctx, g):
-        (coef,) = ctx.saved_tensors
-        ctx.stats.left.append(g.detach())
-        ctx.stats.right.append(coef.detach())
-        return torch.matmul(g.unsqueeze(2), ctx.stats.vv).squeeze(2), None  # (n, J, 2P)
-
-
-def _em_block(stats, a_in, beta_v, beta_a, iterations, final_lambda, min_var, eps):
-    """The EM iterations of _em_routing on centred votes given as _VoteStats."""
-    n, n_out, n_in, two_p = stats.vv.shape
-    pose_dim = two_p // 2
-    a_in = a_in.reshape(n, 1, n_in)  # (n, 1, I)
-    beta_v = beta_v.reshape(-1, 1)  # (J or 1, 1)
-    beta_a = beta_a.reshape(-1)  # (J or 1,)
-    r = stats.vv.new_full((n, n_out, n_in), 1.0 / n_out)  # (n, J, I): uniform assignments
-    for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
-        r_a = r * a_in  # (n, J, I)
-        mass = r_a.sum(dim=2, keepdim=True)  # (n, J, 1)
-        weights = (r_a + eps) / (mass + n_in * eps)  # (n, J, I): sums to exactly 1
-        moments = _Moments.apply(weights, stats)  # (n, J, 2P)
-        mu, mean_sq = moments[..., :pose_dim], moments[..., pose_dim:]  # (n, J, P) each
-        var = (mean_sq - mu * mu).clamp_min(0.0) + min_var  # (n, J, P) >= min_var
-        log_sigma = 0.5 * torch.log(var)  # (n, J, P)
-        cost = ((beta_v + log_sigma) * mass).sum(dim=2)  # (n, J)
-        logit_a = lam * (beta_a - cost)  # (n, J)
-        if it == iterations - 1:
-            break
-        inv_var = 1.0 / var  # (n, J, P)
-        coef = torch.cat([-2.0 * mu * inv_var, inv_var], dim=2)  # (n, J, 2P)
-        quad = _Quadratic.apply(coef, stats)  # (n, J, I)
-        quad = quad + (mu * mu * inv_var).sum(dim=2, keepdim=True)  # sum_h (v - mu)^2 / var
-        log_norm = log_sigma.sum(dim=2, keepdim=True) + 0.5 * pose_dim * _LOG_2PI  # (n, J, 1)
-        logits = torch.nn.functional.logsigmoid(logit_a).unsqueeze(2) - 0.5 * quad - log_norm
-        r = torch.softmax(logits, dim=1)  # (n, J, I): sums to 1 over parents
-    pose = mu + stats.centre.squeeze(2)  # (n, J, P)
-    return pose, torch.sigmoid(logit_a)  # (n, J, P), (n, J)
-
-
-def _group_blocks(make_votes, children, weight, block_elements):
-    per_group = make_votes(children[:1], weight).numel()  # vote entries of one group
-    step = max(1, block_elements // max(1, per_group))
-    return [slice(s, s + step) for s in range(0, children.shape[0], step)]
-
-
-class _BlockedEM(torch.autograd.Function):
-    """Blocked EM routing with per-block recomputation in the backward pass."""
-
-    @staticmethod
-    def forward(ctx, make_votes, settings, children, activations, weight, beta_v, beta_a):
-        iterations, final_lambda, min_var, eps, block_elements = settings
-        routing = (iterations, final_lambda, min_var, eps)
-        dtype = torch.promote_types(children.dtype, torch.float32)
-        with torch.autocast(children.device.type, enabled=False):
-            c, w, a = children.to(dtype), weight.to(dtype), activations.to(dtype)
-            b_v, b_a = beta_v.to(dtype), beta_a.to(dtype)
-            outs = [
-                _em_block(_VoteStats(make_votes(c[s], w)), a[s], b_v, b_a, *routing)
-                for s in _group_blocks(make_votes, c, w, block_elements)
-            ]  # [(n, n_out, P), (n, n_out)] per block
-        ctx.make_votes, ctx.settings = make_votes, settings
-        ctx.save_for_backward(children, activations, weight, beta_v, beta_a)
-        pose = torch.cat([o[0] for o in outs])  # (N, n_out, P)
-        act = torch.cat([o[1] for o in outs])  # (N, n_out)
-        return pose, act
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g_pose, g_act):
-        iterations, final_lambda, min_var, eps, block_elements = ctx.settings
-        routing = (iterations, final_lambda, min_var, eps)
-        saved = ctx.saved_tensors
-        children = saved[0]
-        needs = ctx.needs_input_grad[2:]
-        dtype = torch.promote_types(children.dtype, torch.float32)
-        grads = [torch.zeros(t.shape, dtype=dtype) if n else None for t, n in zip(saved, needs)]
-        with torch.enable_grad(), torch.autocast(children.device.type, enabled=False):
-            kids, acts, w, b_v, b_a = [t.detach().to(dtype) for t in saved]
-            w.requires_grad_(needs[2])
-            small = [b_v.requires_grad_(), b_a.requires_grad_()]  # always: they carry the graph
-            for s in _group_blocks(ctx.make_votes, kids, w.detach(), block_elements):
-                c = kids[s].detach().requires_grad_(needs[0])  # (n, ...)
-                a = acts[s].detach().requires_grad_()  # (n, n_in)
-                votes = ctx.make_votes(c, w)  # (n, J, I, P)
-                stats = _VoteStats(votes.detach())
-                pose, act = _em_block(stats, a, b_v, b_a, *routing)  # (n, J, P), (n, J)
-                outs, g_outs = (pose, act), (g_pose[s], g_act[s])
-                d_a, d_bv, d_ba = torch.autograd.grad(outs, [a, *small], g_outs)
-                if needs[1]:
-                    grads[1][s] = d_a  # (n, n_in)
-                for k, g in ((3, d_bv), (4, d_ba)):
-                    if needs[k]:
-                        grads[k] += g
-                if needs[0] or needs[2]:
-                    wanted = [t for t, need in ((c, needs[0]), (w, needs[2])) if need]
-                    got = iter(torch.autograd.grad(votes, wanted, stats.vote_grad()))
-                    if needs[0]:
-                        grads[0][s] = next(got)  # (n, ...)
-                    if needs[2]:
-                        grads[2] += next(got)  # shared weight: summed over blocks
-        grads = [g if g is None else g.to(t.dtype) for g, t in zip(grads, saved)]
-        return (None, None, *grads)
-
-
-def em_routing_from_poses(
-    children: torch.Tensor,
-    weight: torch.Tensor,
-    activations: torch.Tensor,
-    beta_v: torch.Tensor,
-    beta_a: torch.Tensor,
-    iterations: int = 3,
-    final_lambda: float = EM_FINAL_LAMBDA,
-    min_var: float = EM_MIN_VAR,
-    eps: float = 1e-6,
+    *,
+    vote_bias: torch.Tensor | None = None,
+    scope: GlobalScope | None = None,
+    block: int | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """EM routing of N groups whose votes are child pose @ transformation matrix, as one
-    plain differentiable function: the same math as ``em_routing(votes, ...)``.
-
-    Written for ``torch.compile``: the compiler fuses the vote products into the routing
-    loops, so the votes are never stored (em_layers.ConvMatrixCaps with ``compiled``). It
-    also runs eagerly (slowly, holding every vote-sized temporary).
+    """EM routing (Hinton, Sabour, Frosst 2018) of N groups of I children to J parents,
+    votes V_nij = M_ni W_ij (+ vote_bias_ij).
 
     Args:
-        children: (N, I, 16) child poses (rows x cols matrices flattened row by row).
-        weight: (I, J, cols, cols) transformation matrices; rows = 16 / cols.
-        activations: (N, I); beta_v, beta_a: (J,); the rest as ``em_routing``.
+        children: (N, I, 16) child poses (rows x c matrices flattened row by row).
+        activations: (N, I) child activations in [0, 1].
+        weight: (I, J, c, c) transformation matrices, rows = 16 / c (4x4, or 16x16 for
+            16-vector poses).
+        beta_v, beta_a: (J,) learned per parent.
+        iterations >= 1; final_lambda: last inverse temperature scale; min_var: variance
+            floor added to every per-parent variance.
+        vote_bias: (I, J or 1, 16) added to every group's votes (coordinate addition), or None.
+        scope: None (each group normalises a child's assignments over its own J parents) or
+            a GlobalScope (over all parents of all groups holding the child).
+        block: groups per routing call (default ``default_block``: every group in one call
+            off the CPU); the last block is padded with inactive all-zero children, so every
+            call has one shape.
+        compiled: run the steps compiled with torch.compile (``compiled_steps``); raises
+            where it cannot compile.
 
     Returns:
-        pose (N, J, 16), activation (N, J).
+        pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1).
+
+    Each iteration is one call per block. Between iterations only the E-step logits of each
+    block (n, I, J) and per-slot log normalisers (N, I) are kept: the normaliser of a child
+    is combined over all its slots (``GlobalScope.log_total``) from each slot's maximum and
+    sum of exponentials, and the next call turns the logits into assignments inside.
+    Routing runs in fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods
+    and activations stay in log space.
     """
     if iterations < 1:
         raise ValueError(f"routing iterations must be >= 1, got {iterations}")
     n, n_in, pose_dim = children.shape
     n_out, cols = weight.shape[1], weight.shape[-1]
-    m = children.reshape(n, n_in, 1, pose_dim // cols, cols, 1)  # (N, I, 1, r, c, 1)
-    votes = (m * weight.reshape(1, n_in, n_out, 1, cols, cols)).sum(dim=4)  # (N, I, J, r, c)
-    votes = votes.reshape(n, n_in, n_out, pose_dim)  # (N, I, J, P)
-    a_in = activations.unsqueeze(2)  # (N, I, 1)
-    r = votes.new_full((n, n_in, n_out), 1.0 / n_out)  # (N, I, J): uniform assignments
-    for it, lam in enumerate(em_inverse_temperatures(iterations, final_lambda)):
-        mu, sq_diff, var, log_sigma, logit_a = m_step_child_major(
-            r * a_in, votes, beta_v, beta_a, lam, min_var, eps
-        )
-        if it == iterations - 1:
-            break
-        half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (N, I, J): sum_h (V - mu)^2 / 2var
-        log_norm = log_sigma.sum(dim=3) + 0.5 * pose_dim * _LOG_2PI  # (N, 1, J)
-        logits = torch.nn.functional.logsigmoid(logit_a) - half_quad - log_norm  # (N, I, J)
-        r = torch.softmax(logits, dim=2)  # (N, I, J): sums to 1 over parents
-    return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (N, J, P), (N, J)
+    block = min(n, block or default_block(children.device, n_in * n_out * pose_dim) or n)
+    pad = (-n) % block
+    with _without_autocast(children.device):
+        dtype = torch.promote_types(children.dtype, torch.float32)
+        kids = expand_poses(F.pad(children.to(dtype), (0, 0, 0, 0, 0, pad)), cols)
+        kids = kids.split(block)  # (block, I, c, 16) each
+        acts = F.pad(activations.to(dtype), (0, 0, 0, pad)).split(block)  # (block, I) each
+        w = expand_weight(weight.to(dtype), pose_dim // cols)  # (I, J, c, 16)
+        bias = None if vote_bias is None else vote_bias.to(dtype)  # (I, J or 1, 16)
+        b_v, b_a = beta_v.to(dtype), beta_a.to(dtype)
+        lams = _inverse_temperature_tensor(iterations, final_lambda, children.device, dtype)
+        if compiled:  # votes made inside the compiled steps
+            step, last_step = compiled_steps(children.device.type)
+            groups = [(c, w, bias) for c in kids]
+        else:  # votes made once per block, kept for the backward pass
+            step, last_step = _eager_steps()
+            groups = [(make_votes(c, w, bias),) for c in kids]  # (block, I, J, 16) each
+        logits = [kids[0].new_zeros(block, n_in, n_out)] * len(kids)  # (block, I, J) each
+        if scope is None:
+            log_total = kids[0].new_full((n + pad, n_in), math.log(n_out))  # (N + pad, I)
+        else:
+            log_total = F.pad(scope.log_uniform_total(n_out, dtype), (0, 0, 0, pad))
+        for it in range(iterations - 1):
+            outs = [
+                step(*g, a, lg, t, b_v, b_a, lams[it], min_var)
+                for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
+            ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
+            logits = [o[0] for o in outs]  # (block, I, J) each
+            log_total = _log_totals(scope, outs, n)  # (N + pad, I)
+        outs = [
+            last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var)
+            for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
+        ]  # pose (block, J, 16), activation (block, J) per block
+    pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
+    act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
+    return pose, act
 
 
-def m_step_child_major(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = 1e-6):
-    """The M-step over child-major votes (N, I, J, P) with activation-weighted assignments
-    r_a (N, I, J) -> mu (N, 1, J, P), squared deviations (N, I, J, P), var (N, 1, J, P),
-    log sigma (N, 1, J, P), activation logits (N, 1, J); torch.compile fuses it inline."""
-    n_in, n_out = votes.shape[1], votes.shape[2]
-    mass = r_a.sum(dim=1, keepdim=True)  # (N, 1, J)
-    weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (N, I, J, 1): sum_i 1
-    mu = (weights * votes).sum(dim=1, keepdim=True)  # (N, 1, J, P)
-    sq_diff = (votes - mu) ** 2  # (N, I, J, P)
-    var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (N, 1, J, P)
-    log_sigma = 0.5 * torch.log(var)  # (N, 1, J, P)
-    cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (N,1,J)
-    logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (N, 1, J)
-    return mu, sq_diff, var, log_sigma, logit_a
+def _without_autocast(device: torch.device):
+    """Autocast switched off on ``device`` (a no-op where autocast does not exist: meta)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _log_totals(scope: GlobalScope | None, outs, n: int) -> torch.Tensor:
+    """Per-slot log normalisers (N + pad, I) from the blocks' (logits, peak, sumexp): per
+    child across groups (``scope``) for the N real groups, per group for the padding (and
+    for every group without a scope)."""
+    peak = torch.cat([o[1] for o in outs])  # (N + pad, I)
+    sumexp = torch.cat([o[2] for o in outs])  # (N + pad, I)
+    if scope is None:
+        return peak + torch.log(sumexp)  # (N + pad, I)
+    own = peak[n:] + torch.log(sumexp[n:])  # (pad, I)
+    return torch.cat([scope.log_total(peak[:n], sumexp[:n]), own])  # (N + pad, I)
