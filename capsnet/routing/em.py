@@ -278,28 +278,18 @@ def em_routing(
     Args:
         children: (N, I, 16) child poses (rows x c matrices flattened row by row).
         activations: (N, I) child activations in [0, 1].
-        weight: (I, J, c, c) transformation matrices, rows = 16 / c (4x4, or 16x16 for
-            16-vector poses).
-        beta_v, beta_a: (J,) learned per parent.
-        iterations >= 1; final_lambda: last inverse temperature scale; min_var: variance
-            floor added to every per-parent variance.
+        weight: (I, J, c, c) transformations, rows = 16 / c (4x4; 16x16 for 16-vectors).
+        beta_v, beta_a: (J,) learned per parent. iterations >= 1; final_lambda: last
+            inverse temperature scale; min_var: floor added to every per-parent variance.
         vote_bias: (I, J or 1, 16) added to every group's votes (coordinate addition), or None.
         scope: None (each group normalises a child's assignments over its own J parents) or
             a GlobalScope (over all parents of all groups holding the child).
         block: groups per routing call (default ``default_block``: every group in one call
             off the CPU); the last block is padded with inactive all-zero children, so every
             call has one shape.
-        compiled: run the steps compiled with torch.compile (``compiled_steps``); raises
-            where it cannot compile.
+        compiled: run the steps compiled (``compiled_steps``); raises where it cannot.
 
-    Returns:
-        pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1).
-
-    Each iteration is one call per block. Between iterations only the E-step logits of each
-    block (n, I, J) and per-slot log normalisers (N, I) are kept: the normaliser of a child
-    is combined over all its slots (``GlobalScope.log_total``) from each slot's maximum and
-    sum of exponentials, and the next call turns the logits into assignments inside.
-    Routing runs in fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods
+    Returns pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1). Routing runs in fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods
     and activations stay in log space.
     """
     if iterations < 1:
@@ -315,7 +305,6 @@ def em_routing(
         acts = F.pad(activations.to(dtype), (0, 0, 0, pad)).split(block)  # (block, I) each
         w = expand_weight(weight.to(dtype), pose_dim // cols)  # (I, J, c, 16)
         bias = None if vote_bias is None else vote_bias.to(dtype)  # (I, J or 1, 16)
-        b_v, b_a = beta_v.to(dtype), beta_a.to(dtype)
         lams = _inverse_temperature_tensor(iterations, final_lambda, children.device, dtype)
         if compiled:  # votes made inside the compiled steps
             step, last_step = compiled_steps(children.device.type)
@@ -323,22 +312,42 @@ def em_routing(
         else:  # votes made once per block, kept for the backward pass
             step, last_step = _eager_steps()
             groups = [(make_votes(c, w, bias),) for c in kids]  # (block, I, J, 16) each
-        logits = [kids[0].new_zeros(block, n_in, n_out)] * len(kids)  # (block, I, J) each
-        if scope is None:
-            log_total = kids[0].new_full((n + pad, n_in), math.log(n_out))  # (N + pad, I)
-        else:
-            log_total = F.pad(scope.log_uniform_total(n_out, dtype), (0, 0, 0, pad))
-        for it in range(iterations - 1):
-            outs = [
-                step(*g, a, lg, t, b_v, b_a, lams[it], min_var)
-                for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
-            ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
-            logits = [o[0] for o in outs]  # (block, I, J) each
-            log_total = _log_totals(scope, outs, n)  # (N + pad, I)
+        constants = (beta_v.to(dtype), beta_a.to(dtype), lams, min_var)
+        return _iterate((step, last_step), groups, acts, scope, (n, n_out), constants)
+
+
+def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants):
+    """The EM iterations over the blocks: (pose (N, J, 16), activation (N, J)).
+
+    ``groups`` holds each block's step inputs (votes, or children with the weights),
+    ``acts`` each block's activations (block, I), ``sizes`` is (N, J).
+
+    Each iteration is one call per block. Between iterations only the E-step logits of each
+    block (n, I, J) and per-slot log normalisers (N, I) are kept: the normaliser of a child
+    is combined over all its slots (``GlobalScope.log_total``) from each slot's maximum and
+    sum of exponentials, and the next call turns the logits into assignments inside.
+    """
+    step, last_step = steps
+    b_v, b_a, lams, min_var = constants
+    n, n_out = sizes
+    block, n_in = acts[0].shape
+    padded = block * len(acts)  # N + pad
+    if scope is None:
+        log_total = acts[0].new_full((padded, n_in), math.log(n_out))  # (N + pad, I)
+    else:
+        log_total = F.pad(scope.log_uniform_total(n_out, acts[0].dtype), (0, 0, 0, padded - n))
+    logits = [acts[0].new_zeros(block, n_in, n_out)] * len(acts)  # (block, I, J) each
+    for it in range(lams.shape[0] - 1):
         outs = [
-            last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var)
+            step(*g, a, lg, t, b_v, b_a, lams[it], min_var)
             for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
-        ]  # pose (block, J, 16), activation (block, J) per block
+        ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
+        logits = [o[0] for o in outs]  # (block, I, J) each
+        log_total = _log_totals(scope, outs, n)  # (N + pad, I)
+    outs = [
+        last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var)
+        for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
+    ]  # pose (block, J, 16), activation (block, J) per block
     pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
     act = torch.cat([o[1] for o in outs])[:n]  # (N, J)
     return pose, act
