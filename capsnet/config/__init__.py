@@ -19,6 +19,7 @@ from capsnet.config.data import (
     AffnistParams,
     AffnistSource,
     AffnistSynthParams,
+    SmallnorbSynthParams,
     AugmentParams,
     DataParams,
     ElasticAugment,
@@ -81,7 +82,7 @@ __all__ = [
     "FinalTrainConfig", "Invalid", "Merge", "MnistParams", "MultiMnistParams", "Params",
     "PerModelFloat", "PerModelOverrides", "PublishParams", "ResourcesConfig",
     "RobustnessParams", "RotateAugment", "SearchSpace", "Searched", "Section",
-    "ShiftAugment", "SmallnorbParams", "SmallnorbSearchSpace", "SmallnorbSweepConfig",
+    "ShiftAugment", "SmallnorbParams", "SmallnorbSynthParams", "SmallnorbSearchSpace", "SmallnorbSweepConfig",
     "SmallnorbTrainConfig", "Strategy", "SweepConfig", "ViewpointsParams", "WandbConfig",
     "from_dict", "load", "load_or_default", "to_dict",
 ]  # fmt: skip

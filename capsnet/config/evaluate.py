@@ -7,21 +7,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from capsnet.config.schema import Invalid, at_least
+from capsnet.data import registry
 from capsnet.config.sweep import WandbMode
 
-EvalDataset = Literal[
-    "mnist",
-    "rotated-mnist",
-    "affnist",
-    "affnist-synth",
-    "expanded-mnist",
-    "multimnist",
-    "smallnorb",
-    "smallnorb-azimuth-familiar",
-    "smallnorb-azimuth-novel",
-    "smallnorb-elevation-familiar",
-    "smallnorb-elevation-novel",
-]
+EvalDataset = Literal[registry.EVAL_DATASETS]  # every dataset's evaluation sets
 EVAL_DATASETS: tuple[str, ...] = typing.get_args(EvalDataset)
 
 
