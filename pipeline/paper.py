@@ -35,6 +35,7 @@ class PaperNumber:
 PAPER_NUMBERS = (
     PaperNumber("mnist", "capsnet", 0.9975, SABOUR, "CapsNet", "0.25% error, 3 iterations, reconstruction"),
     PaperNumber("mnist", "sabour-cnn", 0.9961, SABOUR, "baseline CNN (35.4M)", "0.39% error"),
+    PaperNumber("mnist", "lenet5", 0.9868, ARTICLE, "LeNet5", "shift-only training"),
     PaperNumber("rotated-mnist@0", "capsnet", 0.9937, ARTICLE, "CapsNet", "upright MNIST"),
     PaperNumber("rotated-mnist@0", "lenet5", 0.9868, ARTICLE, "LeNet5", "shift-only training"),
     PaperNumber("rotated-mnist@35", "capsnet", 0.8409, ARTICLE, "CapsNet", "35°: 84.09-92.12% by training"),

@@ -25,9 +25,9 @@ def synth_root(tmp_path_factory):
 
 
 def _train(model: str, root, **train) -> float:
-    config = TrainConfig(epochs=3, batch_size=32, seed=0, progress=False, device="cpu", **train)
+    config = TrainConfig(epochs=2, batch_size=32, seed=0, progress=False, device="cpu", **train)
     spec = RunSpec(
-        model=model, train=config, dataset="smallnorb", train_size=1536, val_size=0,
+        model=model, train=config, dataset="smallnorb", train_size=1024, val_size=0,
         data_root=root, overrides={"routing_iterations": 2} if model.startswith("em") else {},
     )  # fmt: skip
     result = train_run(spec)
@@ -36,7 +36,9 @@ def _train(model: str, root, **train) -> float:
 
 @pytest.mark.slow
 def test_em_learns_the_stand_in_well_above_chance(synth_root):
-    em = _train("em-capsnet-small", synth_root, loss="spread", lr=3e-3, weight_decay=2e-7)
+    em = _train(
+        "em-capsnet-small", synth_root, loss="spread", lr=3e-3, weight_decay=2e-7, compile=True
+    )
     cnn = _train("smallnorb-cnn", synth_root, loss="cross-entropy", lr=1e-3)
     print(f"smallnorb-synth test accuracy: em-capsnet-small {em:.3f}, smallnorb-cnn {cnn:.3f}")
     assert em > 2 * CHANCE, em
