@@ -31,7 +31,9 @@ def test_capsules_ahead_by_more_than_the_spread():
     )
     # the rotated-MNIST article's numbers are context, never ours
     assert words[-1].startswith("For context, not our results: the article “Approaching")
-    assert "LeNet5 98.68% on upright MNIST and 76.05% at 35°, a CapsNet 99.37% and 84.09%" in words[-1]
+    assert (
+        "LeNet5 98.68% on upright MNIST and 76.05% at 35°, a CapsNet 99.37% and 84.09%" in words[-1]
+    )
 
 
 def test_capsules_behind_is_said_plainly():

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from capsnet.config.schema import Invalid, at_least
-from capsnet.data import registry
 from capsnet.config.sweep import WandbMode
+from capsnet.data import registry
 
 EvalDataset = Literal[registry.EVAL_DATASETS]  # every dataset's evaluation sets
 EVAL_DATASETS: tuple[str, ...] = typing.get_args(EvalDataset)

@@ -46,7 +46,7 @@ REGISTRY: dict[str, DatasetSpec] = {
     for spec in (
         DatasetSpec(
             "mnist", "mnist", "capsnet.data.mnist:load_dataset", shape=(1, 28, 10),
-            download="capsnet.data.mnist:download_stage", prepare="capsnet.data.mnist:prepare_stage",
+            download="capsnet.data.mnist:download_stage", prepare="capsnet.data.mnist:prepare_stage",  # noqa: E501
             prepared="capsnet.data.mnist:PREPARED", train=True, sweep=True,
             evaluation=("mnist",),
         ),

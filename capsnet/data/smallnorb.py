@@ -79,8 +79,9 @@ def obtain(
     raw_dir: str | os.PathLike, params, mirror: str | None, progress: bool = False, stand_in=None
 ) -> str:
     """Fill ``raw_dir`` with the six files from ``params.source`` (``data.smallnorb``):
-    real (download), synth (``stand_in(raw_dir, seed, side)`` renders them) or auto (real when the mirror holds the
-    official files, otherwise synth). Returns the source used, also written to SOURCE.txt."""
+    real (download), synth (``stand_in(raw_dir, seed, side)`` renders them) or auto
+    (real when the mirror holds the official files, otherwise synth). Returns the source
+    used, also written to SOURCE.txt."""
     raw_dir = Path(raw_dir)
     source = params.source
     if source == "auto":

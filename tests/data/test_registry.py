@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import capsnet.data
-from capsnet.config import EVAL_DATASETS, EXTRA_DATASETS, DataParams
 from capsnet.config import DATASETS as SWEEP_DATASETS
+from capsnet.config import EVAL_DATASETS, EXTRA_DATASETS, DataParams
 from capsnet.data import registry
 
 DATA_DIR = Path(capsnet.data.__file__).parent
@@ -28,7 +28,9 @@ def _data_imports(path: Path) -> set[str]:
             elif node.module.startswith("capsnet.data."):
                 found.add(node.module.split(".")[2])
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("capsnet.data.")}
+            found |= {
+                a.name.split(".")[2] for a in node.names if a.name.startswith("capsnet.data.")
+            }
     return found & {p.stem for p in DATA_DIR.glob("*.py")}
 
 
@@ -41,11 +43,11 @@ def test_capsnet_data_has_no_import_cycle():
         if state.get(module) == "done":
             return
         if state.get(module) == "open":
-            cycle = path[path.index(module) :] + [module]
+            cycle = [*path[path.index(module) :], module]
             pytest.fail(f"import cycle in capsnet/data: {' -> '.join(cycle)}")
         state[module] = "open"
         for child in sorted(graph.get(module, ())):
-            visit(child, path + [module])
+            visit(child, [*path, module])
         state[module] = "done"
 
     for module in sorted(graph):

@@ -49,7 +49,7 @@ def test_views_differ_and_stereo_pairs_differ():
 
 def test_small_render_bytes_are_recorded():
     """The same bytes on any CPU (elementwise float64 only); a full-size check is slow."""
-    dat, cat, info = smallnorb_synth.render_split("train", side=SIDE)
+    dat, _cat, _info = smallnorb_synth.render_split("train", side=SIDE)
     digest = hashlib.md5(dat.numpy().tobytes()).hexdigest()
     assert digest == "ab1a641506fab68cccd1d692d420adf8"
 
@@ -64,7 +64,7 @@ def test_stages_run_unchanged_on_the_stand_in(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in raw.glob("*.mat.gz")}
     stages.download("smallnorb", params, root, mirror=None)  # verified by the manifest: kept
     assert {p.name: p.stat().st_mtime_ns for p in raw.glob("*.mat.gz")} == before
-    images, labels, info = smallnorb.read_split(raw, "train")  # the official reader
+    images, _labels, _info = smallnorb.read_split(raw, "train")  # the official reader
     assert images.shape == (24300, 2, SIDE, SIDE)
     stages.prepare("smallnorb", synth_params(size=SIDE, crop=12), root)
     test = load("smallnorb", "test", root, crop=12)
