@@ -295,6 +295,10 @@ class StandardizedTest(Dataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    @property
+    def targets(self) -> torch.Tensor:
+        return self.labels  # (N,), as TensorImageDataset names them
+
     def __getitems__(self, indices):
         index = torch.as_tensor(indices, dtype=torch.long)
         images = standardize(self.images[index].float().div_(255.0))  # (B, C, k, k)
