@@ -20,11 +20,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from capsnet.config import AugmentParams, Params, SmallnorbParams
+from capsnet.data.registry import TRAIN_DATASETS
 from capsnet.errors import ConfigError, DataError
 from capsnet.train import TrainConfig, TrainState, fit
-
-#: Datasets a run can train on (their test sets score ``capsnet train``).
-TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
 
 
 @dataclass
@@ -66,8 +64,14 @@ class RunSpec:
             raise ConfigError(f"train_size must be >= 1 or null, got {self.train_size}")
 
     def smallnorb_options(self) -> dict[str, Any]:
-        """The smallNORB loader options of this run: stereo channels and crop size."""
-        return {"channels": tuple(range(self.channels)), "crop": self.smallnorb.crop}
+        """The smallNORB loader options of this run: stereo channels and the
+        ``data.smallnorb`` crop, jitter and standardisation (train and test alike)."""
+        norb = self.smallnorb
+        return {
+            "channels": tuple(range(self.channels)), "crop": norb.crop,
+            "brightness": norb.brightness, "contrast": norb.contrast,
+            "standardize": norb.standardize,
+        }  # fmt: skip
 
 
 def section_spec(
@@ -176,9 +180,8 @@ def reconstructs_digits(spec: RunSpec) -> bool:
 
 def _smallnorb_split(spec: RunSpec) -> Split:
     from capsnet.data import smallnorb
-    from capsnet.data.datasets import TensorImageDataset, load
+    from capsnet.data.datasets import load
 
-    norb = spec.smallnorb
     full = load(
         "smallnorb", "train", spec.data_root, subset=spec.subset, augment=True,
         **spec.smallnorb_options(),
@@ -190,14 +193,19 @@ def _smallnorb_split(spec: RunSpec) -> Split:
         )
     cut = images.shape[0] - spec.val_size
     stop = cut if spec.train_size is None else min(cut, spec.train_size)
+    options = spec.smallnorb_options()
+    del options["channels"]
     train = smallnorb.SmallNORBTrain(
-        images[:stop].clone(), labels[:stop].clone(), info[:stop].clone(), norb.crop,
-        norb.brightness, norb.contrast, spec.train.seed, name="smallnorb-train",
+        images[:stop].clone(), labels[:stop].clone(), info[:stop].clone(), seed=spec.train.seed,
+        name="smallnorb-train", **options,
     )  # fmt: skip
+    train.source = full.source
     val = None
     if spec.val_size:
-        crops = smallnorb.centre_crop(images[cut:], norb.crop).contiguous()  # (M, C, crop, crop)
-        val = TensorImageDataset(crops, labels[cut:].clone(), "smallnorb-val", smallnorb.CLASSES)
+        val = smallnorb.crop_test_set(
+            images[cut:], labels[cut:].clone(), info[cut:].clone(), options["crop"],
+            options["standardize"], "smallnorb-val",
+        )  # fmt: skip
     return Split(train, val)
 
 

@@ -16,6 +16,7 @@ from capsnet.cli_options import (
     output_option_check,
     train_default,
 )
+from capsnet.data.registry import TRAIN_DATASETS
 
 
 @click.command("models")
@@ -29,9 +30,8 @@ def models_command() -> None:
         click.echo(f"{name:<18} {models.count_parameters(model):>12,}  {spec.description}")
 
 
-#: capsnet.run.TRAIN_DATASETS and capsnet.data.augment.STRATEGIES, named here so that
-#: `capsnet train --help` imports no torch (tests/test_core_cli.py checks they agree).
-TRAIN_DATASETS = ("mnist", "expanded-mnist", "multimnist", "smallnorb")
+#: capsnet.data.augment.STRATEGIES, named here so that `capsnet train --help` imports no
+#: torch (tests/test_core_cli.py checks they agree).
 AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 #: capsnet.config.sweep.PRECISIONS (checked equal in tests/test_train.py).
 PRECISIONS = ("bf16", "fp32")

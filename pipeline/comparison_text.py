@@ -10,9 +10,10 @@ import math
 from typing import Any
 
 from pipeline.cells import percent
-from pipeline.paper import model_family, paper_number
+from pipeline.paper import ARTICLE, is_baseline, paper_number
 
-#: The seed article's angle: its LeNet5 and CapsNet numbers are at 35°.
+#: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
+#: numbers are at 35°.
 HEADLINE_ANGLE = 35.0
 ARM_TITLES = {
     "equal_augmentation": "Equal augmentation",
@@ -71,7 +72,7 @@ def _reference(arm: dict, fallback: str | None = None) -> str | None:
     groups = _groups(arm)
     ref = arm.get("reference") or fallback
     label = next((k for k, g in groups.items() if ref in (k, g.get("model"))), None)
-    return label or next((k for k, g in groups.items() if model_family(k) != "cnn"), None)
+    return label or next((k for k, g in groups.items() if not is_baseline(k)), None)
 
 
 def _seeds(group: dict) -> int:
@@ -211,18 +212,20 @@ def _summary(outcomes: list[str], key: str, target: float) -> str:
 
 
 def _paper_context(target: float) -> str | None:
-    """The seed article's numbers (pipeline/paper.py) as context, never as our results."""
+    """The rotated-MNIST article's numbers (pipeline/paper.py) as context, never as our
+    results."""
     found = [
         paper_number(metric, model)
         for model in ("lenet5", "capsnet")
-        for metric in ("mnist", "rotated-mnist@35")
+        for metric in ("rotated-mnist@0", "rotated-mnist@35")
     ]
     if None in found:
         return None
     lenet, lenet35, caps, caps35 = (percent(p.accuracy) for p in found)
     return (
-        f"For context, not our results: the seed article reports LeNet5 {lenet} on MNIST and "
-        f"{lenet35} at 35°, CapsNet {caps} and {caps35}, each trained in its own setup."
+        f"For context, not our results: the article {ARTICLE} reports LeNet5 {lenet} on "
+        f"upright MNIST and {lenet35} at 35°, a CapsNet {caps} and {caps35}, each trained "
+        f"in its own setup."
     )
 
 

@@ -105,6 +105,24 @@ def check_capsnet(words: list[str], tmp_path: Path) -> None:
         return  # --help and --version
 
 
+def check_script(path: str, args: list[str]) -> None:
+    """A documented ``python SCRIPT ARGS``: the script exists and, when it is a click
+    command, parses ARGS."""
+    script = ROOT / path
+    assert script.is_file(), f"no script {path}"
+    spec = importlib.util.spec_from_file_location(f"_documented_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    commands = [v for v in vars(module).values() if isinstance(v, click.Command)]
+    for command in commands[:1]:
+        try:
+            command.make_context(script.name, list(args), resilient_parsing=False)
+        except click.BadParameter as exc:
+            assert "does not exist" in str(exc), exc  # a folder of the reader's machine
+        except click.exceptions.Exit:
+            return
+
+
 def check_dvc(words: list[str], root: Path) -> None:
     from dvc.cli import parse_args
 
@@ -132,6 +150,8 @@ def test_documented_command_is_valid(where, words, tmp_path, monkeypatch):
     elif program in ("python", "python3") and words[1:2] == ["-m"]:
         module = words[2]
         assert importlib.util.find_spec(module) is not None, f"no module {module}"
+    elif program in ("python", "python3") and words[1].endswith(".py"):
+        check_script(words[1], words[2:])
     else:
         assert program in {"bash", "git", "export", "cd", ".", "pip", "ray", "kubectl",
                            "docker", "wandb", "tensorboard", "ls", "du", "mkdir", "cat",

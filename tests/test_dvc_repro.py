@@ -1,6 +1,7 @@
 """`dvc repro` of every stage of dvc.yaml in a temporary copy of the repository, on the real
 params.yaml shrunk to a tiny run; afterwards every declared output exists and `dvc status`
-has nothing to do. smallNORB stays switched off, so its stages write DISABLED outputs."""
+has nothing to do. smallNORB runs on the stand-in (source auto with no official files in the
+mirror: smallnorb-synth, rendered small), every smallNORB stage with it."""
 
 from __future__ import annotations
 
@@ -44,14 +45,27 @@ SHRINK = {
     "evaluate.equivariance.angles": [-30, 0, 30],
     "evaluate.equivariance.limit": 16,
     "publish.mode": "offline",
+    "data.smallnorb.synth.side": 48,
+    "smallnorb_sweep.epochs": 1,
+    "smallnorb_sweep.train_size": 64,
+    "smallnorb_sweep.val_size": 64,
+    "smallnorb_sweep.wandb.mode": "disabled",
+    "smallnorb_train.epochs": 1,
+    "smallnorb_train.train_size": 64,
+    "smallnorb_train.val_size": 64,
+    "smallnorb_train.test_size": 64,
+    "viewpoints.epochs": 1,
+    "viewpoints.train_limit": 64,
+    "viewpoints.test_limit": 64,
 }
 
 
 def shrink(text: str) -> str:
-    """The real params.yaml with the SHRINK settings; smallNORB stays off."""
+    """The real params.yaml with the SHRINK settings; smallNORB on, from the stand-in."""
     import yaml
 
-    assert yaml.safe_load(text)["data"]["smallnorb"]["enabled"] is False
+    norb = yaml.safe_load(text)["data"]["smallnorb"]
+    assert norb["enabled"] is True and norb["source"] == "auto"
     return paramshelpers.shrink(text, SHRINK)
 
 
@@ -123,13 +137,18 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
     assert {model, f"{model}@multimnist", f"{model}@expanded-mnist"} <= trained
     metrics = json.loads((work / "eval" / "metrics.json").read_text())
     assert trained <= set(metrics) and "viewpoints" in metrics
-    for disabled in (
-        "data/prepared/smallnorb",
-        "sweep-smallnorb",
-        "models-smallnorb",
-        "models-viewpoints",
-    ):
-        assert (work / disabled / "DISABLED.txt").is_file(), disabled
+    assert (work / "data/raw/smallnorb/SOURCE.txt").read_text().strip() == "smallnorb-synth"
+    for ran in ("data/prepared/smallnorb", "sweep-smallnorb", "models-smallnorb"):
+        assert not (work / ran / "DISABLED.txt").exists(), ran
+    norb_best = json.loads((work / "sweep-smallnorb" / "best.json").read_text())
+    assert norb_best["config"]["routing_iterations"] in (2, 3)
+    assert any("em-capsnet" in m for m in metrics), sorted(metrics)
+    norb_entries = [
+        e["smallnorb"]
+        for e in metrics.values()
+        if isinstance(e, dict) and "accuracy" in e.get("smallnorb", {})
+    ]
+    assert norb_entries and all(e.get("source") == "smallnorb-synth" for e in norb_entries)
     assert (work / "eval" / "report.html").stat().st_size > 0
 
     status = run([dvc, "status"], work, env)

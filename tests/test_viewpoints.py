@@ -156,7 +156,8 @@ def test_unknown_model_or_override_fails_before_any_data(tmp_path):
 
 def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
     out = tmp_path / "vp"
-    params = write_params(tmp_path / "p.yaml", f"viewpoints:\n  out_dir: {out}\n")
+    text = f"data:\n  smallnorb:\n    enabled: false\nviewpoints:\n  out_dir: {out}\n"
+    params = write_params(tmp_path / "p.yaml", text)
     result = CliRunner().invoke(
         main, ["viewpoints", "--params", str(params), "--data-root", str(tmp_path)]
     )

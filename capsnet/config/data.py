@@ -11,6 +11,7 @@ from capsnet.config.schema import Invalid, at_least, range_pair
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
 AffnistSource = Literal["synth", "real", "auto"]
+SmallnorbSource = Literal["real", "synth", "auto"]
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 
 
@@ -48,12 +49,33 @@ class AffnistParams:
 
 
 @dataclass(frozen=True)
+class SmallnorbSynthParams:
+    """smallnorb-synth: the rendered stand-in (capsnet.data.smallnorb_synth); ``side`` below
+    96 renders smaller images (tests only: the recorded checksums are of side 96)."""
+
+    seed: int = 0
+    side: int = 96
+
+    def __post_init__(self):
+        at_least(self, "side", 8)
+
+
+@dataclass(frozen=True)
 class SmallnorbParams:
-    enabled: bool = False
+    """source: real (the six official files), synth (the rendered stand-in, smallnorb-synth),
+    auto (real when the mirror holds the official files, otherwise synth). Images are
+    downsampled to ``size``, standardised per image when ``standardize`` (zero mean, unit
+    variance, train and test alike, EM paper), trained on random ``crop`` crops with
+    random brightness and contrast and tested on the centre crop."""
+
+    enabled: bool = True
+    source: SmallnorbSource = "auto"
     size: int = 48
     crop: int = 32
     brightness: float = 0.2
     contrast: float = 0.2
+    standardize: bool = True
+    synth: SmallnorbSynthParams = field(default_factory=SmallnorbSynthParams)
 
     def __post_init__(self):
         at_least(self, "size", 8)

@@ -8,20 +8,9 @@ from typing import Literal
 
 from capsnet.config.schema import Invalid, at_least
 from capsnet.config.sweep import WandbMode
+from capsnet.data import registry
 
-EvalDataset = Literal[
-    "mnist",
-    "rotated-mnist",
-    "affnist",
-    "affnist-synth",
-    "expanded-mnist",
-    "multimnist",
-    "smallnorb",
-    "smallnorb-azimuth-familiar",
-    "smallnorb-azimuth-novel",
-    "smallnorb-elevation-familiar",
-    "smallnorb-elevation-novel",
-]
+EvalDataset = Literal[registry.EVAL_DATASETS]  # every dataset's evaluation sets
 EVAL_DATASETS: tuple[str, ...] = typing.get_args(EvalDataset)
 
 

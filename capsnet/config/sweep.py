@@ -30,15 +30,16 @@ from capsnet.config.schema import (
     dimension_choices,
     dimension_values,
 )
+from capsnet.data import registry
 
-Dataset = Literal["mnist", "smallnorb"]
+Dataset = Literal[registry.SWEEP_DATASETS]  # the registry's, capsnet.data.registry
 Metric = Literal["val_accuracy", "val_rotated_accuracy"]
 Pose = Literal["matrix", "vector"]
 RoutingScope = Literal["global", "window"]
 Loss = Literal["auto", "margin", "cross-entropy", "spread"]
 WandbMode = Literal["auto", "offline", "online", "disabled"]
 OptimizerState = Literal["auto", "always", "never"]
-ExtraDataset = Literal["multimnist", "expanded-mnist"]
+ExtraDataset = Literal[registry.EXTRA_DATASETS]
 Precision = Literal["bf16", "fp32"]
 
 DATASETS: tuple[str, ...] = typing.get_args(Dataset)

@@ -1,5 +1,15 @@
-"""Datasets: sources (mirror + official URLs), formats, and torch Datasets."""
+"""Datasets: sources (mirror + official URLs), formats, the registry, and torch Datasets.
 
-from capsnet.data.datasets import DATASETS, TensorImageDataset, load, rotate_images
+The names below are imported on first use, so ``capsnet.data.registry`` (which the config
+and the CLI read) imports no torch.
+"""
 
 __all__ = ["DATASETS", "TensorImageDataset", "load", "rotate_images"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from capsnet.data import datasets
+
+        return getattr(datasets, name)
+    raise AttributeError(f"module 'capsnet.data' has no attribute {name!r}")

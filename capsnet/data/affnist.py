@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from capsnet.data.sources import RemoteFile, check_zip, fetch, safe_extract_zip
+from capsnet.data.store import PreparedSpec, TensorSpec, digits
+from capsnet.data.tensors import TensorImageDataset
 from capsnet.errors import DataError
 
 OFFICIAL_BASE = "https://www.cs.toronto.edu/~tijmen/affNIST/32x/"
@@ -29,6 +31,10 @@ ARCHIVES = {  # official file name -> path under the 32x/ folder
 }
 BATCHES = 32
 SIDE = 40
+PREPARED = PreparedSpec(digits(SIDE))
+PREPARED_SYNTH = PreparedSpec(
+    {**digits(SIDE), "affine": TensorSpec(torch.float32, ("N", 6), required=False)}
+)
 SYNTH_NOTE = "affnist-synth: synthetic stand-in (random affine maps of MNIST test digits)"
 
 
@@ -113,6 +119,72 @@ def expand(images: torch.Tensor, seed: int = 0, side: int = SIDE) -> torch.Tenso
     cols = offsets[:, 1:] + torch.arange(width)  # (N, 28)
     canvas[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]] = images
     return canvas
+
+
+def place(digits: torch.Tensor, offsets: torch.Tensor, side: int = SIDE) -> torch.Tensor:
+    """Digits uint8 (B, h, w) on a black side x side canvas with their top-left corner at
+    ``offsets`` int64 (B, 2) (row, column) -> uint8 (B, side, side), on their device."""
+    batch, height, width = digits.shape
+    axis = torch.arange(side, device=digits.device)  # (side,)
+    rows = axis[None, :] - offsets[:, :1]  # (B, side) source row of each canvas row
+    cols = axis[None, :] - offsets[:, 1:]  # (B, side)
+    inside = ((rows >= 0) & (rows < height))[:, :, None] & ((cols >= 0) & (cols < width))[:, None]
+    picked = digits[
+        torch.arange(batch, device=digits.device)[:, None, None],
+        rows.clamp(0, height - 1)[:, :, None],
+        cols.clamp(0, width - 1)[:, None, :],
+    ]  # (B, side, side)
+    return picked * inside
+
+
+class ExpandedMnist(torch.utils.data.Dataset):
+    """Expanded MNIST for training: each digit placed anew every epoch at a uniformly random
+    offset on the 40x40 canvas (Sabour et al.'s protocol). Batches are rendered on the
+    training device (``resident_tensors`` / ``render_batch``); items, for a DataLoader, are
+    the same transform seeded per (seed, epoch, index)."""
+
+    num_classes = 10
+
+    def __init__(self, digits: torch.Tensor, labels: torch.Tensor, seed: int = 0, name: str = ""):
+        self.digits, self.labels = digits, labels  # (N, 28, 28) uint8, (N,)
+        self.seed, self.epoch, self.name = seed, 0, name or "expanded-mnist-train"
+
+    def __len__(self) -> int:
+        return self.digits.shape[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        return {"digits": self.digits, "labels": self.labels}
+
+    def render_batch(self, tensors, index, epoch, generator):
+        """(images float32 (B, 1, 40, 40) in [0, 1], labels (B,)) of the items ``index``,
+        placed at offsets drawn from ``generator``, all on the device of ``tensors``."""
+        digits = tensors["digits"][index]  # (B, 28, 28)
+        room = SIDE - digits.shape[-1] + 1
+        offsets = torch.randint(
+            0, room, (index.shape[0], 2), generator=generator, device=digits.device
+        )  # (B, 2)
+        images = place(digits, offsets).unsqueeze(1).float().div_(255.0)  # (B, 1, 40, 40)
+        return images, tensors["labels"][index]
+
+    def __getitem__(self, index: int):
+        generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.epoch) * 10_000_019 + int(index)
+        )
+        images, labels = self.render_batch(
+            self.resident_tensors(), torch.tensor([int(index)]), self.epoch, generator
+        )
+        return images[0], int(labels[0])
+
+    def take(self, start: int, stop: int, fixed: bool = False):
+        """Items ``start`` to ``stop``: re-placed each epoch, or (``fixed``, for validation)
+        placed once from the seed."""
+        digits, labels = self.digits[start:stop], self.labels[start:stop]
+        if fixed:
+            return TensorImageDataset(expand(digits, self.seed), labels, f"{self.name}-val")
+        return ExpandedMnist(digits, labels, self.seed, self.name)
 
 
 def synthesize(
@@ -262,15 +334,74 @@ def load_synth(
     return synthesize(images)[0], labels
 
 
-def evaluation_set(root: str | os.PathLike, **kwargs):
+def evaluation_set(root: str | os.PathLike, mnist_split: Callable | None = None):
     """(dataset, name): real affNIST test when it is present under ``root``, otherwise
     affnist-synth; ``name`` says which, so results are never mislabelled. A real file that
     is present but damaged is an error, not a reason to fall back."""
-    from capsnet.data.datasets import load
-
     try:
-        return load("affnist", "test", root, **kwargs), "affnist"
+        images, labels = load_real(root, "test", mnist_split)
+        name = "affnist"
     except DataError:
         if (Path(root) / "prepared" / "affnist" / "test.pt").is_file():
             raise
-        return load("affnist-synth", "test", root, **kwargs), "affnist-synth"
+        images, labels = load_synth(root, "test", mnist_split)
+        name = "affnist-synth"
+    return TensorImageDataset(images, labels, f"{name}-test"), name
+
+
+def load_expanded(request):
+    """The registry loader of expanded-mnist: MNIST ``request.split`` on the 40x40 canvas,
+    placed from ``request.seed`` (0 when None); the training set re-places its digits every
+    epoch (``ExpandedMnist``)."""
+    images, labels = request.mnist_split(request.split)
+    seed = 0 if request.seed is None else request.seed
+    name = f"expanded-mnist-{request.split}"
+    if request.split == "train":
+        return ExpandedMnist(images, labels, seed, name)
+    return TensorImageDataset(expand(images, seed=seed), labels, name)
+
+
+def load_real_dataset(request):
+    """The registry loader of affnist (the real test set)."""
+    images, labels = load_real(request.root, request.split, request.mnist_split)
+    return TensorImageDataset(images, labels, f"affnist-{request.split}")
+
+
+def load_synth_dataset(request):
+    """The registry loader of affnist-synth."""
+    images, labels = load_synth(request.root, request.split, request.mnist_split)
+    return TensorImageDataset(images, labels, f"affnist-synth-{request.split}")
+
+
+def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
+    """The download stage: the archives (data.affnist.source real or auto), a DISABLED.txt
+    when synth, or when auto and the real files are unreachable."""
+    from capsnet.io import write_disabled
+
+    if section.source == "synth":
+        return write_disabled(out, "data.affnist.source is synth: the real files are not used")
+    try:
+        download(out, mirror, section.include_training, progress)
+    except DataError as exc:
+        if section.source != "auto":
+            raise
+        return write_disabled(
+            out,
+            f"data.affnist.source is auto and the real files are "
+            f"unreachable, so evaluation uses affnist-synth: {exc}",
+        )
+    return out
+
+
+def prepare_stage(root: Path, out: Path, section) -> Path:
+    """The prepare stage of the real files."""
+    return prepare(root / "raw" / "affnist", out)
+
+
+def prepare_synth_stage(root: Path, out: Path, section) -> Path:
+    """The prepare stage of affnist-synth (data.affnist.synth)."""
+    s = section.synth
+    return build_synth(
+        root, out, seed=s.seed, rotation_degrees=s.rotation_degrees, shear=s.shear,
+        scale=s.scale, limit=s.limit,
+    )  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 
 from capsnet.data.formats import read_idx_images, read_idx_labels
 from capsnet.data.sources import RemoteFile, fetch
+from capsnet.data.store import PreparedSpec, digits
 from capsnet.errors import DataError
 
 OFFICIAL_BASES = (
@@ -31,6 +32,8 @@ RAW_SIZE = {
     "t10k-images-idx3-ubyte": 16 + 10_000 * 28 * 28,
     "t10k-labels-idx1-ubyte": 8 + 10_000,
 }
+
+PREPARED = PreparedSpec(digits(28))
 
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -122,3 +125,22 @@ def load_tensors(
         tensors, _ = load_prepared(prepared, "mnist")
         return tensors["images"], tensors["labels"]
     return load_split(Path(root) / "raw" / "mnist", split, download_missing, mirror, progress)
+
+
+def load_dataset(request):
+    """The registry loader: MNIST ``request.split`` as a TensorImageDataset."""
+    from capsnet.data.tensors import TensorImageDataset
+
+    images, labels = request.mnist_split(request.split)
+    return TensorImageDataset(images, labels, f"mnist-{request.split}")
+
+
+def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
+    """The download stage: the four files into ``out``."""
+    download(out, mirror, progress)
+    return out
+
+
+def prepare_stage(root: Path, out: Path, section) -> Path:
+    """The prepare stage: ``root/raw/mnist`` -> ``out``."""
+    return prepare(root / "raw" / "mnist", out)

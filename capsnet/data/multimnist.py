@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from capsnet.data.store import PreparedSpec, TensorSpec
 from capsnet.errors import DataError
 
 MERGES = ("sum-clip", "max")
@@ -252,7 +253,7 @@ class MultiMNIST(Dataset):
 
     def materialize(self, limit: int | None = None):
         """A TensorImageDataset of the first ``limit`` rendered items (for evaluation)."""
-        from capsnet.data.datasets import TensorImageDataset
+        from capsnet.data.tensors import TensorImageDataset
 
         stop = len(self) if limit is None else min(limit, len(self))
         images, targets = self.render(slice(0, stop))
@@ -358,3 +359,27 @@ def load(
     return MultiMNIST(
         images, labels, recipe, merge or "sum-clip", per_digit, redraw, name, components
     )
+
+
+def load_dataset(request, **options) -> MultiMNIST:
+    """The registry loader."""
+    return load(request.root, request.split, request.mnist_split, seed=request.seed, **options)
+
+
+def prepare_stage(root: Path, out: Path, section) -> Path:
+    """The prepare stage: recipes from ``data.multimnist``."""
+    m = section
+    return build(
+        root, out, seed=m.seed, shift=m.shift, pad=m.pad, merge=m.merge,
+        train_pairs_per_digit=m.train_pairs_per_digit,
+        test_pairs_per_digit=m.test_pairs_per_digit, redraw_each_epoch=m.redraw_each_epoch,
+    )  # fmt: skip
+
+
+PREPARED = PreparedSpec(
+    {
+        "pairs": TensorSpec(torch.int64, ("M", 2), 0),  # (M, 2) MNIST indices
+        "shifts": TensorSpec(torch.int64, ("M", 4), "-shift", "shift"),  # (M, 4)
+    },
+    {"shift": int, "pad": int, "seed": int, "merge": MERGES, "pairs_per_digit": int},
+)

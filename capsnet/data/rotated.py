@@ -21,3 +21,14 @@ def load_tensors(
     """MNIST ``split`` (images uint8 (N, 28, 28), labels (N,)) rotated by ``angle`` degrees."""
     images, labels = mnist_split(split)
     return rotate(images, angle), labels
+
+
+def load_dataset(request):
+    """The registry loader: MNIST ``request.split`` rotated by ``request.angle`` degrees."""
+    from capsnet.data.tensors import TensorImageDataset
+    from capsnet.errors import DataError
+
+    if request.angle is None:
+        raise DataError("rotated-mnist needs an angle")
+    images, labels = load_tensors(request.split, request.angle, request.mnist_split)
+    return TensorImageDataset(images, labels, f"rotated-mnist-{request.angle:g}")

@@ -2,9 +2,12 @@
 novel-viewpoint subsets.
 
 Prepared images keep both stereo channels, uint8 (N, 2, 48, 48); a model picks channels
-with the ``channels`` option. Training items are random 32x32 crops with random brightness
-and contrast (seeded per item from (seed, epoch, index), so any number of DataLoader workers
-gives the same stream); test items are the centre 32x32 crop.
+with the ``channels`` option. Training batches are random 32x32 crops with random
+brightness and contrast, rendered on the training device (``SmallNORBTrain.render_batch``);
+test items are the centre 32x32 crop. With ``standardize`` (the EM paper's preprocessing)
+every image, train and test alike, is then shifted and scaled to zero mean and unit
+variance over its pixels (after the crop and the brightness and contrast draws, so the
+model always sees standardised inputs).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 from torch.utils.data import Dataset
 
 from capsnet.data.sources import RemoteFile, fetch
+from capsnet.data.store import PreparedSpec, TensorSpec
+from capsnet.data.tensors import TensorImageDataset
 from capsnet.errors import DataError
 
 OFFICIAL_BASE = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/"
@@ -40,6 +45,13 @@ INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
 INFO_MAX = (9, 8, 34, 5)  # the largest value of each info field
 FAMILIAR_AZIMUTHS = (30, 32, 34, 0, 2, 4)  # 300..40 degrees (azimuth index x 10 degrees)
 FAMILIAR_ELEVATIONS = (0, 1, 2)  # the three lowest: 30, 35, 40 degrees
+PREPARED = PreparedSpec(
+    {
+        "images": TensorSpec(torch.uint8, ("N", 2, "S", "S")),  # (N, 2 stereo, S, S)
+        "labels": TensorSpec(torch.int64, ("N",), 0, CLASSES - 1),  # (N,)
+        "info": TensorSpec(torch.int64, ("N", len(INFO_FIELDS)), 0, INFO_MAX, columns=INFO_FIELDS),
+    }
+)
 SUBSETS = ("all", "azimuth-familiar", "azimuth-novel", "elevation-familiar", "elevation-novel")
 
 
@@ -63,6 +75,57 @@ def remote_files() -> list[RemoteFile]:
 def download(raw_dir: str | os.PathLike, mirror: str | None = None, progress: bool = True):
     """Fetch and verify the six smallNORB files into ``raw_dir``."""
     return [fetch(remote, raw_dir, mirror=mirror, progress=progress) for remote in remote_files()]
+
+
+SOURCE_FILE = "SOURCE.txt"  # in the raw directory: which files it holds
+SYNTH = "smallnorb-synth"
+REAL = "smallnorb"
+
+
+def obtain(
+    raw_dir: str | os.PathLike, params, mirror: str | None, progress: bool = False, stand_in=None
+) -> str:
+    """Fill ``raw_dir`` with the six files from ``params.source`` (``data.smallnorb``):
+    real (download), synth (``stand_in(raw_dir, seed, side)`` renders them) or auto
+    (real when the mirror holds the official files, otherwise synth). Returns the source
+    used, also written to SOURCE.txt."""
+    raw_dir = Path(raw_dir)
+    source = params.source
+    if source == "auto":
+        source = "real" if _mirror_has_real(raw_dir, mirror) else "synth"
+    if source == "real":
+        download(raw_dir, mirror, progress)
+        used = REAL
+    else:
+        if stand_in is None:
+            raise DataError("data.smallnorb.source synth: no stand-in renderer was given")
+        stand_in(raw_dir, params.synth.seed, params.synth.side)
+        used = SYNTH
+    from capsnet.io import atomic_write_bytes
+
+    atomic_write_bytes(raw_dir / SOURCE_FILE, f"{used}\n".encode())
+    return used
+
+
+def _mirror_has_real(raw_dir: Path, mirror: str | None) -> bool:
+    """Whether the six verified official files are in ``raw_dir`` already or reachable
+    through ``mirror`` alone (never the official URLs: auto must work offline)."""
+    for remote in remote_files():
+        local = RemoteFile(remote.dataset, remote.filename, (), remote.raw_md5)
+        try:
+            fetch(local, raw_dir, mirror=mirror, retries=1, progress=False)
+        except DataError:
+            return False
+    return True
+
+
+def raw_source(raw_dir: str | os.PathLike) -> str:
+    """smallnorb or smallnorb-synth: what ``raw_dir`` holds (real when it does not say)."""
+    marker = Path(raw_dir) / SOURCE_FILE
+    text = marker.read_text().strip() if marker.is_file() else REAL
+    if text not in (REAL, SYNTH):
+        raise DataError(f"{marker}: {text!r} is neither {REAL} nor {SYNTH}")
+    return text
 
 
 def read_split(raw_dir: str | os.PathLike, split: str):
@@ -106,10 +169,12 @@ def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
 
 
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
-    """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info."""
+    """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
+    and in meta the source (smallnorb or smallnorb-synth)."""
     from capsnet.data.store import save_prepared
     from capsnet.io import atomic_directory
 
+    source = raw_source(raw_dir)
     splits = {split: read_split(raw_dir, split) for split in PREFIX}
     with atomic_directory(out_dir) as tmp:
         for split, (images, labels, info) in splits.items():
@@ -121,6 +186,8 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 
                 size=size,
                 info_fields=INFO_FIELDS,
                 count=int(labels.shape[0]),
+                source=source,
+                synthetic=source == SYNTH,
             )
     return Path(out_dir)
 
@@ -144,23 +211,50 @@ def centre_crop(images: torch.Tensor, crop: int) -> torch.Tensor:
     return TF.center_crop(images, [crop, crop])
 
 
+def standardize(images: torch.Tensor) -> torch.Tensor:
+    """Zero mean, unit variance per image: float (B, C, H, W) over (C, H, W)."""
+    dims = (-3, -2, -1)
+    mean = images.mean(dims, keepdim=True)  # (B, 1, 1, 1)
+    return (images - mean) / images.std(dims, keepdim=True).clamp(min=1e-6)  # (B, C, H, W)
+
+
+def random_crops(images: torch.Tensor, crop: int, generator) -> torch.Tensor:
+    """uint8 (B, C, S, S) -> (B, C, crop, crop) at offsets drawn from ``generator``."""
+    batch, channels, side = images.shape[0], images.shape[1], images.shape[-1]
+    device = images.device
+    corner = torch.randint(0, side - crop + 1, (batch, 2), generator=generator, device=device)
+    span = torch.arange(crop, device=device)  # (crop,)
+    rows = (corner[:, :1] + span)[:, None, :, None]  # (B, 1, crop, 1)
+    cols = (corner[:, 1:] + span)[:, None, None, :]  # (B, 1, 1, crop)
+    batch_index = torch.arange(batch, device=device)[:, None, None, None]
+    channel_index = torch.arange(channels, device=device)[None, :, None, None]
+    return images[batch_index, channel_index, rows, cols]  # (B, C, crop, crop)
+
+
+def jitter(images: torch.Tensor, brightness: float, contrast: float, generator) -> torch.Tensor:
+    """Random brightness then contrast of float (B, C, H, W) in [0, 1], each stereo channel
+    scaled about its own mean (torchvision's adjust_brightness / adjust_contrast on each
+    channel as a grey image); factors 1 + brightness * U(-1, 1), 1 + contrast * U(-1, 1)."""
+    draws = torch.rand(images.shape[0], 2, generator=generator, device=images.device)  # (B, 2)
+    factors = 1.0 + (2.0 * draws - 1.0) * torch.tensor([brightness, contrast], device=images.device)
+    bright = (images * factors[:, :1, None, None]).clamp_(0.0, 1.0)  # (B, C, H, W)
+    mean = bright.mean((-2, -1), keepdim=True)  # (B, C, 1, 1)
+    c = factors[:, 1:, None, None]  # (B, 1, 1, 1)
+    return (c * bright + (1.0 - c) * mean).clamp_(0.0, 1.0)  # (B, C, H, W)
+
+
 class SmallNORBTrain(Dataset):
-    """Training items: random crop, random brightness and contrast, float (C, crop, crop)."""
+    """Training items: random crop, random brightness and contrast, then (``standardize``)
+    zero mean and unit variance, float (C, crop, crop). Batches come from ``render_batch`` on
+    the training device; items, for a DataLoader, are the same transform seeded per
+    (seed, epoch, index)."""
 
     num_classes = CLASSES
 
     def __init__(
-        self,
-        images,
-        labels,
-        info,
-        crop=32,
-        brightness=0.2,
-        contrast=0.2,
-        seed=0,
-        standardize=False,
-        name="smallnorb-train",
-    ):
+        self, images, labels, info, crop=32, brightness=0.2, contrast=0.2, seed=0,
+        standardize=True, name="smallnorb-train",
+    ):  # fmt: skip
         self.images = images  # (N, C, 48, 48) uint8
         self.labels = labels  # (N,)
         self.info = info  # (N, 4)
@@ -173,29 +267,69 @@ class SmallNORBTrain(Dataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def __getitem__(self, index: int):
-        from torchvision.transforms.v2 import functional as TF
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        return {"images": self.images, "labels": self.labels}
 
-        rng = np.random.default_rng([self.seed, self.epoch, int(index)])
-        image = self.images[index]  # (C, 48, 48)
-        top, left = (int(v) for v in rng.integers(0, image.shape[-1] - self.crop + 1, 2))
-        image = image[:, top : top + self.crop, left : left + self.crop]  # (C, crop, crop)
-        image = image.float().div_(255.0).unsqueeze(1)  # (C, 1, crop, crop): channels apart
-        b, c = rng.uniform(-1, 1, 2)
-        image = TF.adjust_brightness(image, 1.0 + self.brightness * float(b))
-        image = TF.adjust_contrast(image, 1.0 + self.contrast * float(c))
-        image = image.squeeze(1)  # (C, crop, crop)
+    def render_batch(self, tensors, index, epoch, generator):
+        """(images float32 (B, C, crop, crop), labels (B,)) of the items ``index``: random
+        crops, brightness and contrast from ``generator``, standardised when configured; all
+        on the device of ``tensors``, no host sync."""
+        images = random_crops(tensors["images"][index], self.crop, generator)  # (B, C, k, k)
+        images = jitter(images.float().div_(255.0), self.brightness, self.contrast, generator)
         if self.standardize:
-            image = _standardize(image)
-        return image, int(self.labels[index])
+            images = standardize(images)
+        return images, tensors["labels"][index]
+
+    def __getitem__(self, index: int):
+        generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.epoch) * 10_000_019 + int(index)
+        )
+        images, labels = self.render_batch(
+            self.resident_tensors(), torch.tensor([int(index)]), self.epoch, generator
+        )
+        return images[0], int(labels[0])
 
 
-def _standardize(images: torch.Tensor) -> torch.Tensor:
-    """Zero mean, unit variance per image: float (..., C, H, W)."""
-    dims = (-3, -2, -1)
-    return (images - images.mean(dims, keepdim=True)) / images.std(dims, keepdim=True).clamp(
-        min=1e-6
-    )
+class StandardizedTest(Dataset):
+    """Centre-cropped test items, each standardised (zero mean, unit variance); batches
+    through ``__getitems__``."""
+
+    num_classes = CLASSES
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, info, name: str):
+        self.images, self.labels, self.info, self.name = images, labels, info, name
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    @property
+    def targets(self) -> torch.Tensor:
+        return self.labels  # (N,), as TensorImageDataset names them
+
+    def __getitems__(self, indices):
+        index = torch.as_tensor(indices, dtype=torch.long)
+        images = standardize(self.images[index].float().div_(255.0))  # (B, C, k, k)
+        return list(zip(images, self.labels[index].tolist()))
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])[0]
+
+    def subset(self, limit: int | None):
+        """The first ``limit`` items (all when None)."""
+        if limit is None or limit >= len(self):
+            return self
+        info = None if self.info is None else self.info[:limit]
+        return StandardizedTest(self.images[:limit], self.labels[:limit], info, self.name)
+
+
+def crop_test_set(images, labels, info, crop: int, standardize: bool, name: str):
+    """Centre ``crop`` crops of uint8 (N, C, S, S), standardised per image when asked."""
+    cropped = centre_crop(images, crop).contiguous()  # (N, C, crop, crop)
+    if standardize:
+        return StandardizedTest(cropped, labels, info, name)
+    dataset = TensorImageDataset(cropped, labels, name, num_classes=CLASSES)
+    dataset.info = info
+    return dataset
 
 
 def load(
@@ -208,11 +342,11 @@ def load(
     crop: int = 32,
     brightness: float = 0.2,
     contrast: float = 0.2,
-    standardize: bool = False,
+    standardize: bool = True,
 ):
     """smallNORB ``split`` restricted to ``subset``: random-crop training items (when
-    ``augment``, default for train) or centre-cropped test tensors."""
-    from capsnet.data.datasets import TensorImageDataset
+    ``augment``, default for train) or centre-cropped test items; ``source`` attribute:
+    smallnorb or smallnorb-synth."""
     from capsnet.data.store import load_prepared
     from capsnet.io import is_disabled
 
@@ -223,34 +357,41 @@ def load(
         )
     if split not in PREFIX:
         raise DataError(f"smallnorb split {split!r} unknown; choose train or test")
-    tensors, _ = load_prepared(prepared / f"{split}.pt", "smallnorb")
+    tensors, meta = load_prepared(prepared / f"{split}.pt", "smallnorb")
     mask = subset_mask(tensors["info"], subset)
     bad = [c for c in channels if c not in (0, 1)]
     if bad or not channels:
         raise DataError(f"smallnorb channels {channels!r}: choose from 0 and 1")
-    images = tensors["images"][mask][:, list(channels)]  # (M, C, 48, 48)
+    side = tensors["images"].shape[-1]
+    if crop > side:
+        raise DataError(
+            f"{prepared / f'{split}.pt'}: crop {crop} is larger than the prepared {side}x{side} "
+            f"images (data.smallnorb.crop, data.smallnorb.size)"
+        )
+    images = tensors["images"][mask][:, list(channels)]  # (M, C, S, S)
     labels, info = tensors["labels"][mask], tensors["info"][mask]
     name = f"smallnorb-{split}-{subset}"
     if augment if augment is not None else split == "train":
-        return SmallNORBTrain(
+        dataset = SmallNORBTrain(
             images, labels, info, crop, brightness, contrast, seed, standardize, name
         )
-    cropped = centre_crop(images, crop)  # (M, C, crop, crop)
-    if standardize:
-        return _StandardizedTensors(cropped, labels, name)
-    dataset = TensorImageDataset(cropped, labels, name, num_classes=CLASSES)
-    dataset.info = info
+    else:
+        dataset = crop_test_set(images, labels, info, crop, standardize, name)
+    dataset.source = meta.get("source", REAL)
     return dataset
 
 
-class _StandardizedTensors(Dataset):
-    num_classes = CLASSES
+def load_dataset(request, **options):
+    """The registry loader."""
+    return load(request.root, request.split, request.subset, request.seed or 0, **options)
 
-    def __init__(self, images, labels, name):
-        self.images, self.labels, self.name = images, labels, name
 
-    def __len__(self) -> int:
-        return self.images.shape[0]
+def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
+    """The download stage: the six files from ``data.smallnorb.source``."""
+    obtain(out, section, mirror, progress, stand_in)
+    return out
 
-    def __getitem__(self, index: int):
-        return _standardize(self.images[index].float().div(255.0)), int(self.labels[index])
+
+def prepare_stage(root: Path, out: Path, section) -> Path:
+    """The prepare stage: ``root/raw/smallnorb`` downsampled to ``data.smallnorb.size``."""
+    return prepare(root / "raw" / "smallnorb", out, section.size)

@@ -5,9 +5,10 @@ A prepared file is ``torch.save({"tensors": {...}, "meta": {...}})``, read back 
 files builds them in a temporary directory and swaps it into place only when everything
 succeeded, so a failing stage leaves no partial output behind.
 
-Every file is checked when loaded against the ``SPECS`` entry of its dataset (keys, dtypes,
-shapes, value ranges), so a damaged or stale file fails at once, in one line naming the file
-and the command that rebuilds it, instead of deep inside training.
+Every file is checked when loaded against the PreparedSpec its dataset declares
+(``capsnet.data.registry``: keys, dtypes, shapes, value ranges) and against the dataset and
+split it names in its meta, so a damaged, stale or misplaced file fails at once, in one line
+naming the file and the command that rebuilds it, instead of deep inside training.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from typing import Any
 import torch
 
 from capsnet import torchfile
-from capsnet.data.multimnist import MERGES
-from capsnet.data.smallnorb import INFO_FIELDS, INFO_MAX
+from capsnet.data.registry import PREPARES, REGISTRY, resolve
 from capsnet.errors import DataError
 from capsnet.io import atomic_write_bytes
 
@@ -52,36 +52,17 @@ class PreparedSpec:
     meta: dict[str, type | tuple] = field(default_factory=dict)
 
 
-def _digits(side: int) -> dict[str, TensorSpec]:
+def digits(side: int) -> dict[str, TensorSpec]:
+    """The tensors of a prepared set of digits: side x side images and labels 0..9."""
     return {
         "images": TensorSpec(torch.uint8, ("N", side, side)),  # (N, side, side)
         "labels": TensorSpec(torch.int64, ("N",), 0, 9),  # (N,)
     }
 
 
-SPECS: dict[str, PreparedSpec] = {
-    "mnist": PreparedSpec(_digits(28)),
-    "affnist": PreparedSpec(_digits(40)),
-    "affnist-synth": PreparedSpec(
-        {**_digits(40), "affine": TensorSpec(torch.float32, ("N", 6), required=False)}
-    ),
-    "smallnorb": PreparedSpec(
-        {
-            "images": TensorSpec(torch.uint8, ("N", 2, "S", "S")),  # (N, 2 stereo, S, S)
-            "labels": TensorSpec(torch.int64, ("N",), 0, 4),  # (N,)
-            "info": TensorSpec(  # (N, 4)
-                torch.int64, ("N", len(INFO_FIELDS)), 0, INFO_MAX, columns=INFO_FIELDS
-            ),
-        }
-    ),
-    "multimnist": PreparedSpec(
-        {
-            "pairs": TensorSpec(torch.int64, ("M", 2), 0),  # (M, 2) MNIST indices
-            "shifts": TensorSpec(torch.int64, ("M", 4), "-shift", "shift"),  # (M, 4)
-        },
-        {"shift": int, "pad": int, "seed": int, "merge": MERGES, "pairs_per_digit": int},
-    ),
-}
+def prepared_spec(dataset: str) -> PreparedSpec:
+    """The PreparedSpec ``dataset`` declares in the registry."""
+    return resolve(REGISTRY[dataset].prepared)
 
 
 def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **meta) -> Path:
@@ -96,7 +77,7 @@ def rebuild_command(path: str | os.PathLike, dataset: str | None = None) -> str:
     """The command that rebuilds the prepared file ``<root>/prepared/<dataset>/<split>.pt``."""
     path = Path(path)
     dataset = dataset or path.parent.name
-    if dataset not in SPECS:
+    if dataset not in PREPARES:
         return "capsnet data prepare DATASET"
     if path.parent.name == dataset and path.parent.parent.name == "prepared":
         return f"capsnet data prepare {dataset} --data-root {path.parent.parent.parent}"
@@ -109,13 +90,16 @@ def prepared_error(path: str | os.PathLike, problem: str, dataset: str | None = 
 
 
 def load_prepared(
-    path: str | os.PathLike, dataset: str | None = None
+    path: str | os.PathLike, dataset: str | None = None, split: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, meta) of a prepared file, checked against ``SPECS[dataset]`` (default: the
-    folder name, ``<root>/prepared/<dataset>/<split>.pt``); a one-line DataError naming the
-    file and its rebuild command when it is missing, unreadable or malformed."""
+    """(tensors, meta) of a prepared file, checked against the spec of ``dataset`` (default:
+    the folder name, ``<root>/prepared/<dataset>/<split>.pt``) and its meta's dataset and
+    split against ``dataset`` and ``split`` (default: the file name); a one-line DataError
+    naming the file and its rebuild command when it is missing, unreadable, malformed or
+    another split's."""
     path = Path(path)
-    dataset = dataset or (path.parent.name if path.parent.name in SPECS else None)
+    dataset = dataset or (path.parent.name if path.parent.name in PREPARES else None)
+    split = split or path.stem
     if not path.is_file():
         raise prepared_error(path, "prepared file not found", dataset)
     try:
@@ -126,7 +110,10 @@ def load_prepared(
         raise prepared_error(path, f"cannot be read ({exc.strerror})", dataset) from None
     problem = _structure_problem(payload)
     if problem is None and dataset is not None:
-        problem = check_prepared(payload["tensors"], payload["meta"], SPECS[dataset], dataset)
+        spec = prepared_spec(dataset)
+        problem = check_prepared(payload["tensors"], payload["meta"], spec, dataset)
+    if problem is None and payload["meta"].get("split", split) != split:
+        problem = f"it holds the {payload['meta']['split']!r} split, not {split!r}"
     if problem is not None:
         raise prepared_error(path, problem, dataset)
     return payload["tensors"], payload["meta"]

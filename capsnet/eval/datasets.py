@@ -10,7 +10,7 @@ from typing import Any
 from capsnet.errors import DataError
 from capsnet.eval.request import EvalRequest
 
-MNIST_CLASSES = 10
+MNIST_CLASSES = 10  # what a dataset that does not say has
 
 
 def _default_root() -> Path:
@@ -49,43 +49,48 @@ class TestSets:
         return self._cache[key]
 
     def _read(self, name: str, channels: int) -> tuple[Any, dict]:
+        from capsnet.data import registry
+
         limit = self.request.params.limit
-        if name in ("mnist", "rotated-mnist"):
+        spec = registry.of_evaluation(name)
+        if spec.name == "rotated-mnist":
             return self._load("mnist").subset(limit), {}  # rotations are applied in memory
         if name == "affnist":
-            from capsnet.data import affnist
+            from capsnet.data import affnist, mnist
 
             root = self.root if self.root is not None else _default_root()
-            dataset, source = affnist.evaluation_set(root, mirror=self.request.mirror)
-            return dataset.subset(limit), {"source": source}
-        if name == "affnist-synth":
-            return self._load("affnist-synth").subset(limit), {"source": "affnist-synth"}
-        if name == "expanded-mnist":
-            return self._load("expanded-mnist").subset(limit), {}
-        if name == "multimnist":
-            return self._load("multimnist").materialize(limit), {}
-        if name.startswith("smallnorb"):
-            subset = name[len("smallnorb-") :] if name != "smallnorb" else "all"
-            dataset = self._load("smallnorb", subset=subset, channels=tuple(range(channels)))
-            return dataset.subset(limit), {"subset": subset}
-        from capsnet.config import EVAL_DATASETS
 
-        raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(EVAL_DATASETS)}")
+            def mnist_split(which: str):
+                return mnist.load_tensors(root, which, True, self.request.mirror)
+
+            dataset, source = affnist.evaluation_set(root, mnist_split)
+            return dataset.subset(limit), {"source": source}
+        if spec.name == "multimnist":
+            return self._load("multimnist").materialize(limit), {}
+        if spec.name == "smallnorb":
+            subset = name[len("smallnorb-") :] if name != "smallnorb" else "all"
+            norb = self.request.smallnorb
+            dataset = self._load(
+                "smallnorb", subset=subset, channels=tuple(range(channels)), crop=norb.crop,
+                standardize=norb.standardize,
+            )  # fmt: skip
+            return dataset.subset(limit), {"subset": subset, "source": dataset.source}
+        info = {"source": name} if spec.name == "affnist-synth" else {}
+        return self._load(spec.name).subset(limit), info
 
 
 def image_shape(name: str) -> tuple[int, int] | None:
     """(size, classes) a dataset needs, known without loading it (None: ask the data)."""
-    if name in ("mnist", "rotated-mnist"):
-        return 28, MNIST_CLASSES
-    if name in ("affnist", "affnist-synth", "expanded-mnist"):
-        return 40, MNIST_CLASSES
-    return None
+    from capsnet.data import registry
+
+    shape = registry.of_evaluation(name).shape
+    return None if shape is None else (shape[1], shape[2])
 
 
 def _dataset_shape(dataset) -> tuple[int, int, int, str | None]:
     """(channels, size, classes, non-square reason) of a loaded dataset; the classes are
     what the dataset declares."""
-    _, channels, height, width = dataset.tensors[0].shape  # (N, C, H, W)
+    channels, height, width = dataset[0][0].shape  # (C, H, W)
     square = None if width == height else f"images are {height}x{width}"
     return channels, height, int(getattr(dataset, "num_classes", MNIST_CLASSES)), square
 
@@ -102,6 +107,12 @@ def model_fit(model, name: str, dataset=None) -> str | None:
     else:
         need_size, need_classes = image_shape(name)
         need_channels = 1
+    smallnorb_model = name.startswith("smallnorb") and need_classes == classes
+    if smallnorb_model and need_size != size:
+        raise DataError(
+            f"{name}: the model takes {size}x{size} crops but data.smallnorb.crop is "
+            f"{need_size}: evaluate with the crop it was trained with"
+        )
     reasons = []
     if need_size != size:
         reasons.append(f"images are {need_size}x{need_size}, the model takes {size}x{size}")

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import torch
 
-from capsnet.config import EvaluateParams
+from capsnet.config import EvaluateParams, SmallnorbParams
 
 
 @dataclass(frozen=True)
 class EvalRequest:
     """``params``: the evaluate settings (datasets, angles, limits, robustness, ...);
-    ``data_root`` None means the default data directory."""
+    ``data_root`` None means the default data directory; ``smallnorb``: the data.smallnorb
+    settings the models were trained with (crop, standardisation)."""
 
     params: EvaluateParams = field(default_factory=EvaluateParams)
+    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
     data_root: str | Path | None = None
     mirror: str | None = None
     log: Callable[[str], None] | None = field(default=None, repr=False, compare=False)

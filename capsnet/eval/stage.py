@@ -55,6 +55,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     paths, names = stage_checkpoints(settings, log)
     request = EvalRequest(
         settings,
+        smallnorb=params.data.smallnorb,
         data_root=data_root or getattr(params.data, "root", None) or "data",
         mirror=mirror,
         log=log,

@@ -289,8 +289,9 @@ def em_routing(
             call has one shape.
         compiled: run the steps compiled (``compiled_steps``); raises where it cannot.
 
-    Returns pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1). Routing runs in fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods
-    and activations stay in log space.
+    Returns pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1). Routing runs in
+    fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods and activations
+    stay in log space.
     """
     if iterations < 1:
         raise ValueError(f"routing iterations must be >= 1, got {iterations}")

@@ -16,7 +16,8 @@ from datahelpers import write_affnist_mirror, write_smallnorb_raw, write_tiny_mn
 
 from capsnet import checkpoint, models
 from capsnet.data import affnist, load, mnist, multimnist, smallnorb
-from capsnet.data.store import SPECS, load_prepared, save_prepared
+from capsnet.data.registry import PREPARES
+from capsnet.data.store import load_prepared, prepared_spec, save_prepared
 from capsnet.errors import DataError
 
 SPLIT = "test"
@@ -79,10 +80,11 @@ def assert_names_file_and_fix(error: DataError, path: Path, name: str, *fragment
 
 
 def test_every_prepared_file_fits_its_spec(good_root):
-    for name in SPECS:
+    for name in PREPARES:
+        spec = prepared_spec(name)
         for path in sorted((good_root / "prepared" / name).glob("*.pt")):
-            tensors, _ = load_prepared(path)  # checked against SPECS[name]
-            assert set(tensors) >= {k for k, s in SPECS[name].tensors.items() if s.required}
+            tensors, _ = load_prepared(path)  # checked against the registry's spec
+            assert set(tensors) >= {k for k, s in spec.tensors.items() if s.required}
         assert len(load_dataset(name, good_root)) > 0
 
 
@@ -209,7 +211,7 @@ def test_missing_smallnorb_file_names_the_command(root):
 def test_damaged_real_affnist_is_an_error_not_a_fallback(root):
     path = rewrite(root, "affnist", _set("labels", lambda t: t + 10))
     with pytest.raises(DataError) as info:
-        affnist.evaluation_set(root, download=False)
+        affnist.evaluation_set(root)
     assert_names_file_and_fix(info.value, path, "affnist", "'labels' holds")
 
 

@@ -28,13 +28,15 @@ def test_read_split_with_info_fields(norb_root):
 
 def test_prepare_and_load_crops(norb_root):
     stages.prepare("smallnorb", ON, norb_root)
-    train = load("smallnorb", "train", norb_root, seed=0)
+    train = load("smallnorb", "train", norb_root, seed=0, standardize=False)
     image, _ = train[0]
     assert image.shape == (2, 32, 32) and 0 <= float(image.min()) <= float(image.max()) <= 1
     assert torch.equal(train[0][0], image)  # seeded per item
     train.set_epoch(1)
     assert not torch.equal(train[0][0], image)  # a new crop / jitter each epoch
-    test = load("smallnorb", "test", norb_root)
+    standardized = load("smallnorb", "test", norb_root)[0][0]  # the default: per image
+    assert abs(float(standardized.mean())) < 1e-5 and abs(float(standardized.std()) - 1) < 1e-4
+    test = load("smallnorb", "test", norb_root, standardize=False)
     full = smallnorb.downsample(smallnorb.read_split(norb_root / "raw" / "smallnorb", "test")[0])
     assert torch.equal(test.tensors[0], full[:, :, 8:40, 8:40])  # centre 32x32 of 48x48
     left = load("smallnorb", "test", norb_root, channels=(0,))

@@ -1,0 +1,114 @@
+"""The dataset registry: one declaration per dataset, read by every stage, loader and config;
+and capsnet.data free of import cycles."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import capsnet.data
+from capsnet.config import DATASETS as SWEEP_DATASETS
+from capsnet.config import EVAL_DATASETS, EXTRA_DATASETS, DataParams
+from capsnet.data import registry
+
+DATA_DIR = Path(capsnet.data.__file__).parent
+
+
+def _data_imports(path: Path) -> set[str]:
+    """The capsnet.data modules ``path`` imports, at any level (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "capsnet.data":
+                found |= {alias.name for alias in node.names}
+            elif node.module.startswith("capsnet.data."):
+                found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found |= {
+                a.name.split(".")[2] for a in node.names if a.name.startswith("capsnet.data.")
+            }
+    return found & {p.stem for p in DATA_DIR.glob("*.py")}
+
+
+def test_capsnet_data_has_no_import_cycle():
+    graph = {p.stem: _data_imports(p) - {p.stem} for p in DATA_DIR.glob("*.py")}
+    graph["__init__"] = set()  # imports on first attribute use only (module __getattr__)
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        if state.get(module) == "done":
+            return
+        if state.get(module) == "open":
+            cycle = [*path[path.index(module) :], module]
+            pytest.fail(f"import cycle in capsnet/data: {' -> '.join(cycle)}")
+        state[module] = "open"
+        for child in sorted(graph.get(module, ())):
+            visit(child, [*path, module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_each_data_module_imports_alone_and_the_registry_without_torch():
+    modules = sorted(p.stem for p in DATA_DIR.glob("*.py") if p.stem != "__init__")
+    script = (
+        "import importlib, subprocess, sys\n"
+        "import capsnet.data.registry, capsnet.config\n"
+        "assert 'torch' not in sys.modules, 'the registry and config import torch'\n"
+        f"for name in {modules!r}:\n"
+        "    code = f'import capsnet.data.{name}'\n"
+        "    subprocess.run([sys.executable, '-c', code], check=True)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
+
+
+def test_every_declaration_resolves_and_names_its_params_section():
+    sections = {f.name for f in DataParams.__dataclass_fields__.values()}
+    for name, spec in registry.REGISTRY.items():
+        assert spec.name == name and spec.section in sections, name
+        for reference in (spec.loader, spec.download, spec.stand_in, spec.prepare, spec.prepared):
+            if reference is not None:
+                assert registry.resolve(reference) is not None, reference
+        if spec.download:
+            assert spec.prepare, f"{name}: downloaded but never prepared"
+
+
+def test_config_choices_are_the_registry():
+    assert EVAL_DATASETS == registry.EVAL_DATASETS
+    assert SWEEP_DATASETS == registry.SWEEP_DATASETS == ("mnist", "smallnorb")
+    assert set(EXTRA_DATASETS) == {"multimnist", "expanded-mnist"}
+    assert len(set(EVAL_DATASETS)) == len(EVAL_DATASETS)
+    from capsnet import train_cli
+    from capsnet.data import cli
+
+    train_choices = next(p for p in train_cli.train_command.params if p.name == "dataset").type
+    assert tuple(train_choices.choices) == registry.TRAIN_DATASETS
+    prepare = next(p for p in cli.prepare_command.params if p.name == "dataset").type
+    assert tuple(prepare.choices) == registry.PREPARES
+
+
+def test_unknown_names_fail_in_one_line():
+    from capsnet.data import load
+    from capsnet.errors import DataError
+
+    with pytest.raises(DataError, match="unknown dataset 'norb'; choose one of: mnist, "):
+        load("norb")
+    with pytest.raises(DataError, match="smallnorb: unknown option"):
+        load("smallnorb", "test", "nowhere", merge="max")
+
+
+def test_shapes_declared_match_the_evaluation_sizes():
+    from capsnet.eval.datasets import image_shape
+
+    assert image_shape("rotated-mnist") == (28, 10)
+    assert image_shape("affnist-synth") == (40, 10)
+    assert image_shape("smallnorb-azimuth-novel") is None  # from the data: crop and channels
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))
