@@ -163,4 +163,8 @@ def percent(value: float | None, std: float | None = None) -> str:
 def paper_metric(column: str, entry: dict) -> str:
     if column == "affnist" and entry.get("affnist", {}).get("source") != "affnist":
         return ""  # the synthetic stand-in is never compared with the paper's affNIST
+    if column.startswith("smallnorb") and str(
+        entry.get(column.split("@")[0], {}).get("source", "")
+    ).startswith("smallnorb-synth"):
+        return ""  # nor the smallNORB stand-in with the paper's smallNORB
     return column

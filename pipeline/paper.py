@@ -13,6 +13,14 @@ SABOUR = "Sabour et al. 2017"
 HINTON = "Hinton et al. 2018"
 ARTICLE = "“Approaching the Problem of Equivariance With Hinton's Capsule Networks” (DZone)"
 ARTICLE_SHORT = "the rotated-MNIST article (DZone)"
+#: Each source's short name in table cells.
+CITES = {SABOUR: "Sabour 2017", HINTON: "Hinton 2018", ARTICLE: "DZone article"}
+#: The line under a table that spells out the short names.
+SOURCES_LINE = (
+    "Published numbers in brackets, each for the model it describes, not ours: Sabour 2017 ="
+    " Sabour, Frosst, Hinton, Dynamic Routing Between Capsules (2017); Hinton 2018 = Hinton,"
+    f" Sabour, Frosst, Matrix Capsules with EM Routing (2018); DZone article = {ARTICLE}."
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,11 @@ class PaperNumber:
     source: str  # who published it: SABOUR, HINTON or ARTICLE
     model: str  # the model it describes, in the source's words
     note: str
+
+    @property
+    def cite(self) -> str:
+        """The source's short name for a table cell (``SOURCES`` spells each out)."""
+        return CITES[self.source]
 
     @property
     def label(self) -> str:

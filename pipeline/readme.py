@@ -31,7 +31,7 @@ from pipeline.cells import (
     std_value,
     table_columns,
 )
-from pipeline.paper import paper_number
+from pipeline.paper import SOURCES_LINE, paper_number
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -41,7 +41,7 @@ _BLOCK = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
 def _cell(column: str, model: str, entry: dict) -> str:
     ours = percent(cell_value(entry, column), std_value(entry, column))
     paper = paper_number(paper_metric(column, entry), model)
-    return ours + (f" (paper {percent(paper.accuracy)})" if paper else "")
+    return ours + (f" ({paper.cite}: {percent(paper.accuracy)})" if paper else "")
 
 
 def _source(model: str, entry: dict) -> str:
@@ -91,7 +91,8 @@ def _viewpoints_lines(section) -> list[str]:
         gap = percent(entry.get("gap")) + ("" if entry.get("matched") else " (not matched)")
         for m in entry.get("models", {}).values():
             paper = m.get("paper_novel_error")
-            novel = percent(m.get("novel_error")) + (f" (paper {percent(paper)})" if paper else "")
+            cite = f" (Hinton 2018, real smallNORB: {percent(paper)})" if paper else ""
+            novel = percent(m.get("novel_error")) + cite
             familiar = percent(m.get("familiar_error"))
             lines.append(f"| {kind} | {m.get('model')} | {familiar} | {novel} | {gap} |")
     return lines
@@ -109,7 +110,7 @@ def results_table(metrics: dict, angle: float = 35.0) -> str:
     for model, chosen in picks.items():
         cells = [_cell(c, model, chosen[c][1]) if c in chosen else "–" for c in columns]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    notes = [_sources_line(picks, titles), _test_sizes(picks)] if columns else []
+    notes = [_sources_line(picks, titles), _test_sizes(picks), SOURCES_LINE] if columns else []
     text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
     comparison = comparison_text.markdown(metrics.get(COMPARISON_KEY), angle)
     viewpoints = _viewpoints_lines(metrics.get(VIEWPOINTS_KEY))

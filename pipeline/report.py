@@ -63,7 +63,8 @@ def _cell(column: str, model: str, chosen: tuple[str, dict] | None) -> str:
     ours = percent(cell_value(entry, column), std_value(entry, column))
     paper = paper_number(paper_metric(column, entry), model)
     extra = (
-        f'<br><span class="paper" title="{_e(paper.note)}">paper {percent(paper.accuracy)}</span>'
+        f'<br><span class="paper" title="{_e(paper.label)}: {_e(paper.note)}">'
+        f"{_e(paper.cite)} {percent(paper.accuracy)}</span>"
         if paper
         else ""
     )

@@ -65,11 +65,15 @@ def _peak_memory(frame, metrics) -> float | None:
 
 
 def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
-    """The best trial by ``sweep.metric`` at its last epoch: its config and metrics."""
+    """The best trial by ``sweep.metric`` at its last epoch: its config and metrics.
+
+    Ties are broken by a fixed rule, so a rerun or a restored sweep picks the same config:
+    the trial that trained more epochs, then the one whose searched settings come first as
+    JSON with sorted keys (never the trial id, which is random)."""
     good = [r for r in results if not r.error and r.metrics.get(sweep.metric) is not None]
     if not good:
         return None
-    best = results.get_best_result(metric=sweep.metric, mode="max", scope="last")
+    best = min(good, key=lambda r: _rank(r, sweep))
     data = {"dataset": sweep.dataset}
     if sweep.dataset == "smallnorb":
         data["channels"] = sweep.channels
@@ -87,6 +91,13 @@ def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
             **{metric: best.metrics.get(metric) for metric in sweep.metrics()},
         },
     }
+
+
+def _rank(result, sweep: SweepConfig) -> tuple[float, int, str]:
+    """Sort key of a trial: best metric first, then more epochs, then its settings."""
+    settings = {name: result.config.get(name) for name in sweep.parameters()}
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return (-float(result.metrics[sweep.metric]), -int(result.metrics.get("epoch") or 0), text)
 
 
 def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -85,18 +85,22 @@ def test_header_dims_disagreeing_with_size(norb_root):
     assert not (norb_root / "prepared" / "smallnorb").exists()
 
 
-def test_disabled_by_default_writes_marker(tmp_path):
-    out = stages.download("smallnorb", Params(), tmp_path)
+def test_switched_off_writes_marker(tmp_path):
+    assert Params().data.smallnorb.enabled  # on by default (the stand-in offline)
+    off = Params(data=DataParams(smallnorb=SmallnorbParams(enabled=False)))
+    out = stages.download("smallnorb", off, tmp_path)
     assert [p.name for p in out.iterdir()] == ["DISABLED.txt"]
-    stages.prepare("smallnorb", Params(), tmp_path)
+    stages.prepare("smallnorb", off, tmp_path)
     with pytest.raises(DataError, match="smallnorb is switched off"):
         load("smallnorb", "test", tmp_path)
 
 
 def test_download_verifies_official_md5(tmp_path, monkeypatch):
-    """Files that are not the official ones fail the raw-MD5 check (nothing is kept)."""
+    """With source real, files that are not the official ones fail the raw-MD5 check
+    (nothing is kept); auto would render the stand-in instead."""
     write_smallnorb_raw(tmp_path / "mirror" / "smallnorb", n=2, side=8)
     monkeypatch.setattr(smallnorb, "OFFICIAL_BASE", str(tmp_path / "none") + "/")
+    real = Params(data=DataParams(smallnorb=SmallnorbParams(enabled=True, source="real")))
     with pytest.raises(DataError, match="MD5 mismatch"):
-        stages.download("smallnorb", ON, tmp_path / "data", mirror=str(tmp_path / "mirror"))
+        stages.download("smallnorb", real, tmp_path / "data", mirror=str(tmp_path / "mirror"))
     assert not list((tmp_path / "data" / "raw" / "smallnorb").glob("*.gz"))

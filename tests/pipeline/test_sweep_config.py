@@ -214,7 +214,9 @@ def test_committed_params_hold_both_smallnorb_sections(repo_root):
     params = config.load(repo_root / "params.yaml")
     sweep, final = params.smallnorb_sweep, params.smallnorb_train
     assert sweep.dataset == "smallnorb" and sweep.storage_path == "sweep-smallnorb/ray"
-    assert sweep.space.pose == {"grid": ["matrix", "vector"]}
-    assert sweep.space.coordinate_addition == {"grid": [True, False]}
-    assert sweep.space.loss == {"grid": ["spread", "margin", "cross-entropy"]}
+    # the default CPU run on the stand-in: 2 and 3 routing iterations (the E-step runs),
+    # the other axes at the paper's choice (profiles/paper-scale-gpu.yaml widens them)
+    assert sweep.space.routing_iterations == {"grid": [2, 3]}
+    assert (sweep.space.pose, sweep.space.coordinate_addition) == ("matrix", True)
+    assert (sweep.space.loss, sweep.compile) == ("spread", True)
     assert final.out_dir == "models-smallnorb" and final.baselines == ["smallnorb-cnn"]
