@@ -71,7 +71,7 @@ def _is_number(value: Any) -> bool:
 
 def _check_scores(where: str, scores: Any) -> None:
     """Numbers (or null) at every leaf but the known text fields; a skip has its reason."""
-    text_keys = ("skipped", "source", "attack")
+    text_keys = ("skipped", "source", "attack", "subset")
     if isinstance(scores, dict):
         for key, value in scores.items():
             if key in text_keys:
@@ -150,7 +150,13 @@ def column_title(column: str, results: dict) -> str:
         scored = [e["affnist"] for e in results.values() if cell_value(e, "affnist") is not None]
         real = scored and all(s.get("source") == "affnist" for s in scored)
         return "affNIST" if real else "affNIST (synth stand-in)"
-    return TITLES.get(column, column)
+    title = TITLES.get(column, column)
+    if column.startswith("smallnorb"):
+        base = column.split("@")[0]
+        scored = [e[base] for e in results.values() if cell_value(e, column) is not None]
+        if any(str(s.get("source", "")).startswith("smallnorb-synth") for s in scored):
+            return title + " (synth stand-in)"
+    return title
 
 
 def percent(value: float | None, std: float | None = None) -> str:

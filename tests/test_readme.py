@@ -74,15 +74,15 @@ def test_results_table_has_one_row_per_model_and_a_column_per_test_set():
     ]
     assert [r[0] for r in rows[2:]] == ["capsnet-small", "lenet5"]
     assert rows[2][1:] == [
-        "97.00% (paper 99.75%)",
-        "66.00% (paper 84.09%)",
-        "84.00% (paper 99.20%)",
+        "97.00% (Sabour 2017: 99.75%)",
+        "66.00% (DZone article: 84.09%)",
+        "84.00% (Sabour 2017: 99.20%)",
         "51.00%",  # the synthetic stand-in is never set beside the paper's affNIST
-        "34.00% (paper 94.80%)",
+        "34.00% (Sabour 2017: 94.80%)",
     ]
     assert rows[3][1:] == [
-        "95.50% (paper 98.68%)",
-        "63.40% (paper 76.05%)",
+        "95.50% (DZone article: 98.68%)",
+        "63.40% (DZone article: 76.05%)",
         "55.80%",  # LeNet5 is never set beside Sabour et al.'s baseline CNN
         "32.65%",
         "6.05%",
@@ -103,7 +103,7 @@ def test_a_cell_comes_from_the_checkpoint_trained_for_its_set():
     metrics["capsnet-small"]["affnist"] = {"source": "affnist", "accuracy": 0.2, "n": 50}
     metrics["capsnet-small@expanded-mnist"]["affnist"]["source"] = "affnist"
     row = _rows(readme.results_table(metrics))[2]
-    assert row[4] == "51.00% (paper 79.00%)"  # the real affNIST beside the paper's number
+    assert row[4] == "51.00% (Sabour 2017: 79.00%)"  # the real affNIST beside Sabour's number
     assert "Test images per cell: 1,000." in readme.results_table(metrics)
 
 
@@ -119,7 +119,7 @@ def test_a_seed_mean_fills_the_cell_with_its_deviation():
     }
     table = readme.results_table({"lenet5-s0": one, "lenet5-s1": two, "lenet5 (mean)": mean})
     rows = _rows(table)
-    assert len(rows) == 3 and rows[2] == ["lenet5", "96.00% ± 1.41 (paper 98.68%)"]
+    assert len(rows) == 3 and rows[2] == ["lenet5", "96.00% ± 1.41 (DZone article: 98.68%)"]
     assert "MNIST from the mean of 2 seeds." in table
 
 
@@ -130,8 +130,8 @@ def test_seed_means_fill_the_rows_and_comparison_runs_never_do():
     rows = _rows(table)
     assert rows[0] == ["model", "MNIST", "rotated MNIST 35°"]
     # lenet5's row is its equal-augmentation seeds' mean, never lenet5@equal-time's
-    assert rows[2] == ["lenet5", "95.50% ± 0.70 (paper 98.68%)", "50.00% ± 0.00 (paper 76.05%)"]
-    assert rows[3] == ["capsnet-small", "97.00% (paper 99.75%)", "70.00% (paper 84.09%)"]
+    assert rows[2] == ["lenet5", "95.50% ± 0.70 (DZone article: 98.68%)", "50.00% ± 0.00 (DZone article: 76.05%)"]
+    assert rows[3] == ["capsnet-small", "97.00% (Sabour 2017: 99.75%)", "70.00% (DZone article: 84.09%)"]
     assert rows[4] == ["comparison arm", "model", "seeds", "train s", "MNIST (0°)", "35°"]
     assert rows[7] == [
         "equal augmentation", "lenet5", "3", "20.0 ± 0.5", "95.00% ± 0.10", "60.00% ± 1.00"
@@ -176,10 +176,10 @@ def test_missing_sets_are_dashes_and_viewpoints_are_a_table_when_run():
     }
     rows = _rows(readme.results_table(metrics))
     assert rows[0] == ["model", "MNIST", "MultiMNIST (strict)"]
-    assert rows[2] == ["lenet5", "90.00% (paper 98.68%)", "–"]
-    assert rows[3] == ["capsnet-small", "–", "50.00% (paper 94.80%)"]
+    assert rows[2] == ["lenet5", "90.00% (DZone article: 98.68%)", "–"]
+    assert rows[3] == ["capsnet-small", "–", "50.00% (Sabour 2017: 94.80%)"]
     assert rows[4][0] == "novel viewpoints"
-    assert ["azimuth", "em-capsnet-small", "10.00%", "15.00% (paper 13.50%)", "0.00%"] in rows
+    assert ["azimuth", "em-capsnet-small", "10.00%", "15.00% (Hinton 2018, real smallNORB: 13.50%)", "0.00%"] in rows
     assert ["elevation", "skipped: no test data", "", "", ""] in rows
 
 

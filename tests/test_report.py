@@ -68,9 +68,9 @@ def test_report_html_is_self_contained(eval_dir, tmp_path):
     assert "<script" not in text.lower()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # nothing fetched
     assert text.count('src="data:image/png;base64,') == 2
-    assert "97.00%" in text and "paper 99.75%" in text  # ours beside the paper's
-    assert "paper 76.05%" in text  # LeNet5 at 35 degrees
-    assert "affNIST (synth stand-in)" in text and "paper 66" not in text
+    assert "97.00%" in text and "Sabour 2017 99.75%" in text  # ours beside the paper's
+    assert "DZone article 76.05%" in text  # LeNet5 at 35 degrees
+    assert "affNIST (synth stand-in)" in text and "Sabour 2017 66" not in text
     assert "images are 40x40, the model takes 28x28" in text  # skips are explained
     assert '<table id="sweep">' in text and "0.9100" in text
     assert '<table id="robustness">' in text
