@@ -63,10 +63,10 @@ EXPECTED = {  # first 16 hex digits
         "dvc:data/prepared/affnist-synth": "d781bbc67047e096",
         "dvc:data/prepared/mnist": "157efe1e788158d5",
         "dvc:data/prepared/multimnist": "1719919535f7b834",
-        "dvc:data/prepared/smallnorb": "05c84a0fd62cc945",
+        "dvc:data/prepared/smallnorb": "e19de8cd18318ec6",
         "dvc:data/raw/affnist": "c61b0c3f6bcf0589",
         "dvc:data/raw/mnist": "86c1c7931e254c23",
-        "dvc:data/raw/smallnorb": "05c84a0fd62cc945",
+        "dvc:data/raw/smallnorb": "40438cab3d694fd6",
         "expanded-mnist": "71af76099e139398",
         "multimnist-render": "e1d6ecb621f5c0da",
         "prepared/affnist-synth/test.pt": "7c74fffc3d894c26",
@@ -75,13 +75,21 @@ EXPECTED = {  # first 16 hex digits
         "prepared/mnist/train.pt": "338884e85ad544eb",
         "prepared/multimnist/test.pt": "7289b468ba4b6f3e",
         "prepared/multimnist/train.pt": "9e3382c8c7f79863",
-        "prepared/smallnorb/DISABLED.txt": "b251ba306be27fb5",
+        "prepared/smallnorb/test.pt": "db0bbe440ca33480",
+        "prepared/smallnorb/train.pt": "133a8c4db9af36d5",
         "raw/affnist/DISABLED.txt": "a84b1f71d9e76f93",
         "raw/mnist/t10k-images-idx3-ubyte.gz": "1a1a05eab793c14b",
         "raw/mnist/t10k-labels-idx1-ubyte.gz": "b91679a0acfe4ba0",
         "raw/mnist/train-images-idx3-ubyte.gz": "0b367032e93c5d0c",
         "raw/mnist/train-labels-idx1-ubyte.gz": "1787548bbe0bff1e",
-        "raw/smallnorb/DISABLED.txt": "b251ba306be27fb5",
+        "raw/smallnorb/MD5SUMS": "89448c14320dfce6",
+        "raw/smallnorb/SOURCE.txt": "e207178ba85c9ced",
+        "raw/smallnorb/smallnorb-5x01235x9x18x6x2x96x96-testing-cat.mat.gz": "7b3e413fed3285e6",
+        "raw/smallnorb/smallnorb-5x01235x9x18x6x2x96x96-testing-dat.mat.gz": "57ab24de771c7f97",
+        "raw/smallnorb/smallnorb-5x01235x9x18x6x2x96x96-testing-info.mat.gz": "2cbe873a68ba0da5",
+        "raw/smallnorb/smallnorb-5x46789x9x18x6x2x96x96-training-cat.mat.gz": "7b3e413fed3285e6",
+        "raw/smallnorb/smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat.gz": "f20d19e050c1e77f",
+        "raw/smallnorb/smallnorb-5x46789x9x18x6x2x96x96-training-info.mat.gz": "d7e3a994345c3281",
         "rotated-mnist": "f0c99c2d13d91d11",
     },
 }
@@ -142,7 +150,7 @@ def _dvc_dir_md5(directory: Path) -> str:
 
 def build(mode: str, mirror: Path, out: Path) -> dict[str, str]:
     """Run every data stage (`capsnet data download|prepare NAME`) of ``mode`` under ``out``
-    (MNIST from ``mirror``; smallNORB, when on, from synthetic official-format files) and
+    (MNIST from ``mirror``; smallNORB as ``synthetic`` below says) and
     hash every file it writes, the rotated test digits, expanded MNIST and MultiMNIST
     renders; ``dvc:<output>`` keys hold each output directory's md5 as dvc.lock has it."""
     import torch
@@ -151,7 +159,9 @@ def build(mode: str, mirror: Path, out: Path) -> dict[str, str]:
 
     params, count = _params(mode), COUNT[mode]
     root = out / "data"
-    synthetic = params.data.smallnorb.enabled  # its raw files are written here, not fetched
+    # smallNORB, when on: fixed-pattern official-format files written here ("subset"), or
+    # what params.yaml asks for ("full": the smallnorb-synth stand-in, rendered offline)
+    synthetic = params.data.smallnorb.enabled and mode != "full"
     for name in stages.DOWNLOADS:
         if name == "smallnorb" and synthetic:
             _write_smallnorb_raw(root / "raw" / "smallnorb")
