@@ -14,11 +14,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def shrink(params: str) -> str:
-    """The real params.yaml, shrunk: 500 affnist-synth digits."""
+    """The real params.yaml, shrunk: 500 affnist-synth digits, the smallNORB stand-in
+    rendered at 48x48 (the prepared size)."""
     import yaml
 
     values = yaml.safe_load(params)
     values["data"]["affnist"]["synth"]["limit"] = 500
+    values["data"]["smallnorb"]["synth"]["side"] = 48
     return yaml.safe_dump(values, sort_keys=False)
 
 
@@ -69,7 +71,10 @@ def test_dvc_repro_data_stages_then_nothing_to_do(tmp_path, repo_root, mnist_mir
     assert sorted(p.name for p in (prepared / "mnist").iterdir()) == ["test.pt", "train.pt"]
     assert (prepared / "multimnist" / "train.pt").is_file()
     assert (prepared / "affnist-synth" / "test.pt").is_file()
-    assert (prepared / "smallnorb" / "DISABLED.txt").is_file()  # off by default
+    # on by default: the stand-in, rendered offline (no official files in the mirror)
+    assert sorted(p.name for p in (prepared / "smallnorb").iterdir()) == ["test.pt", "train.pt"]
+    source = work / "data" / "raw" / "smallnorb" / "SOURCE.txt"
+    assert source.read_text().strip() == "smallnorb-synth"
     assert (prepared / "affnist" / "DISABLED.txt").is_file()  # source: synth by default
     assert not (prepared / "rotated-mnist").exists()  # rotated when loaded, never stored
 
