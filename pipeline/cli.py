@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from capsnet.cli_options import check_output, data_root_option, params_option
@@ -91,10 +91,11 @@ def check_ray_address(address: str) -> None:
 
 
 @contextlib.contextmanager
-def sigint_seen() -> Iterator[list[bool]]:
+def sigint_seen() -> Iterator[tuple[list[bool], Callable[[], bool]]]:
     """Yield a one-item list that is ``[True]`` after the block when SIGINT arrived during
-    it, whoever handled the signal (Ray Tune installs its own handler and ends ``fit``
-    quietly): the signal's number is read back from ``signal.set_wakeup_fd``."""
+    it, and ``poll()``, which says so while the block runs, whoever handled the signal
+    (Ray Tune installs its own handler and ends ``fit`` quietly): the signal's number is
+    read back from ``signal.set_wakeup_fd``."""
     seen = [False]
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
@@ -103,12 +104,18 @@ def sigint_seen() -> Iterator[list[bool]]:
         previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     except ValueError:  # not the main thread: nothing to watch
         previous = None
+
+    def poll() -> bool:
+        """Whether SIGINT has arrived so far (also while the block runs)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            seen[0] = seen[0] or signal.SIGINT in os.read(read_end, 4096)
+        return seen[0]
+
     try:
-        yield seen
+        yield seen, poll
     finally:
         if previous is not None:
             signal.set_wakeup_fd(previous)
-        with contextlib.suppress(BlockingIOError):
-            seen[0] = signal.SIGINT in os.read(read_end, 4096)
+        poll()
         os.close(read_end)
         os.close(write_end)

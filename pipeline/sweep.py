@@ -324,13 +324,14 @@ def run_sweep(
     data: SweepData | None = None,
     callbacks: list | None = None,
     num_cpus: int | None = None,
+    interrupted=lambda: False,
 ) -> SweepOutcome:
     """Run (or resume) the sweep and write results.csv, best.json and the plot data.
 
     Joins ``address`` ("local": a private instance) unless Ray is already initialised in
     this process. Raises SweepError naming the trials that still errored after their
-    retries, SweepInterrupted when the driver was interrupted; neither writes any output.
-    """
+    retries, SweepInterrupted when ``interrupted()`` or unfinished trials say the driver
+    was interrupted; neither writes any output."""
     from ray import tune
 
     validate_space(sweep, base)
@@ -358,7 +359,7 @@ def run_sweep(
         fitted = tuner.fit()
         expected = expected_trials(sweep.space, sweep.num_samples)
         unfinished = _unfinished_trials(experiment_path, trainable, expected)
-        if unfinished:
+        if unfinished or interrupted():
             raise SweepInterrupted(
                 f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
                 f"{experiment_path} and the next run resumes it",

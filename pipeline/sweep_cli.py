@@ -72,9 +72,12 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
     check_sweep_outputs(params_path, section, sweep)
     check_ray_address(address)
     base = base_spec(sweep, params, data_root, resolve_mirror(mirror, params))
-    with sigint_seen() as interrupted:
+    with sigint_seen() as (interrupted, poll):
         try:
-            outcome = run_sweep(sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus)
+            outcome = run_sweep(
+                sweep, base, out_dir=out_dir, address=address, num_cpus=num_cpus,
+                interrupted=poll,
+            )  # fmt: skip
         except SweepInterrupted as exc:
             stopped = exc
         else:

@@ -408,7 +408,9 @@ def test_dvc_repro_viewpoints_with_smallnorb_off(tmp_path, repo_root):
     wanted = ("download_smallnorb", "prepare_smallnorb", "viewpoints")
     stages = {name: pipeline["stages"][name] for name in wanted}
     (work / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    shutil.copy(repo_root / "params.yaml", work / "params.yaml")
+    values = yaml.safe_load((repo_root / "params.yaml").read_text())
+    values["data"]["smallnorb"]["enabled"] = False  # on in params.yaml: switched off here
+    (work / "params.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
     env = {
         **os.environ,
         "DVC_NO_ANALYTICS": "1",
