@@ -184,12 +184,14 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path, 
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        while first.poll() is None:  # wait for one finished trial and the next started
+        # Interrupt as soon as one trial has finished: the other two (four epochs and two
+        # actor starts) are still to run, so the signal lands inside Tune's fit even when
+        # this process is starved of CPU for a few seconds on a busy 2-core machine.
+        while first.poll() is None:
             reports = trial_results(tmp_path / "ray")
-            done = [t for t, rs in reports.items() if rs and rs[-1]["epoch"] == 2]
-            if done and len(reports) >= 2:
+            if any(rs and rs[-1]["epoch"] == 2 for rs in reports.values()):
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert first.poll() is None, first.communicate()[0][-3000:]
         first.send_signal(signal.SIGINT)
         output = first.communicate()[0]
@@ -201,7 +203,8 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path, 
     finished = {
         t: rs for t, rs in trial_results(tmp_path / "ray").items() if rs and rs[-1]["epoch"] == 2
     }
-    assert finished and not (tmp_path / "sweep" / "results.csv").exists()
+    assert 1 <= len(finished) < 3, f"{len(finished)} of 3 trials finished before the signal"
+    assert not (tmp_path / "sweep" / "results.csv").exists()
 
     second = subprocess.run(command, env=env, capture_output=True, text=True)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
