@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,33 +179,33 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path, 
         "--data-root",
         str(mnist_root),
     ]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    env.pop("RAY_ADDRESS")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # Tune's lines arrive as printed
+    env.pop("RAY_ADDRESS", None)
     first = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    # Interrupt when Tune prints that the first trial completed (its result.json is
+    # flushed later, so the files cannot tell in time); two trials are still to run.
+    lines = []
     try:
-        # Interrupt as soon as one trial has finished: the other two (four epochs and two
-        # actor starts) are still to run, so the signal lands inside Tune's fit even when
-        # this process is starved of CPU for a few seconds on a busy 2-core machine.
-        while first.poll() is None:
-            reports = trial_results(tmp_path / "ray")
-            if any(rs and rs[-1]["epoch"] == 2 for rs in reports.values()):
+        for line in first.stdout:
+            lines.append(line)
+            if re.match(r"Trial \S+ completed after", line):
+                first.send_signal(signal.SIGINT)
                 break
-            time.sleep(0.05)
-        assert first.poll() is None, first.communicate()[0][-3000:]
-        first.send_signal(signal.SIGINT)
-        output = first.communicate()[0]
+        lines.extend(first.stdout)
+        first.wait(timeout=120)
     finally:
         if first.poll() is None:
             first.kill()
+    output = "".join(lines)
     assert first.returncode != 0, output[-3000:]
     assert "interrupted" in output
     finished = {
         t: rs for t, rs in trial_results(tmp_path / "ray").items() if rs and rs[-1]["epoch"] == 2
     }
     assert 1 <= len(finished) < 3, f"{len(finished)} of 3 trials finished before the signal"
-    assert not (tmp_path / "sweep" / "results.csv").exists()
+    assert not (tmp_path / "sweep" / "results.csv").exists(), output[-6000:]
 
     second = subprocess.run(command, env=env, capture_output=True, text=True)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
