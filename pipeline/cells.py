@@ -82,6 +82,12 @@ class Entry:
         return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
 
     @property
+    def trained_on(self) -> str | None:
+        """The training set the checkpoint's name announces (``lenet5@multimnist`` ->
+        "multimnist"), None for its model's own set."""
+        return headline.trained_on(self.name, self._data)
+
+    @property
     def skipped(self) -> dict[str, str]:
         """{test set: reason} of the sets this entry was not evaluated on."""
         return {
@@ -226,7 +232,7 @@ def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
         raise CapsnetError(f"{where}: a mapping expected")
     if "skipped" in data:
         return ViewpointKind(kind, skipped=str(data["skipped"]))
-    models = data.get("models") or {}
+    models = {} if data.get("models") is None else data["models"]
     if not isinstance(models, dict) or not all(isinstance(m, dict) for m in models.values()):
         raise CapsnetError(f"{where}/models: a mapping of models expected")
     number = (int, float)
@@ -256,7 +262,7 @@ def _viewpoints(path: Path, data: dict | None) -> Viewpoints | None:
     rule = _optional(where, data, "rule", str)
     if "skipped" in data:
         return Viewpoints(rule, str(data["skipped"]))
-    kinds = data.get("kinds") or {}
+    kinds = {} if data.get("kinds") is None else data["kinds"]
     if not isinstance(kinds, dict):
         raise CapsnetError(f"{where}/kinds: a mapping expected")
     return Viewpoints(rule, None, tuple(_viewpoint_kind(where, k, v) for k, v in kinds.items()))

@@ -34,7 +34,7 @@ def figures_for(name: str, fig_dir: Path) -> list[Path]:
     """The shared figures plus the ones made for checkpoint ``name``."""
     if not fig_dir.is_dir():
         return []
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    slug = report.figure_slug(name)
     shared = ("rotation", "reconstructions", "equivariance")
     return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in shared or p.stem.endswith(slug)]
 

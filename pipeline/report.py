@@ -277,6 +277,35 @@ FIGURE_CAPTIONS = {
 }
 
 
+def figure_slug(name: str) -> str:
+    """An entry's name as its figures' file names hold it (as capsnet.eval.figures writes
+    them): ``perturbation-<slug>.png``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def shown_checkpoints(results: EvalResults) -> list[str]:
+    """The checkpoints whose own figures the report shows: the first of each model and
+    training set in the results table; the other seeds and the comparison runs (equal
+    time, augmented baselines) draw the same figures again."""
+    first: dict[tuple[str, str | None], str] = {}
+    for name, entry in results.main_entries().items():
+        if entry.checkpoint is not None:
+            first.setdefault((entry.model, entry.trained_on), name)
+    return list(first.values())
+
+
+def _left_out(results: EvalResults, figures: list[Path]) -> set[Path]:
+    """The figures of the checkpoints ``shown_checkpoints`` leaves out."""
+    shown = set(shown_checkpoints(results))
+    stems = {
+        f"{prefix}-{figure_slug(name)}"
+        for name in results.checkpoints()
+        if name not in shown
+        for prefix in FIGURE_CAPTIONS
+    }
+    return {p for p in figures if p.stem in stems}
+
+
 def caption(path: Path) -> str:
     stem = path.stem
     for prefix, text in FIGURE_CAPTIONS.items():
@@ -305,7 +334,15 @@ def render_html(
         )
     )
     rotation = [p for p in figures if p.stem == "rotation"]
-    others = [p for p in figures if p.stem != "rotation"]
+    left_out = _left_out(results, figures)
+    others = [p for p in figures if p.stem != "rotation" and p not in left_out]
+    more = (
+        f"<p>{len(left_out)} figures of the other seeds and of the comparison runs are "
+        f"left out of this page; they are in {_e(Path(fig_dir).as_posix())}/ and in the "
+        "W&amp;B eval runs.</p>"
+        if left_out
+        else ""
+    )
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -330,6 +367,7 @@ def render_html(
         "<h2>Sweep comparison</h2>",
         _sweep_table(sweep_rows or []),
         "<h2>Figures</h2>",
+        more,
         *[
             f"<figure>{_image_tag(p, p.stem)}<figcaption>{_e(caption(p))}</figcaption></figure>"
             for p in others
