@@ -367,7 +367,7 @@ def render_html(
         "<h2>Sweep comparison</h2>",
         _sweep_table(sweep_rows or []),
         "<h2>Figures</h2>",
-        more,
+        *([more] if more else []),
         *[
             f"<figure>{_image_tag(p, p.stem)}<figcaption>{_e(caption(p))}</figcaption></figure>"
             for p in others
