@@ -140,13 +140,99 @@ class Viewpoints:
     kinds: tuple[ViewpointKind, ...] = ()
 
 
+def _num(value: Any) -> float | None:
+    """A number as metrics.json holds it (int or float), None for anything else."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class ComparisonGroup:
+    """One model's seeds in a comparison arm: accuracy mean and std by angle key (None
+    where not a number), the training time and, in the equal-time arm, its share of the
+    budget."""
+
+    label: str
+    model: str | None
+    names: tuple[str, ...]
+    seeds: int
+    augment: str | None
+    epochs: float | None
+    train_seconds: float | None
+    train_seconds_std: float | None
+    time_ratio: float | None
+    within_tolerance: bool | None
+    accuracy: dict[str, float | None]
+    std: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class ComparisonArm:
+    """One arm (equal augmentation, equal time, augmented baseline) and its groups."""
+
+    name: str
+    reference: str | None
+    augment: str | None
+    epochs: float | None
+    time_budget_seconds: float | None
+    tolerance: float | None
+    groups: dict[str, ComparisonGroup]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """metrics.json's seeds comparison: its arms by name (non-mapping parts left out)."""
+
+    arms: dict[str, ComparisonArm]
+    _data: dict[str, Any] = field(repr=False, compare=False)
+
+    def canonical(self) -> dict[str, Any]:
+        """The section as metrics.json holds it (a copy), for content hashes."""
+        return copy.deepcopy(self._data)
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+def _comparison_group(label: str, g: dict) -> ComparisonGroup:
+    names = tuple(str(n) for n in g.get("names") or [])
+    seeds = g.get("seeds") if isinstance(g.get("seeds"), int) else len(names) or 1
+    within = g.get("within_tolerance")
+    angles = {k: _num(v) for k, v in (g.get("accuracy") or {}).items()}
+    stds = {k: _num(v) for k, v in (g.get("std") or {}).items()}
+    return ComparisonGroup(
+        label, _text(g.get("model")), names, seeds, _text(g.get("augment")), _num(g.get("epochs")),
+        _num(g.get("train_seconds")), _num(g.get("train_seconds_std")), _num(g.get("time_ratio")),
+        within if isinstance(within, bool) else None, angles, stds,
+    )  # fmt: skip
+
+
+def _comparison_arm(name: str, arm: dict) -> ComparisonArm:
+    models = arm.get("models") if isinstance(arm.get("models"), dict) else {}
+    groups = {k: _comparison_group(k, g) for k, g in models.items() if isinstance(g, dict)}
+    return ComparisonArm(
+        name, _text(arm.get("reference")), _text(arm.get("augment")), _num(arm.get("epochs")),
+        _num(arm.get("time_budget_seconds")), _num(arm.get("tolerance")), groups,
+    )  # fmt: skip
+
+
+def as_comparison(section: Any) -> Comparison | None:
+    """metrics.json's "comparison" typed (parts that are not mappings left out, a value
+    that is not a number read as none); None when it is not a mapping."""
+    if isinstance(section, Comparison) or not isinstance(section, dict):
+        return section if isinstance(section, Comparison) else None
+    arms = section.get("arms") if isinstance(section.get("arms"), dict) else {}
+    typed = {n: _comparison_arm(n, arm) for n, arm in arms.items() if isinstance(arm, dict)}
+    return Comparison(typed, section)
+
+
 @dataclass(frozen=True)
 class EvalResults:
-    """metrics.json, checked: the entries by name, the comparison section (read by
-    pipeline.comparison_text) and the viewpoint section."""
+    """metrics.json, checked: the entries by name, the comparison section (put into words
+    and tables by pipeline.comparison_text) and the viewpoint section."""
 
     entries: dict[str, Entry]
-    comparison: dict[str, Any] | None
+    comparison: Comparison | None
     viewpoints: Viewpoints | None
 
     def checkpoints(self) -> dict[str, Entry]:
@@ -158,7 +244,7 @@ class EvalResults:
         augmented baselines) nor their means."""
         data = {n: e._data for n, e in self.entries.items()}
         if self.comparison is not None:
-            data[COMPARISON_KEY] = self.comparison
+            data[COMPARISON_KEY] = self.comparison._data
         return {n: self.entries[n] for n in headline.main_entries(data)}
 
 
@@ -291,7 +377,8 @@ def parse_results(data: Any, path: str | os.PathLike = "metrics.json") -> EvalRe
     comparison = data.get(COMPARISON_KEY)
     if comparison is not None and not isinstance(comparison.get("arms", {}), dict):
         raise CapsnetError(f"{path}: {COMPARISON_KEY}/arms: a mapping expected")
-    return EvalResults(entries, comparison, _viewpoints(path, data.get(VIEWPOINTS_KEY)))
+    viewpoints = _viewpoints(path, data.get(VIEWPOINTS_KEY))
+    return EvalResults(entries, as_comparison(comparison), viewpoints)
 
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).

@@ -23,7 +23,7 @@ import click
 from capsnet.cli_options import check_output, params_option
 from capsnet.outputset import OutputSet, refuse_read_only
 from pipeline import comparison_text, provenance, readme, report, tracking
-from pipeline.cells import COMPARISON_KEY, EvalResults, load_results, parse_results
+from pipeline.cells import COMPARISON_KEY, Comparison, EvalResults, load_results, parse_results
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
@@ -101,7 +101,7 @@ def publish_runs(
     return published
 
 
-def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb_dir) -> dict:
+def _comparison_run(comparison: Comparison, project: str, group: str, mode: str, wandb_dir) -> dict:
     """One run (job_type "comparison") holding the comparison as a table of
     COMPARISON_COLUMNS and its sentences in the summary."""
     import wandb
@@ -114,7 +114,7 @@ def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=provenance.content_hash(comparison),
+        content=provenance.content_hash(comparison.canonical()),
     )
     table = wandb.Table(
         columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)

@@ -119,3 +119,35 @@ def test_malformed_viewpoints_are_refused_with_where(section, expected):
     with pytest.raises(CapsnetError) as info:
         parse_results({"c": CAPS, "viewpoints": section}, "m.json")
     assert str(info.value) == expected
+
+
+def test_comparison_is_typed_for_the_sentences_and_tables():
+    section = {
+        "angles": [0, 35],
+        "arms": {
+            "equal_time": {
+                "reference": "capsnet-small",
+                "time_budget_seconds": 60.0,
+                "tolerance": 0.25,
+                "models": {
+                    "lenet5": {"model": "lenet5", "names": ["lenet5", "lenet5@seed1"],
+                               "epochs": 30.5, "train_seconds": 59.0, "time_ratio": 0.98,
+                               "within_tolerance": True, "accuracy": {"0": 0.97, "35": "x"},
+                               "std": {"0": 0.01}},
+                    "broken": [1, 2],
+                },
+            },
+            "odd": "not an arm",
+        },
+    }  # fmt: skip
+    results = parse_results({"c": CAPS, "comparison": section})
+    comparison = results.comparison
+    assert list(comparison.arms) == ["equal_time"]  # a part that is no mapping is left out
+    arm = comparison.arms["equal_time"]
+    assert (arm.reference, arm.time_budget_seconds, arm.tolerance) == ("capsnet-small", 60.0, 0.25)
+    (group,) = arm.groups.values()
+    assert group.label == "lenet5" and group.seeds == 2  # counted from the names
+    assert (group.epochs, group.train_seconds, group.time_ratio) == (30.5, 59.0, 0.98)
+    assert group.within_tolerance is True and group.train_seconds_std is None
+    assert group.accuracy == {"0": 0.97, "35": None} and group.std == {"0": 0.01}
+    assert comparison.canonical() == section and comparison.canonical() is not section
