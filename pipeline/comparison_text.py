@@ -8,7 +8,7 @@ and the W&B publish run render what they return."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
 
 from pipeline.cells import Comparison, ComparisonArm, ComparisonGroup, as_comparison, percent
 from pipeline.paper import ARTICLE, is_baseline, paper_number
@@ -234,37 +234,49 @@ def sentences(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGL
 # --- rows for the tables -------------------------------------------------------------------
 
 
-def rows(
-    comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE
-) -> list[dict[str, Any]]:
-    """One row per arm and model: arm, model (the group's label), seeds, augment, epochs,
-    train_seconds, train_seconds_std, upright and headline ((mean, std) or None) and the
-    headline angle's key."""
+@dataclass(frozen=True)
+class Row:
+    """One arm and model of the comparison tables: seeds, augmentation, epochs, training
+    seconds (mean, std), accuracy upright and at the headline angle ((mean, std) or None)
+    and the headline angle's key."""
+
+    arm: str
+    model: str
+    seeds: int
+    augment: str | None
+    epochs: float | None
+    train_seconds: float | None
+    train_seconds_std: float | None
+    upright: tuple[float, float] | None
+    headline: tuple[float, float] | None
+    angle: str | None
+
+
+def rows(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> list[Row]:
+    """One row per arm and model (the group's label)."""
     upright, headline = angle_key(comparison, 0.0), angle_key(comparison, angle)
-    out = []
-    for name, arm in arms(comparison).items():
-        for label, group in arm.groups.items():
-            out.append(
-                {
-                    "arm": name,
-                    "model": label,
-                    "seeds": group.seeds,
-                    "augment": group.augment or arm.augment,
-                    "epochs": arm.epochs if group.epochs is None else group.epochs,
-                    "train_seconds": group.train_seconds,
-                    "train_seconds_std": group.train_seconds_std,
-                    "upright": stat(group, upright),
-                    "headline": stat(group, headline),
-                    "angle": headline,
-                }
-            )
-    return out
+    return [
+        Row(
+            name,
+            label,
+            group.seeds,
+            group.augment or arm.augment,
+            arm.epochs if group.epochs is None else group.epochs,
+            group.train_seconds,
+            group.train_seconds_std,
+            stat(group, upright),
+            stat(group, headline),
+            headline,
+        )
+        for name, arm in arms(comparison).items()
+        for label, group in arm.groups.items()
+    ]
 
 
-def seconds(row: dict) -> str:
+def seconds(row: Row) -> str:
     """A row's training time as "27.3 ± 0.4" (seconds), "–" when not recorded."""
-    value, std = row.get("train_seconds"), row.get("train_seconds_std")
-    if not isinstance(value, (int, float)):
+    value, std = row.train_seconds, row.train_seconds_std
+    if value is None:
         return "–"
     return f"{value:.1f}" + (f" ± {std:.1f}" if isinstance(std, (int, float)) and std else "")
 
@@ -288,20 +300,20 @@ def markdown(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE
     words = sentences(comparison, angle)
     if not table:
         return ""
-    head = f"{float(table[0]['angle']):g}°" if table[0]["angle"] is not None else f"{angle:g}°"
+    head = f"{float(table[0].angle):g}°" if table[0].angle is not None else f"{angle:g}°"
     lines = [
         f"| comparison arm | model | seeds | train s | MNIST (0°) | {head} |",
         "|---|---|---|---|---|---|",
     ]
     for r in table:
-        arm = ARM_TITLES.get(r["arm"], r["arm"]).lower()
+        arm = ARM_TITLES.get(r.arm, r.arm).lower()
         cells = [
             arm,
-            r["model"],
-            str(r["seeds"]),
+            r.model,
+            str(r.seeds),
             seconds(r),
-            show(r["upright"]),
-            show(r["headline"]),
+            show(r.upright),
+            show(r.headline),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")

@@ -16,6 +16,7 @@ from typing import Any
 from capsnet.io import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import (
+    Comparison,
     Entry,
     EvalResults,
     Viewpoints,
@@ -108,23 +109,23 @@ def _skipped_fold(results: EvalResults) -> str:
     )
 
 
-def _comparison_section(comparison: Any, angle: float) -> str:
+def _comparison_section(comparison: Comparison | None, angle: float) -> str:
     """The comparison in words, then one table per arm."""
     rows = comparison_text.rows(comparison, angle)
     if not rows:
         return ""
-    key = rows[0]["angle"]
+    key = rows[0].angle
     where = f"{float(key):g}°" if key is not None else f"{angle:g}°"
     words = "".join(f"<p>{_e(s)}</p>" for s in comparison_text.sentences(comparison, angle))
     tables = []
-    for arm in dict.fromkeys(r["arm"] for r in rows):
+    for arm in dict.fromkeys(r.arm for r in rows):
         body = "".join(
-            f"<tr><td>{_e(r['model'])}</td><td>{r['seeds']}</td><td>{_e(r['augment'] or '–')}</td>"
-            f"<td>{_e(_number(r['epochs']))}</td><td>{_e(comparison_text.seconds(r))}</td>"
-            f"<td>{_e(comparison_text.show(r['upright']))}</td>"
-            f"<td>{_e(comparison_text.show(r['headline']))}</td></tr>"
+            f"<tr><td>{_e(r.model)}</td><td>{r.seeds}</td><td>{_e(r.augment or '–')}</td>"
+            f"<td>{_e(_number(r.epochs))}</td><td>{_e(comparison_text.seconds(r))}</td>"
+            f"<td>{_e(comparison_text.show(r.upright))}</td>"
+            f"<td>{_e(comparison_text.show(r.headline))}</td></tr>"
             for r in rows
-            if r["arm"] == arm
+            if r.arm == arm
         )
         tables.append(
             f"<h3>{_e(comparison_text.ARM_TITLES.get(arm, arm))}</h3>"
