@@ -92,8 +92,8 @@ PRECISIONS = ("bf16", "fp32")
     "--augment",
     type=click.Choice(AUGMENT_STRATEGIES),
     default=None,
-    help="Augmentation strategy (default: params.yaml augment.strategy, shift), with the "
-    "settings of params.yaml `augment` when present.",
+    help="Augmentation strategy (default: params.yaml augment.strategy, shift; none for "
+    "smallnorb, which augments itself), with the settings of params.yaml `augment`.",
 )
 @click.option(
     "--shift",
@@ -169,7 +169,7 @@ def train_command(
         subset=subset,
         train_size=train_limit,
         val_size=val_size,
-        augment=augment or augment_params.strategy,
+        augment=augment or ("none" if dataset == "smallnorb" else augment_params.strategy),
         augment_params=augment_params,
         data_root=data_root,
         mirror=mirror,

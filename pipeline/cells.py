@@ -1,68 +1,266 @@
 """eval/metrics.json (the schema of capsnet/eval/) read once, checked and typed
 (``load_results`` -> ``EvalResults``), and turned into table cells: the column titles and
-percentages. Which entry fills a model's cell lives in ``capsnet.headline``, shared
-with the evaluate stage's summary metrics. Used by report.html (pipeline/report.py), the
-README table (pipeline/readme.py) and the W&B eval runs (pipeline/publish.py)."""
+percentages. The report (pipeline/report.py), the README table (pipeline/readme.py) and
+the W&B eval runs (pipeline/publish.py) read the results only through these types: an
+``Entry``'s scores per test set, rotation curve, attacks, skip reasons and flat numbers,
+the ``Viewpoints`` section, and which entry fills a model's cell (decided in
+``capsnet.headline``, shared with the evaluate stage's summary metrics)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsnet import headline
 from capsnet.errors import CapsnetError
-from capsnet.headline import (  # noqa: F401  (re-exported for the report and README)
-    COMPARISON_KEY,
-    VIEWPOINTS_KEY,
-    cell_value,
-    comparison_run,
-    main_entries,
-    model_entries,
-    model_picks,
-    pick,
-    std_value,
-    table_columns,
-    trained_on,
-)
+from capsnet.headline import COMPARISON_KEY, VIEWPOINTS_KEY
 from capsnet.io import read_json
 
 #: Sections of metrics.json beside the checkpoint and seed-mean entries.
 SECTIONS = (COMPARISON_KEY, VIEWPOINTS_KEY)
 
 
+def _flatten(scores: dict, prefix: str = "") -> dict[str, float]:
+    flat: dict[str, float] = {}
+    for key, value in scores.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            if "skipped" not in value:
+                flat.update(_flatten(value, name + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value):
+                flat[name] = value
+    return flat
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One evaluated checkpoint (``checkpoint`` set) or seed mean (``checkpoints``, ``seeds``
-    and ``std`` set). ``scores`` maps each test set to its numbers or to {"skipped": why}."""
+    """One evaluated checkpoint (``checkpoint`` set) or seed mean (``checkpoints`` and
+    ``seeds`` set, deviations in ``std``). Read its numbers through the methods."""
 
     name: str
     model: str
     checkpoint: str | None
     checkpoints: tuple[str, ...]
     seeds: int
-    scores: dict[str, dict[str, Any]]
-    raw: dict[str, Any] = field(repr=False)
+    _data: dict[str, Any] = field(repr=False, compare=False)
+
+    def _block(self, test_set: str) -> dict[str, Any]:
+        value = self._data.get(test_set)
+        return value if isinstance(value, dict) and test_set != "std" else {}
+
+    def value(self, column: str) -> float | None:
+        """The accuracy a table column stands for ("mnist", "rotated-mnist@35",
+        "multimnist" (strict), ...), None when absent or skipped."""
+        return headline.cell_value(self._data, column)
+
+    def std(self, column: str) -> float | None:
+        """The seeds' standard deviation of ``value(column)``, None for a single checkpoint."""
+        return headline.std_value(self._data, column)
+
+    def source(self, test_set: str) -> str | None:
+        """Which data a test set's numbers come from ("affnist-synth", "smallnorb-synth...")."""
+        found = self._block(test_set).get("source")
+        return None if found is None else str(found)
+
+    def test_size(self, column: str) -> int | None:
+        """How many test images a column's number counts."""
+        return self._block(column.split("@")[0]).get("n")
+
+    def rotation(self) -> list[tuple[float, float | None]]:
+        """(angle, accuracy) of the rotated-MNIST sweep, by angle; [] without one."""
+        accuracy = self._block("rotated-mnist").get("accuracy") or {}
+        return sorted((float(a), acc) for a, acc in accuracy.items())
+
+    def attacks(self) -> dict[str, dict[str, float | None]]:
+        """{attack ("fgsm", "bim"): {epsilon: accuracy}}; {} when robustness was skipped."""
+        robustness = self._block("robustness")
+        return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
+
+    @property
+    def trained_on(self) -> str | None:
+        """The training set the checkpoint's name announces (``lenet5@multimnist`` ->
+        "multimnist"), None for its model's own set."""
+        return headline.trained_on(self.name, self._data)
 
     @property
     def skipped(self) -> dict[str, str]:
         """{test set: reason} of the sets this entry was not evaluated on."""
-        return {k: str(v["skipped"]) for k, v in self.scores.items() if "skipped" in v}
+        return {
+            key: str(value["skipped"])
+            for key, value in self._data.items()
+            if isinstance(value, dict) and key != "std" and "skipped" in value
+        }
+
+    def numbers(self) -> dict[str, float]:
+        """Every finite number of the entry under a slash-joined key, e.g.
+        ``mnist/accuracy``, ``rotated-mnist/accuracy/35``, ``robustness/fgsm/0.1``."""
+        return _flatten(self._data)
+
+    def canonical(self) -> dict[str, Any]:
+        """The entry as metrics.json holds it (a copy), for content hashes."""
+        return copy.deepcopy(self._data)
+
+
+@dataclass(frozen=True)
+class ViewpointModel:
+    """One model of a novel-viewpoint comparison, at its selected epoch."""
+
+    role: str
+    model: str
+    epoch: int | None
+    familiar_error: float | None
+    novel_error: float | None
+    paper_novel_error: float | None
+
+
+@dataclass(frozen=True)
+class ViewpointKind:
+    """The comparison on novel azimuths or elevations, or why it was skipped."""
+
+    kind: str
+    skipped: str | None = None
+    models: tuple[ViewpointModel, ...] = ()
+    target_familiar_error: float | None = None
+    gap: float | None = None
+    matched: bool = False
+
+
+@dataclass(frozen=True)
+class Viewpoints:
+    """metrics.json's novel-viewpoint section: the matching rule and one comparison per
+    kind, or why the experiment was not run."""
+
+    rule: str | None = None
+    skipped: str | None = None
+    kinds: tuple[ViewpointKind, ...] = ()
+
+
+def _num(value: Any) -> float | None:
+    """A number as metrics.json holds it (int or float), None for anything else."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class ComparisonGroup:
+    """One model's seeds in a comparison arm: accuracy mean and std by angle key (None
+    where not a number), the training time and, in the equal-time arm, its share of the
+    budget."""
+
+    label: str
+    model: str | None
+    names: tuple[str, ...]
+    seeds: int
+    augment: str | None
+    epochs: float | None
+    train_seconds: float | None
+    train_seconds_std: float | None
+    time_ratio: float | None
+    within_tolerance: bool | None
+    accuracy: dict[str, float | None]
+    std: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class ComparisonArm:
+    """One arm (equal augmentation, equal time, augmented baseline) and its groups."""
+
+    name: str
+    reference: str | None
+    augment: str | None
+    epochs: float | None
+    time_budget_seconds: float | None
+    tolerance: float | None
+    groups: dict[str, ComparisonGroup]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """metrics.json's seeds comparison: its arms by name (non-mapping parts left out)."""
+
+    arms: dict[str, ComparisonArm]
+    _data: dict[str, Any] = field(repr=False, compare=False)
+
+    def canonical(self) -> dict[str, Any]:
+        """The section as metrics.json holds it (a copy), for content hashes."""
+        return copy.deepcopy(self._data)
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+def _comparison_group(label: str, g: dict) -> ComparisonGroup:
+    names = tuple(str(n) for n in g.get("names") or [])
+    seeds = g.get("seeds") if isinstance(g.get("seeds"), int) else len(names) or 1
+    within = g.get("within_tolerance")
+    angles = {k: _num(v) for k, v in (g.get("accuracy") or {}).items()}
+    stds = {k: _num(v) for k, v in (g.get("std") or {}).items()}
+    return ComparisonGroup(
+        label, _text(g.get("model")), names, seeds, _text(g.get("augment")), _num(g.get("epochs")),
+        _num(g.get("train_seconds")), _num(g.get("train_seconds_std")), _num(g.get("time_ratio")),
+        within if isinstance(within, bool) else None, angles, stds,
+    )  # fmt: skip
+
+
+def _comparison_arm(name: str, arm: dict) -> ComparisonArm:
+    models = arm.get("models") if isinstance(arm.get("models"), dict) else {}
+    groups = {k: _comparison_group(k, g) for k, g in models.items() if isinstance(g, dict)}
+    return ComparisonArm(
+        name, _text(arm.get("reference")), _text(arm.get("augment")), _num(arm.get("epochs")),
+        _num(arm.get("time_budget_seconds")), _num(arm.get("tolerance")), groups,
+    )  # fmt: skip
+
+
+def as_comparison(section: Any) -> Comparison | None:
+    """metrics.json's "comparison" typed (parts that are not mappings left out, a value
+    that is not a number read as none); None when it is not a mapping."""
+    if isinstance(section, Comparison) or not isinstance(section, dict):
+        return section if isinstance(section, Comparison) else None
+    arms = section.get("arms") if isinstance(section.get("arms"), dict) else {}
+    typed = {n: _comparison_arm(n, arm) for n, arm in arms.items() if isinstance(arm, dict)}
+    return Comparison(typed, section)
 
 
 @dataclass(frozen=True)
 class EvalResults:
-    """metrics.json, checked: the entries by name, the comparison and viewpoint sections."""
+    """metrics.json, checked: the entries by name, the comparison section (put into words
+    and tables by pipeline.comparison_text) and the viewpoint section."""
 
     entries: dict[str, Entry]
-    comparison: dict[str, Any] | None
-    viewpoints: dict[str, Any] | None
-    raw: dict[str, dict] = field(repr=False)
+    comparison: Comparison | None
+    viewpoints: Viewpoints | None
 
     def checkpoints(self) -> dict[str, Entry]:
         """The entries of single checkpoints (no seed means)."""
         return {n: e for n, e in self.entries.items() if e.checkpoint is not None}
+
+    def main_entries(self) -> dict[str, Entry]:
+        """The entries the results table is built from: no comparison runs (equal time,
+        augmented baselines) nor their means."""
+        data = {n: e._data for n, e in self.entries.items()}
+        if self.comparison is not None:
+            data[COMPARISON_KEY] = self.comparison._data
+        return {n: self.entries[n] for n in headline.main_entries(data)}
+
+
+def table_columns(entries: dict[str, Entry], angle: float = 35.0) -> list[str]:
+    """The result columns that hold at least one number of ``entries``, in a fixed order."""
+    return headline.table_columns({n: e._data for n, e in entries.items()}, angle)
+
+
+def model_picks(entries: dict[str, Entry], columns: list[str]) -> dict[str, dict[str, Entry]]:
+    """{model: {column: entry}}: one row per model, each cell from the entry trained for
+    that column's set (``capsnet.headline.pick``)."""
+    picks = headline.model_picks({n: e._data for n, e in entries.items()}, columns)
+    return {
+        model: {column: entries[name] for column, (name, _) in chosen.items()}
+        for model, chosen in picks.items()
+    }
 
 
 def _is_number(value: Any) -> bool:
@@ -98,14 +296,62 @@ def _entry(path: Path, name: str, data: dict) -> Entry:
         isinstance(c, str) for c in checkpoints
     ):
         raise CapsnetError(f"{where}: checkpoint paths must be text")
-    scores = {k: v for k, v in data.items() if isinstance(v, dict) and k != "std"}
-    for key, value in scores.items():
-        _check_scores(f"{where}/{key}", value)
-    _check_scores(f"{where}/std", data.get("std") or {})
+    for key, value in data.items():
+        if isinstance(value, dict):
+            _check_scores(f"{where}/{key}", value)
     seeds = data.get("seeds", 1)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise CapsnetError(f"{where}/seeds: a count >= 1 expected")
-    return Entry(name, model, checkpoint, tuple(checkpoints), seeds, scores, data)
+    return Entry(name, model, checkpoint, tuple(checkpoints), seeds, data)
+
+
+def _optional(where: str, data: dict, key: str, kind: type | tuple) -> Any:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise CapsnetError(f"{where}/{key}: {getattr(kind, '__name__', 'a number')} expected")
+    return value
+
+
+def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
+    where = f"{where}/{kind}"
+    if not isinstance(data, dict):
+        raise CapsnetError(f"{where}: a mapping expected")
+    if "skipped" in data:
+        return ViewpointKind(kind, skipped=str(data["skipped"]))
+    models = {} if data.get("models") is None else data["models"]
+    if not isinstance(models, dict) or not all(isinstance(m, dict) for m in models.values()):
+        raise CapsnetError(f"{where}/models: a mapping of models expected")
+    number = (int, float)
+    return ViewpointKind(
+        kind,
+        models=tuple(
+            ViewpointModel(
+                role,
+                str(m.get("model", "")),
+                _optional(f"{where}/models/{role}", m, "epoch", int),
+                _optional(f"{where}/models/{role}", m, "familiar_error", number),
+                _optional(f"{where}/models/{role}", m, "novel_error", number),
+                _optional(f"{where}/models/{role}", m, "paper_novel_error", number),
+            )
+            for role, m in models.items()
+        ),
+        target_familiar_error=_optional(where, data, "target_familiar_error", number),
+        gap=_optional(where, data, "gap", number),
+        matched=bool(data.get("matched")),
+    )
+
+
+def _viewpoints(path: Path, data: dict | None) -> Viewpoints | None:
+    if data is None:
+        return None
+    where = f"{path}: {VIEWPOINTS_KEY}"
+    rule = _optional(where, data, "rule", str)
+    if "skipped" in data:
+        return Viewpoints(rule, str(data["skipped"]))
+    kinds = {} if data.get("kinds") is None else data["kinds"]
+    if not isinstance(kinds, dict):
+        raise CapsnetError(f"{where}/kinds: a mapping expected")
+    return Viewpoints(rule, None, tuple(_viewpoint_kind(where, k, v) for k, v in kinds.items()))
 
 
 def load_results(path: str | os.PathLike) -> EvalResults:
@@ -116,7 +362,10 @@ def load_results(path: str | os.PathLike) -> EvalResults:
 
 
 def parse_results(data: Any, path: str | os.PathLike = "metrics.json") -> EvalResults:
-    """``load_results`` for a value already read (``path`` names it in errors)."""
+    """``load_results`` for a value already read (``path`` names it in errors); an
+    ``EvalResults`` is returned as it is."""
+    if isinstance(data, EvalResults):
+        return data
     path = Path(path)
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise CapsnetError(f"{path}: not an evaluation result ({{name: {{...}}}} expected)")
@@ -128,7 +377,8 @@ def parse_results(data: Any, path: str | os.PathLike = "metrics.json") -> EvalRe
     comparison = data.get(COMPARISON_KEY)
     if comparison is not None and not isinstance(comparison.get("arms", {}), dict):
         raise CapsnetError(f"{path}: {COMPARISON_KEY}/arms: a mapping expected")
-    return EvalResults(entries, comparison, data.get(VIEWPOINTS_KEY), data)
+    viewpoints = _viewpoints(path, data.get(VIEWPOINTS_KEY))
+    return EvalResults(entries, as_comparison(comparison), viewpoints)
 
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
@@ -143,18 +393,19 @@ TITLES = {
 }
 
 
-def column_title(column: str, results: dict) -> str:
+def column_title(column: str, entries: dict[str, Entry]) -> str:
+    """The title of a result column; a stand-in's data named as such."""
     if column.startswith("rotated-mnist@"):
         return f"rotated MNIST {column.split('@')[1]}°"
     if column == "affnist":
-        scored = [e["affnist"] for e in results.values() if cell_value(e, "affnist") is not None]
-        real = scored and all(s.get("source") == "affnist" for s in scored)
+        scored = [e.source("affnist") for e in entries.values() if e.value("affnist") is not None]
+        real = scored and all(s == "affnist" for s in scored)
         return "affNIST" if real else "affNIST (synth stand-in)"
     title = TITLES.get(column, column)
     if column.startswith("smallnorb"):
         base = column.split("@")[0]
-        scored = [e[base] for e in results.values() if cell_value(e, column) is not None]
-        if any(str(s.get("source", "")).startswith("smallnorb-synth") for s in scored):
+        scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
+        if any(str(s or "").startswith("smallnorb-synth") for s in scored):
             return title + " (synth stand-in)"
     return title
 
@@ -166,11 +417,12 @@ def percent(value: float | None, std: float | None = None) -> str:
     return text + (f" ± {100 * std:.2f}" if std is not None and not math.isnan(std) else "")
 
 
-def paper_metric(column: str, entry: dict) -> str:
-    if column == "affnist" and entry.get("affnist", {}).get("source") != "affnist":
+def paper_metric(column: str, entry: Entry) -> str:
+    """The column to look the paper's number up by; "" for a stand-in's data."""
+    if column == "affnist" and entry.source("affnist") != "affnist":
         return ""  # the synthetic stand-in is never compared with the paper's affNIST
-    if column.startswith("smallnorb") and str(
-        entry.get(column.split("@")[0], {}).get("source", "")
-    ).startswith("smallnorb-synth"):
+    if column.startswith("smallnorb") and str(entry.source(column.split("@")[0]) or "").startswith(
+        "smallnorb-synth"
+    ):
         return ""  # nor the smallNORB stand-in with the paper's smallNORB
     return column

@@ -1,15 +1,16 @@
 """What eval/metrics.json["comparison"] shows, in words and table rows: per arm (equal
 augmentation, equal training time, augmented baseline) the capsule model against each
 baseline upright (0°) and at the headline angle, and whether the difference of means is
-larger than the seeds' spread. Pure functions; report.html, the README block and the W&B
-publish run render what they return."""
+larger than the seeds' spread. Pure functions of the typed section (``pipeline.cells.
+Comparison``; metrics.json's dict is typed on the way in); report.html, the README block
+and the W&B publish run render what they return."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
 
-from pipeline.cells import percent
+from pipeline.cells import Comparison, ComparisonArm, ComparisonGroup, as_comparison, percent
 from pipeline.paper import ARTICLE, is_baseline, paper_number
 
 #: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
@@ -22,44 +23,33 @@ ARM_TITLES = {
 }
 
 
-def arms(comparison: Any) -> dict[str, dict]:
+def arms(comparison: Comparison | dict | None) -> dict[str, ComparisonArm]:
     """The arms of a comparison section in a fixed order (unknown arms last); {} for none."""
-    found = (comparison or {}).get("arms") if isinstance(comparison, dict) else None
-    if not isinstance(found, dict):
-        return {}
+    found = section.arms if (section := as_comparison(comparison)) else {}
     order = [a for a in ARM_TITLES if a in found] + [a for a in found if a not in ARM_TITLES]
-    return {a: found[a] for a in order if isinstance(found[a], dict)}
+    return {a: found[a] for a in order}
 
 
-def _angle_keys(comparison: dict) -> list[str]:
+def _angle_keys(comparison: Comparison | dict | None) -> list[str]:
     return sorted(
-        {k for arm in arms(comparison).values() for g in _groups(arm).values() for k in _acc(g)},
+        {k for arm in arms(comparison).values() for g in arm.groups.values() for k in g.accuracy},
         key=float,
     )
 
 
-def angle_key(comparison: dict, target: float) -> str | None:
+def angle_key(comparison: Comparison | dict | None, target: float) -> str | None:
     """The evaluated angle nearest ``target`` as its key in the groups' accuracies."""
     keys = _angle_keys(comparison)
     return min(keys, key=lambda k: (abs(float(k) - target), float(k))) if keys else None
 
 
-def _groups(arm: dict) -> dict[str, dict]:
-    models = arm.get("models")
-    return {k: g for k, g in models.items() if isinstance(g, dict)} if models else {}
-
-
-def _acc(group: dict) -> dict:
-    return group.get("accuracy") or {}
-
-
-def stat(group: dict, key: str | None) -> tuple[float, float] | None:
+def stat(group: ComparisonGroup, key: str | None) -> tuple[float, float] | None:
     """(mean, std) of a group's accuracy at angle ``key``; None when not evaluated."""
-    mean = _acc(group).get(key)
-    if not isinstance(mean, (int, float)) or math.isnan(mean):
+    mean = group.accuracy.get(key)
+    if mean is None or math.isnan(mean):
         return None
-    std = (group.get("std") or {}).get(key)
-    return float(mean), float(std) if isinstance(std, (int, float)) and std == std else 0.0
+    std = group.std.get(key)
+    return float(mean), float(std) if std is not None and std == std else 0.0
 
 
 def show(value: tuple[float, float] | None) -> str:
@@ -67,17 +57,11 @@ def show(value: tuple[float, float] | None) -> str:
     return "–" if value is None else percent(*value)
 
 
-def _reference(arm: dict, fallback: str | None = None) -> str | None:
+def _reference(arm: ComparisonArm, fallback: str | None = None) -> str | None:
     """The capsule group of an arm: its "reference", else the first non-CNN model."""
-    groups = _groups(arm)
-    ref = arm.get("reference") or fallback
-    label = next((k for k, g in groups.items() if ref in (k, g.get("model"))), None)
-    return label or next((k for k, g in groups.items() if not is_baseline(k)), None)
-
-
-def _seeds(group: dict) -> int:
-    seeds = group.get("seeds")
-    return seeds if isinstance(seeds, int) else len(group.get("names") or []) or 1
+    ref = arm.reference or fallback
+    label = next((k for k, g in arm.groups.items() if ref in (k, g.model)), None)
+    return label or next((k for k in arm.groups if not is_baseline(k)), None)
 
 
 def verdict(a: tuple[float, float], b: tuple[float, float], names: tuple[str, str], seeds):
@@ -107,32 +91,31 @@ def _angle_words(key: str, target: float) -> str:
     return f"at {angle:g}° (the evaluated angle nearest {target:g}°)"
 
 
-def _pair(prefix: str, caps: tuple[str, dict], base: tuple[str, dict], key: str, target: float):
+def _pair(prefix: str, caps: ComparisonGroup, base: ComparisonGroup, key: str, target: float):
     """(outcome, sentence) comparing two groups at angle ``key``; None when one lacks it."""
-    a, b = stat(caps[1], key), stat(base[1], key)
+    a, b = stat(caps, key), stat(base, key)
     if a is None or b is None:
         return None
-    kind, words = verdict(a, b, (caps[0], base[0]), (_seeds(caps[1]), _seeds(base[1])))
+    kind, words = verdict(a, b, (caps.label, base.label), (caps.seeds, base.seeds))
     return kind, (
-        f"{prefix} {_angle_words(key, target)}: {caps[0]} {show(a)} against "
-        f"{base[0]} {show(b)}; {words}."
+        f"{prefix} {_angle_words(key, target)}: {caps.label} {show(a)} against "
+        f"{base.label} {show(b)}; {words}."
     )
 
 
-def _time_sentence(arm: dict, label: str, group: dict, reference: str) -> str:
-    budget = arm.get("time_budget_seconds")
-    seconds = group.get("train_seconds")
-    if not isinstance(budget, (int, float)) or not isinstance(seconds, (int, float)):
-        return f"Equal training time: no time budget was recorded for {label}."
-    tolerance = arm.get("tolerance") or 0.25
-    ratio = group.get("time_ratio")
-    if not isinstance(ratio, (int, float)):
+def _time_sentence(arm: ComparisonArm, group: ComparisonGroup, reference: str) -> str:
+    budget, seconds = arm.time_budget_seconds, group.train_seconds
+    if budget is None or seconds is None:
+        return f"Equal training time: no time budget was recorded for {group.label}."
+    tolerance = arm.tolerance or 0.25
+    ratio = group.time_ratio
+    if ratio is None:
         ratio = seconds / budget if budget else math.inf
-    within = group.get("within_tolerance")
-    if not isinstance(within, bool):
+    within = group.within_tolerance
+    if within is None:
         within = abs(ratio - 1) <= tolerance
-    epochs = group.get("epochs")
-    ran = f", {_epochs(epochs)}" if isinstance(epochs, (int, float)) else ""
+    label, epochs = group.label, group.epochs
+    ran = f", {_epochs(epochs)}" if epochs is not None else ""
     head = (
         f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
         f"time; {label} trained {seconds:.1f} s ({ratio:.2f} of the budget{ran})"
@@ -144,36 +127,36 @@ def _time_sentence(arm: dict, label: str, group: dict, reference: str) -> str:
     )
 
 
-def _prefix(name: str, arm: dict, group: dict, reference: str | None) -> str:
-    title = ARM_TITLES.get(name, name)
-    if name == "baseline_augmentation":
-        augment = group.get("augment") or "its own"
+def _prefix(arm: ComparisonArm, group: ComparisonGroup, reference: str | None) -> str:
+    title = ARM_TITLES.get(arm.name, arm.name)
+    if arm.name == "baseline_augmentation":
+        augment = group.augment or "its own"
         return f"{title} ({augment} augmentation, against the equal-augmentation {reference})"
-    details = [str(arm["augment"])] if arm.get("augment") else []
-    if isinstance(arm.get("epochs"), (int, float)):
-        details.append(_epochs(arm["epochs"]))
+    details = [arm.augment] if arm.augment else []
+    if arm.epochs is not None:
+        details.append(_epochs(arm.epochs))
     return f"{title} ({', '.join(details)})" if details else title
 
 
-def _arm_sentences(name: str, arm: dict, keys: list[str], target: float, ref_arm: dict):
+def _arm_sentences(arm: ComparisonArm, keys: list[str], target: float, ref_arm: ComparisonArm):
     """(outcomes at the headline angle, sentences) for one arm; the augmented baseline is
     compared at the headline angle with the capsule group of ``ref_arm``."""
-    if name == "baseline_augmentation":
-        ref = _reference(ref_arm, arm.get("reference"))
-        caps = (ref, _groups(ref_arm)[ref]) if ref else None
+    if arm.name == "baseline_augmentation":
+        ref = _reference(ref_arm, arm.reference)
+        caps = ref_arm.groups[ref] if ref else None
         keys = keys[-1:]
     else:
         ref = _reference(arm)
-        caps = (ref, _groups(arm)[ref]) if ref else None
+        caps = arm.groups[ref] if ref else None
     outcomes, lines = [], []
-    for label, group in _groups(arm).items():
+    for label, group in arm.groups.items():
         if label == ref:
             continue
-        if name == "equal_time":
-            lines.append(_time_sentence(arm, label, group, ref or str(arm.get("reference"))))
-        prefix = _prefix(name, arm, group, ref)
+        if arm.name == "equal_time":
+            lines.append(_time_sentence(arm, group, ref or str(arm.reference)))
+        prefix = _prefix(arm, group, ref)
         for key in keys if caps else []:
-            found = _pair(prefix, caps, (label, group), key, target)
+            found = _pair(prefix, caps, group, key, target)
             if found:
                 lines.append(found[1])
                 outcomes += [found[0]] if key == keys[-1] else []
@@ -229,7 +212,7 @@ def _paper_context(target: float) -> str | None:
     )
 
 
-def sentences(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[str]:
+def sentences(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> list[str]:
     """Plain-English sentences saying what the comparison shows, favourable to capsules or
     not: a summary at the headline angle, then each arm's numbers; [] without arms."""
     found = arms(comparison)
@@ -239,8 +222,8 @@ def sentences(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[str]:
     keys = list(dict.fromkeys(k for k in (upright, headline) if k is not None))
     ref_arm = found.get("equal_augmentation") or next(iter(found.values()))
     outcomes, lines = [], []
-    for name, arm in found.items():
-        arm_outcomes, arm_lines = _arm_sentences(name, arm, keys, angle, ref_arm)
+    for arm in found.values():
+        arm_outcomes, arm_lines = _arm_sentences(arm, keys, angle, ref_arm)
         outcomes += arm_outcomes
         lines += arm_lines
     summary = [_summary(outcomes, headline, angle)] if outcomes else []
@@ -251,72 +234,86 @@ def sentences(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[str]:
 # --- rows for the tables -------------------------------------------------------------------
 
 
-def rows(comparison: Any, angle: float = HEADLINE_ANGLE) -> list[dict[str, Any]]:
-    """One row per arm and model: arm, model (the group's label), seeds, augment, epochs,
-    train_seconds, train_seconds_std, upright and headline ((mean, std) or None) and the
-    headline angle's key."""
+@dataclass(frozen=True)
+class Row:
+    """One arm and model of the comparison tables: seeds, augmentation, epochs, training
+    seconds (mean, std), accuracy upright and at the headline angle ((mean, std) or None)
+    and the headline angle's key."""
+
+    arm: str
+    model: str
+    seeds: int
+    augment: str | None
+    epochs: float | None
+    train_seconds: float | None
+    train_seconds_std: float | None
+    upright: tuple[float, float] | None
+    headline: tuple[float, float] | None
+    angle: str | None
+
+
+def rows(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> list[Row]:
+    """One row per arm and model (the group's label)."""
     upright, headline = angle_key(comparison, 0.0), angle_key(comparison, angle)
-    out = []
-    for name, arm in arms(comparison).items():
-        for label, group in _groups(arm).items():
-            out.append(
-                {
-                    "arm": name,
-                    "model": label,
-                    "seeds": _seeds(group),
-                    "augment": group.get("augment") or arm.get("augment"),
-                    "epochs": group.get("epochs", arm.get("epochs")),
-                    "train_seconds": group.get("train_seconds"),
-                    "train_seconds_std": group.get("train_seconds_std"),
-                    "upright": stat(group, upright),
-                    "headline": stat(group, headline),
-                    "angle": headline,
-                }
-            )
-    return out
+    return [
+        Row(
+            name,
+            label,
+            group.seeds,
+            group.augment or arm.augment,
+            arm.epochs if group.epochs is None else group.epochs,
+            group.train_seconds,
+            group.train_seconds_std,
+            stat(group, upright),
+            stat(group, headline),
+            headline,
+        )
+        for name, arm in arms(comparison).items()
+        for label, group in arm.groups.items()
+    ]
 
 
-def seconds(row: dict) -> str:
+def seconds(row: Row) -> str:
     """A row's training time as "27.3 ± 0.4" (seconds), "–" when not recorded."""
-    value, std = row.get("train_seconds"), row.get("train_seconds_std")
-    if not isinstance(value, (int, float)):
+    value, std = row.train_seconds, row.train_seconds_std
+    if value is None:
         return "–"
     return f"{value:.1f}" + (f" ± {std:.1f}" if isinstance(std, (int, float)) and std else "")
 
 
-def long_rows(comparison: Any) -> list[list]:
+def long_rows(comparison: Comparison | dict | None) -> list[list]:
     """[arm, model, seeds, angle, mean, std] for every arm, model and evaluated angle."""
     out = []
     for name, arm in arms(comparison).items():
-        for label, group in _groups(arm).items():
-            for key in sorted(_acc(group), key=float):
+        for label, group in arm.groups.items():
+            for key in sorted(group.accuracy, key=float):
                 found = stat(group, key)
                 if found is not None:
-                    out.append([name, label, _seeds(group), float(key), *found])
+                    out.append([name, label, group.seeds, float(key), *found])
     return out
 
 
-def markdown(comparison: Any, angle: float = HEADLINE_ANGLE) -> str:
+def markdown(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> str:
     """The README's compact comparison: a table (arm, model, seeds, train s, MNIST, the
     headline angle; mean ± std) and the sentences; "" without a comparison."""
     table = rows(comparison, angle)
     words = sentences(comparison, angle)
     if not table:
         return ""
-    head = f"{float(table[0]['angle']):g}°" if table[0]["angle"] is not None else f"{angle:g}°"
+    head = f"{float(table[0].angle):g}°" if table[0].angle is not None else f"{angle:g}°"
     lines = [
         f"| comparison arm | model | seeds | train s | MNIST (0°) | {head} |",
         "|---|---|---|---|---|---|",
     ]
     for r in table:
-        arm = ARM_TITLES.get(r["arm"], r["arm"]).lower()
+        arm = ARM_TITLES.get(r.arm, r.arm).lower()
         cells = [
             arm,
-            r["model"],
-            str(r["seeds"]),
+            r.model,
+            str(r.seeds),
             seconds(r),
-            show(r["upright"]),
-            show(r["headline"]),
+            show(r.upright),
+            show(r.headline),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")

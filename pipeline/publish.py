@@ -14,7 +14,6 @@ touches the network in offline mode. ``capsnet publish`` is the stage's command.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,39 +23,18 @@ import click
 from capsnet.cli_options import check_output, params_option
 from capsnet.outputset import OutputSet, refuse_read_only
 from pipeline import comparison_text, provenance, readme, report, tracking
-from pipeline.cells import COMPARISON_KEY, EvalResults, load_results, parse_results
+from pipeline.cells import COMPARISON_KEY, Comparison, EvalResults, load_results, parse_results
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
 COMPARISON_COLUMNS = ("arm", "model", "seeds", "angle", "mean", "std")
 
 
-def flatten_metrics(entry: dict, prefix: str = "") -> dict[str, float]:
-    """Every finite number of an evaluation entry under a slash-joined key, e.g.
-    ``mnist/accuracy``, ``rotated-mnist/accuracy/35``, ``robustness/fgsm/0.1``."""
-    flat: dict[str, float] = {}
-    for key, value in entry.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            if "skipped" not in value:
-                flat.update(flatten_metrics(value, name + "/"))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isfinite(value):
-                flat[name] = value
-    return flat
-
-
-def rotation_points(entry: dict) -> list[tuple[float, float]]:
-    """(angle, accuracy) of an entry's rotated-MNIST sweep, by angle."""
-    sweep = entry.get("rotated-mnist") or {}
-    return sorted((float(a), acc) for a, acc in (sweep.get("accuracy") or {}).items())
-
-
 def figures_for(name: str, fig_dir: Path) -> list[Path]:
     """The shared figures plus the ones made for checkpoint ``name``."""
     if not fig_dir.is_dir():
         return []
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    slug = report.figure_slug(name)
     shared = ("rotation", "reconstructions", "equivariance")
     return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in shared or p.stem.endswith(slug)]
 
@@ -92,8 +70,7 @@ def publish_runs(
     so publishing the same results again reuses the same ids."""
     if mode == "disabled":
         return []
-    if not isinstance(results, EvalResults):
-        results = parse_results(results)
+    results = parse_results(results)
     fig_dir = Path(fig_dir)
     published = []
     try:
@@ -106,10 +83,10 @@ def publish_runs(
                 wandb_dir,
                 {"model": entry.model, "checkpoint": entry.checkpoint, "entry": name},
                 job_type="eval",
-                content=provenance.content_hash(entry.raw),
+                content=provenance.content_hash(entry.canonical()),
             )
-            metrics = flatten_metrics(entry.raw)
-            points = rotation_points(entry.raw)
+            metrics = entry.numbers()
+            points = entry.rotation()
             run.log({**metrics, **_media(name, points, fig_dir)})
             for angle, accuracy in points:  # one row per angle: a line plot against "angle"
                 run.log({"angle": angle, "rotated_accuracy": accuracy})
@@ -124,7 +101,7 @@ def publish_runs(
     return published
 
 
-def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb_dir) -> dict:
+def _comparison_run(comparison: Comparison, project: str, group: str, mode: str, wandb_dir) -> dict:
     """One run (job_type "comparison") holding the comparison as a table of
     COMPARISON_COLUMNS and its sentences in the summary."""
     import wandb
@@ -137,7 +114,7 @@ def _comparison_run(comparison: dict, project: str, group: str, mode: str, wandb
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=provenance.content_hash(comparison),
+        content=provenance.content_hash(comparison.canonical()),
     )
     table = wandb.Table(
         columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
@@ -159,7 +136,7 @@ def _markdown_sweep(rows: list[dict[str, str]], limit: int = 20) -> str:
 
 
 def create_wandb_report(
-    results: dict,
+    results: EvalResults,
     *,
     project: str,
     group: str,
@@ -228,15 +205,15 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     origin = {**provenance.provenance(), "machine": provenance.machine()}
     fig_dir = Path(fig_dir)
     sweep_rows = report.read_sweep(settings.sweep_results)
-    html = report.render_html(results.raw, fig_dir, sweep_rows)
+    html = report.render_html(results, fig_dir, sweep_rows)
     figure = os.path.relpath(fig_dir / "rotation.png", paths["table"].parent)
-    table = readme.body(results.raw, Path(figure).as_posix(), origin) + "\n"
+    table = readme.body(results, Path(figure).as_posix(), origin) + "\n"
     new_readme = None
     if readme_text is not None:
         figure = os.path.relpath(
             (fig_dir / "rotation.png").resolve(), Path(readme_path).resolve().parent
         )
-        block = readme.block(results.raw, Path(figure).as_posix(), origin)
+        block = readme.block(results, Path(figure).as_posix(), origin)
         new_readme = readme.replace_block(readme_text, block, readme_path)
 
     group = settings.experiment or params.sweep.name
@@ -249,7 +226,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     url = None
     if mode == "online" and settings.report:
         url = create_wandb_report(
-            results.raw, project=settings.project, group=group, sweep_rows=sweep_rows
+            results, project=settings.project, group=group, sweep_rows=sweep_rows
         )
         say(f"W&B report: {url}")
     summary = {

@@ -19,16 +19,15 @@ from capsnet.io import atomic_write_text
 from capsnet.outputset import refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import (
-    COMPARISON_KEY,
-    VIEWPOINTS_KEY,
-    cell_value,
+    Entry,
+    EvalResults,
+    Viewpoints,
     column_title,
     load_results,
-    main_entries,
     model_picks,
     paper_metric,
+    parse_results,
     percent,
-    std_value,
     table_columns,
 )
 from pipeline.paper import SOURCES_LINE, paper_number
@@ -38,82 +37,80 @@ END = "<!-- results:end -->"
 _BLOCK = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
 
 
-def _cell(column: str, model: str, entry: dict) -> str:
-    ours = percent(cell_value(entry, column), std_value(entry, column))
+def _cell(column: str, model: str, entry: Entry) -> str:
+    ours = percent(entry.value(column), entry.std(column))
     paper = paper_number(paper_metric(column, entry), model)
     return ours + (f" ({paper.cite}: {percent(paper.accuracy)})" if paper else "")
 
 
-def _source(model: str, entry: dict) -> str:
+def _source(model: str, entry: Entry) -> str:
     """Where a cell's number comes from, with the model's name as ``<model>``."""
-    if "checkpoint" in entry:
-        path = Path(entry["checkpoint"])
+    if entry.checkpoint is not None:
+        path = Path(entry.checkpoint)
         return f"`{path.with_name(path.name.replace(model, '<model>', 1)).as_posix()}`"
-    return f"the mean of {entry.get('seeds', '?')} seeds"
+    return f"the mean of {entry.seeds} seeds"
 
 
-def _sources_line(picks: dict[str, dict[str, tuple[str, dict]]], titles: dict[str, str]) -> str:
+def _sources_line(picks: dict[str, dict[str, Entry]], titles: dict[str, str]) -> str:
     """One sentence naming, per group of columns, the checkpoint each cell comes from."""
     groups: dict[str, list[str]] = {}
     for column, title in titles.items():
-        sources = {_source(m, chosen[column][1]) for m, chosen in picks.items() if column in chosen}
+        sources = {_source(m, chosen[column]) for m, chosen in picks.items() if column in chosen}
         groups.setdefault(" or ".join(sorted(sources)), []).append(title)
     parts = [f"{' and '.join(columns)} from {source}" for source, columns in groups.items()]
     return "Each cell is from the checkpoint trained for that set: " + "; ".join(parts) + "."
 
 
-def _test_sizes(picks: dict[str, dict[str, tuple[str, dict]]]) -> str:
-    sizes = {
-        e.get(c.split("@")[0], {}).get("n")
-        for chosen in picks.values()
-        for c, (_, e) in chosen.items()
-    }
+def _test_sizes(picks: dict[str, dict[str, Entry]]) -> str:
+    sizes = {e.test_size(c) for chosen in picks.values() for c, e in chosen.items()}
     sizes.discard(None)
     if not sizes:
         return ""
     return "Test images per cell: " + ", ".join(f"{n:,}" for n in sorted(sizes)) + "."
 
 
-def _viewpoints_lines(section) -> list[str]:
+def _viewpoints_lines(section: Viewpoints | None) -> list[str]:
     """The smallNORB novel-viewpoint comparison (test error at matched familiar error)."""
-    if not isinstance(section, dict):
+    if section is None:
         return []
-    if "skipped" in section:
-        return [f"Novel smallNORB viewpoints: not run: {str(section['skipped']).rstrip('.')}."]
+    if section.skipped is not None:
+        return [f"Novel smallNORB viewpoints: not run: {section.skipped.rstrip('.')}."]
     lines = [
         "| novel viewpoints | model | familiar error | novel error | familiar gap |",
         "|---|---|---|---|---|",
     ]
-    for kind, entry in (section.get("kinds") or {}).items():
-        if "skipped" in entry:
-            lines.append(f"| {kind} | skipped: {entry['skipped']} | | | |")
+    for entry in section.kinds:
+        if entry.skipped is not None:
+            lines.append(f"| {entry.kind} | skipped: {entry.skipped} | | | |")
             continue
-        gap = percent(entry.get("gap")) + ("" if entry.get("matched") else " (not matched)")
-        for m in entry.get("models", {}).values():
-            paper = m.get("paper_novel_error")
+        gap = percent(entry.gap) + ("" if entry.matched else " (not matched)")
+        for m in entry.models:
+            paper = m.paper_novel_error
             cite = f" (Hinton 2018, real smallNORB: {percent(paper)})" if paper else ""
-            novel = percent(m.get("novel_error")) + cite
-            familiar = percent(m.get("familiar_error"))
-            lines.append(f"| {kind} | {m.get('model')} | {familiar} | {novel} | {gap} |")
+            novel = percent(m.novel_error) + cite
+            familiar = percent(m.familiar_error)
+            lines.append(f"| {entry.kind} | {m.model} | {familiar} | {novel} | {gap} |")
     return lines
 
 
-def results_table(metrics: dict, angle: float = 35.0) -> str:
+def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:
     """The README's results in Markdown: test accuracy per model and test set (mean ± std
     over seeds where there are seeds), the paper's number in brackets, where each cell
-    comes from, the seeds' comparison and the novel-viewpoint comparison."""
-    entries = main_entries(metrics)
+    comes from, the seeds' comparison and the novel-viewpoint comparison. ``metrics`` is
+    metrics.json typed (``load_results``) or its content, checked here."""
+    metrics = parse_results(metrics)
+    entries = metrics.main_entries()
     columns = table_columns(entries, angle)
     titles = {c: column_title(c, entries) for c in columns}
     picks = model_picks(entries, columns)
     lines = ["| model | " + " | ".join(titles.values()) + " |", "|---|" + "---|" * len(columns)]
     for model, chosen in picks.items():
-        cells = [_cell(c, model, chosen[c][1]) if c in chosen else "–" for c in columns]
+        cells = [_cell(c, model, chosen[c]) if c in chosen else "–" for c in columns]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     notes = [_sources_line(picks, titles), _test_sizes(picks), SOURCES_LINE] if columns else []
     text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
-    comparison = comparison_text.markdown(metrics.get(COMPARISON_KEY), angle)
-    viewpoints = _viewpoints_lines(metrics.get(VIEWPOINTS_KEY))
+    comparison = comparison_text.markdown(metrics.comparison, angle)
+    viewpoints = _viewpoints_lines(metrics.viewpoints)
     text = text.rstrip() + ("\n\n" + comparison if comparison else "")
     return text + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
 
@@ -136,7 +133,7 @@ def origin_line(origin: dict | None) -> str:
     )
 
 
-def body(metrics: dict, figure: str | None = None, origin: dict | None = None) -> str:
+def body(metrics: EvalResults | dict, figure: str | None = None, origin: dict | None = None) -> str:
     """The results table, the origin line and a link to ``figure``."""
     text = results_table(metrics)
     line = origin_line(origin)
@@ -147,7 +144,9 @@ def body(metrics: dict, figure: str | None = None, origin: dict | None = None) -
     return text
 
 
-def block(metrics: dict, figure: str | None = None, origin: dict | None = None) -> str:
+def block(
+    metrics: EvalResults | dict, figure: str | None = None, origin: dict | None = None
+) -> str:
     """What stands between the markers: ``body``."""
     return f"{BEGIN}\n{body(metrics, figure, origin)}\n{END}"
 
@@ -187,7 +186,7 @@ def update_readme(
 ) -> bool:
     """Rewrite ``readme``'s results block from ``metrics`` (atomically); whether it changed."""
     text = read_document(readme)
-    new = replace_block(text, block(load_results(metrics).raw, figure, origin), readme)
+    new = replace_block(text, block(load_results(metrics), figure, origin), readme)
     if new == text:
         return False
     atomic_write_text(readme, new)

@@ -16,17 +16,16 @@ from typing import Any
 from capsnet.io import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import (
-    COMPARISON_KEY,
-    VIEWPOINTS_KEY,
-    cell_value,
+    Comparison,
+    Entry,
+    EvalResults,
+    Viewpoints,
     column_title,
     load_results,
-    main_entries,
-    model_entries,
     model_picks,
     paper_metric,
+    parse_results,
     percent,
-    std_value,
     table_columns,
 )
 from pipeline.paper import paper_number
@@ -56,11 +55,10 @@ def _image_tag(path: Path, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
 
 
-def _cell(column: str, model: str, chosen: tuple[str, dict] | None) -> str:
-    if chosen is None:
+def _cell(column: str, model: str, entry: Entry | None) -> str:
+    if entry is None:
         return "<td>–</td>"
-    name, entry = chosen
-    ours = percent(cell_value(entry, column), std_value(entry, column))
+    ours = percent(entry.value(column), entry.std(column))
     paper = paper_number(paper_metric(column, entry), model)
     extra = (
         f'<br><span class="paper" title="{_e(paper.label)}: {_e(paper.note)}">'
@@ -68,13 +66,13 @@ def _cell(column: str, model: str, chosen: tuple[str, dict] | None) -> str:
         if paper
         else ""
     )
-    return f'<td title="{_e(name)}">{_e(ours)}{extra}</td>'
+    return f'<td title="{_e(entry.name)}">{_e(ours)}{extra}</td>'
 
 
-def _results_table(results: dict, angle: float) -> str:
+def _results_table(results: EvalResults, angle: float) -> str:
     """One row per model, one column per test set, each cell from the checkpoint trained
     for that set (the seeds' mean ± std where there are seeds); the cell's tooltip names it."""
-    entries = main_entries(results)
+    entries = results.main_entries()
     columns = table_columns(entries, angle)
     head = "".join(f"<th>{_e(column_title(c, entries))}</th>" for c in columns)
     rows = [
@@ -90,15 +88,12 @@ def _results_table(results: dict, angle: float) -> str:
     )
 
 
-def _skipped_fold(results: dict) -> str:
+def _skipped_fold(results: EvalResults) -> str:
     """The model/dataset pairs not evaluated, folded, grouped by reason."""
     reasons: dict[str, list[str]] = {}
-    for name, entry in model_entries(results).items():
-        if "checkpoint" not in entry:
-            continue
-        for key, value in entry.items():
-            if isinstance(value, dict) and "skipped" in value:
-                reasons.setdefault(str(value["skipped"]), []).append(f"{name} / {key}")
+    for name, entry in results.checkpoints().items():
+        for test_set, reason in entry.skipped.items():
+            reasons.setdefault(reason, []).append(f"{name} / {test_set}")
     count = sum(len(pairs) for pairs in reasons.values())
     if not count:
         return ""
@@ -114,23 +109,23 @@ def _skipped_fold(results: dict) -> str:
     )
 
 
-def _comparison_section(comparison: Any, angle: float) -> str:
+def _comparison_section(comparison: Comparison | None, angle: float) -> str:
     """The comparison in words, then one table per arm."""
     rows = comparison_text.rows(comparison, angle)
     if not rows:
         return ""
-    key = rows[0]["angle"]
+    key = rows[0].angle
     where = f"{float(key):g}°" if key is not None else f"{angle:g}°"
     words = "".join(f"<p>{_e(s)}</p>" for s in comparison_text.sentences(comparison, angle))
     tables = []
-    for arm in dict.fromkeys(r["arm"] for r in rows):
+    for arm in dict.fromkeys(r.arm for r in rows):
         body = "".join(
-            f"<tr><td>{_e(r['model'])}</td><td>{r['seeds']}</td><td>{_e(r['augment'] or '–')}</td>"
-            f"<td>{_e(_number(r['epochs']))}</td><td>{_e(comparison_text.seconds(r))}</td>"
-            f"<td>{_e(comparison_text.show(r['upright']))}</td>"
-            f"<td>{_e(comparison_text.show(r['headline']))}</td></tr>"
+            f"<tr><td>{_e(r.model)}</td><td>{r.seeds}</td><td>{_e(r.augment or '–')}</td>"
+            f"<td>{_e(_number(r.epochs))}</td><td>{_e(comparison_text.seconds(r))}</td>"
+            f"<td>{_e(comparison_text.show(r.upright))}</td>"
+            f"<td>{_e(comparison_text.show(r.headline))}</td></tr>"
             for r in rows
-            if r["arm"] == arm
+            if r.arm == arm
         )
         tables.append(
             f"<h3>{_e(comparison_text.ARM_TITLES.get(arm, arm))}</h3>"
@@ -145,26 +140,22 @@ def _number(value: Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else "–"
 
 
-def _rotation_table(results: dict) -> str:
-    entries = {n: e for n, e in results.items() if "accuracy" in e.get("rotated-mnist", {})}
-    if not entries:
+def _rotation_table(results: EvalResults) -> str:
+    curves = {n: dict(e.rotation()) for n, e in results.entries.items() if e.rotation()}
+    if not curves:
         return "<p>No rotated-MNIST results.</p>"
-    angles = sorted({float(a) for e in entries.values() for a in e["rotated-mnist"]["accuracy"]})
+    angles = sorted({a for curve in curves.values() for a in curve})
     head = "".join(f"<th>{a:g}°</th>" for a in angles)
     rows = []
-    for name, entry in entries.items():
-        cells = "".join(
-            f"<td>{percent(cell_value(entry, f'rotated-mnist@{a:g}'))}</td>" for a in angles
-        )
+    for name, curve in curves.items():
+        cells = "".join(f"<td>{percent(curve.get(a))}</td>" for a in angles)
         rows.append(f"<tr><td>{_e(name)}</td>{cells}</tr>")
     return f'<table id="rotation"><tr><th>entry</th>{head}</tr>{"".join(rows)}</table>'
 
 
-def _robustness_table(results: dict) -> str:
+def _robustness_table(results: EvalResults) -> str:
     entries = {
-        n: e["robustness"]
-        for n, e in results.items()
-        if "checkpoint" in e and "fgsm" in e.get("robustness", {})
+        n: attacks for n, e in results.checkpoints().items() if "fgsm" in (attacks := e.attacks())
     }
     if not entries:
         return ""
@@ -172,7 +163,9 @@ def _robustness_table(results: dict) -> str:
     head = "".join(f"<th>{a} ε={_e(k)}</th>" for a in ("FGSM", "BIM") for k in epsilons)
     rows = [
         f"<tr><td>{_e(n)}</td>"
-        + "".join(f"<td>{percent(r[a].get(k))}</td>" for a in ("fgsm", "bim") for k in epsilons)
+        + "".join(
+            f"<td>{percent(r.get(a, {}).get(k))}</td>" for a in ("fgsm", "bim") for k in epsilons
+        )
         + "</tr>"
         for n, r in entries.items()
     ]
@@ -183,35 +176,37 @@ def _robustness_table(results: dict) -> str:
     )
 
 
-def _viewpoints_table(section: Any) -> str:
+def _viewpoints_table(section: Viewpoints | None) -> str:
     """The novel-viewpoint comparison (metrics.json "viewpoints"), or a line saying why it
     is absent; empty when metrics.json has no such section."""
-    if not isinstance(section, dict):
+    if section is None:
         return ""
-    rule = section.get("rule")
+    rule = section.rule
     intro = (
         "<h2>Novel viewpoints (smallNORB)</h2><p>Both models trained on the familiar "
         "viewpoints only, compared on the novel ones at matched familiar-viewpoint test "
         f"error{f' ({_e(rule)})' if rule else ''}. Percentages are test error; the grey "
         "numbers are the paper's novel-viewpoint errors (Hinton et al. 2018, section 5.2).</p>"
     )
-    if "skipped" in section:
-        return intro + f'<p class="skipped">Not run: {_e(section["skipped"])}</p>'
+    if section.skipped is not None:
+        return intro + f'<p class="skipped">Not run: {_e(section.skipped)}</p>'
     rows, notes = [], []
-    for kind, entry in (section.get("kinds") or {}).items():
-        if "skipped" in entry:
-            notes.append(f"<li>{_e(kind)}: {_e(entry['skipped'])}</li>")
+    for entry in section.kinds:
+        kind = entry.kind
+        if entry.skipped is not None:
+            notes.append(f"<li>{_e(kind)}: {_e(entry.skipped)}</li>")
             continue
-        for role, m in entry.get("models", {}).items():
-            paper = m.get("paper_novel_error")
+        for m in entry.models:
+            paper = m.paper_novel_error
             extra = f'<br><span class="paper">paper {percent(paper)}</span>' if paper else ""
-            match = "matched" if entry.get("matched") else "not matched"
+            match = "matched" if entry.matched else "not matched"
+            epoch = "" if m.epoch is None else m.epoch
             rows.append(
-                f"<tr><td>{_e(kind)}</td><td>{_e(role)}</td><td>{_e(m.get('model', ''))}</td>"
-                f"<td>{_e(m.get('epoch', ''))}</td><td>{percent(m.get('familiar_error'))}</td>"
-                f"<td>{percent(m.get('novel_error'))}{extra}</td>"
-                f"<td>{percent(entry.get('target_familiar_error'))}</td>"
-                f"<td>{percent(entry.get('gap'))} ({match})</td></tr>"
+                f"<tr><td>{_e(kind)}</td><td>{_e(m.role)}</td><td>{_e(m.model)}</td>"
+                f"<td>{_e(epoch)}</td><td>{percent(m.familiar_error)}</td>"
+                f"<td>{percent(m.novel_error)}{extra}</td>"
+                f"<td>{percent(entry.target_familiar_error)}</td>"
+                f"<td>{percent(entry.gap)} ({match})</td></tr>"
             )
     table = (
         '<table id="viewpoints"><tr><th>viewpoints</th><th>role</th><th>model</th>'
@@ -283,6 +278,35 @@ FIGURE_CAPTIONS = {
 }
 
 
+def figure_slug(name: str) -> str:
+    """An entry's name as its figures' file names hold it (as capsnet.eval.figures writes
+    them): ``perturbation-<slug>.png``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def shown_checkpoints(results: EvalResults) -> list[str]:
+    """The checkpoints whose own figures the report shows: the first of each model and
+    training set in the results table; the other seeds and the comparison runs (equal
+    time, augmented baselines) draw the same figures again."""
+    first: dict[tuple[str, str | None], str] = {}
+    for name, entry in results.main_entries().items():
+        if entry.checkpoint is not None:
+            first.setdefault((entry.model, entry.trained_on), name)
+    return list(first.values())
+
+
+def _left_out(results: EvalResults, figures: list[Path]) -> set[Path]:
+    """The figures of the checkpoints ``shown_checkpoints`` leaves out."""
+    shown = set(shown_checkpoints(results))
+    stems = {
+        f"{prefix}-{figure_slug(name)}"
+        for name in results.checkpoints()
+        if name not in shown
+        for prefix in FIGURE_CAPTIONS
+    }
+    return {p for p in figures if p.stem in stems}
+
+
 def caption(path: Path) -> str:
     stem = path.stem
     for prefix, text in FIGURE_CAPTIONS.items():
@@ -293,13 +317,15 @@ def caption(path: Path) -> str:
 
 
 def render_html(
-    results: dict,
+    results: EvalResults | dict,
     fig_dir: str | os.PathLike | None = None,
     sweep_rows: list[dict[str, str]] | None = None,
     title: str = "capsnet-pipeline evaluation",
     angle: float = 35.0,
 ) -> str:
-    """The report as one HTML string: tables, and every figures/*.png inline (base64)."""
+    """The report as one HTML string: tables, and every figures/*.png inline (base64).
+    ``results`` is metrics.json typed (``load_results``) or its content, checked here."""
+    results = parse_results(results)
     figures = sorted(Path(fig_dir).glob("*.png")) if fig_dir and Path(fig_dir).is_dir() else []
     order = list(FIGURE_CAPTIONS)
     figures.sort(
@@ -309,7 +335,15 @@ def render_html(
         )
     )
     rotation = [p for p in figures if p.stem == "rotation"]
-    others = [p for p in figures if p.stem != "rotation"]
+    left_out = _left_out(results, figures)
+    others = [p for p in figures if p.stem != "rotation" and p not in left_out]
+    more = (
+        f"<p>{len(left_out)} figures of the other seeds and of the comparison runs are "
+        f"left out of this page; they are in {_e(Path(fig_dir).as_posix())}/ and in the "
+        "W&amp;B eval runs.</p>"
+        if left_out
+        else ""
+    )
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -320,7 +354,7 @@ def render_html(
         "kind of model. affnist-synth is a stand-in and is never compared with affNIST.</p>",
         "<h2>Results</h2>",
         _results_table(results, angle),
-        _comparison_section(results.get(COMPARISON_KEY), angle),
+        _comparison_section(results.comparison, angle),
         _skipped_fold(results),
         "<h2>Accuracy versus rotation</h2>",
         *[
@@ -330,10 +364,11 @@ def render_html(
         ],
         _rotation_table(results),
         _robustness_table(results),
-        _viewpoints_table(results.get(VIEWPOINTS_KEY)),
+        _viewpoints_table(results.viewpoints),
         "<h2>Sweep comparison</h2>",
         _sweep_table(sweep_rows or []),
         "<h2>Figures</h2>",
+        *([more] if more else []),
         *[
             f"<figure>{_image_tag(p, p.stem)}<figcaption>{_e(caption(p))}</figcaption></figure>"
             for p in others
@@ -351,7 +386,7 @@ def write_report(
     title: str = "capsnet-pipeline evaluation",
 ) -> Path:
     """Write the self-contained report for ``metrics`` to ``out`` atomically."""
-    results = load_results(metrics).raw
+    results = load_results(metrics)
     fig_dir = fig_dir if fig_dir is not None else Path(metrics).parent / "figures"
     text = render_html(results, fig_dir, read_sweep(sweep_csv), title)
     return atomic_write_text(out, text)

@@ -206,7 +206,7 @@ def test_outputs_rotation_csv_and_figure(evaluated):
 
 
 def test_summary_prints_the_comparison_not_as_a_checkpoint(evaluated):
-    from pipeline.report import model_entries
+    from capsnet.headline import model_entries
 
     results, _, _ = evaluated
     lines = evaluation.summary_lines(results)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 VEGA_SCRIPTS = (
     "vega/build/vega.min.js",
@@ -140,12 +141,37 @@ def test_plots_diff_draws_a_line_per_model_and_revision_into_any_out_dir(clone):
         ",".join([r.split(",")[0], r.split(",")[1], "0.5", *r.split(",")[3:]]) for r in lines[1:]
     ]
     rotation.write_text("\n".join(changed) + "\n")
+    routing = work / "sweep" / "plots" / "by_routing.csv"
+    routing_original = routing.read_text()
+    head, *rows = routing_original.splitlines()
+    routing.write_text("\n".join([head, *(r.replace(",0.", ",0.1", 1) for r in rows)]) + "\n")
     try:
         run([dvc, "plots", "diff", "HEAD", "-o", "out/diff"], cwd=work, env=env)
     finally:
         rotation.write_text(original)
+        routing.write_text(routing_original)
     result = render(work / "out" / "diff" / "index.html")
     (chart,) = [c for c in result["drawn"] if c["title"].startswith("Test accuracy versus")]
     assert sorted(chart["revs"]) == ["HEAD", "workspace"]
     assert '"strokeDash":{"field":"rev"' in chart["encoding"]  # in each line layer
     assert chart["marks"] > 0
+    (bars,) = [c for c in result["drawn"] if c["title"] == "sweep/plots/by_routing.csv"]
+    assert sorted(bars["revs"]) == ["HEAD", "workspace"]  # side by side, one colour each
+    assert '"yOffset":{"field":"rev"' in bars["encoding"] and bars["marks"] > 0
+
+
+def test_sweep_template_shows_revisions_side_by_side_on_an_axis_not_from_zero(repo_root):
+    """The sweep's per-setting plots (dvc.yaml) use the project template: the revision in
+    the encoding (offset and colour), the value axis fitted to the values (scale zero false,
+    so the differences between trials show)."""
+    template = repo_root / "pipeline" / "plots" / "sweep_by_setting.json"
+    spec = json.loads(template.read_text())
+    encoding = spec["encoding"]
+    assert encoding["yOffset"]["field"] == "rev" and encoding["color"]["field"] == "rev"
+    assert encoding["x"]["scale"]["zero"] is False
+    assert encoding["y"]["field"] == "<DVC_METRIC_Y>"
+    assert spec["data"]["values"] == "<DVC_METRIC_DATA>"
+    stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["sweep"]
+    templates = {next(iter(p)): next(iter(p.values())).get("template") for p in stage["plots"]}
+    for plot in ("sweep/plots/by_routing.csv", "sweep/plots/by_augment.csv"):
+        assert templates[plot] == "pipeline/plots/sweep_by_setting.json", plot

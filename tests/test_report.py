@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from capsnet import figures
 from capsnet.errors import CapsnetError
@@ -233,3 +234,47 @@ def test_perturbation_rows_that_change_nothing_are_not_drawn():
     still = torch.full((11, 1, 4, 4), 0.5)
     moving = torch.linspace(0, 1, 11).view(11, 1, 1, 1).expand(11, 1, 4, 4)
     assert figures.visible_rows([still, moving, still + 0.001]) == [1]
+
+
+def test_report_shows_one_checkpoint_per_model_and_training_set_and_says_what_it_left_out(
+    tmp_path,
+):
+    """The other seeds and the comparison runs draw the same figures again: left out of the
+    page (counted, with where they are), the first seed and the shared figures kept."""
+    seeded = {
+        **RESULTS,
+        "capsnet-small@seed1": {**RESULTS["capsnet-small"], "checkpoint": "m/c@seed1.pt"},
+        "lenet5@equal-time": {**RESULTS["lenet5"], "checkpoint": "m/lenet5@equal-time.pt"},
+    }
+    figs = tmp_path / "figures"
+    figs.mkdir()
+    stems = ["rotation", "equivariance", "confusion-capsnet-small", "confusion-capsnet-small_seed1"]
+    stems += ["perturbation-capsnet-small_seed1", "confusion-lenet5_equal-time", "mine"]
+    for stem in stems:
+        figures.image_grid([torch.rand(1, 1, 4, 4)], figs / f"{stem}.png")
+    results = report.parse_results(seeded)
+    assert report.shown_checkpoints(results) == ["capsnet-small", "lenet5"]
+    page = report.render_html(results, figs)
+    shown = re.findall(r'<img src="data:image/png;base64,[^"]*" alt="([^"]*)"', page)
+    assert shown == ["accuracy versus rotation", "equivariance", "confusion-capsnet-small", "mine"]
+    assert "3 figures of the other seeds and of the comparison runs are left out" in page
+    assert f"they are in {figs.as_posix()}/" in page
+
+
+def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_root, monkeypatch):
+    """eval/report.html is render_html of eval/metrics.json, eval/figures and the sweep's
+    results.csv, byte for byte (the publish stage writes it; nothing else may)."""
+    from capsnet import config
+
+    params = config.load(repo_root / "params.yaml")
+    out_dir = Path(params.evaluate.out_dir)
+    committed = repo_root / params.publish.html
+    if not committed.is_file():
+        pytest.skip(f"no committed {params.publish.html}")
+    results = report.load_results(repo_root / out_dir / "metrics.json")
+    sweep = report.read_sweep(repo_root / params.publish.sweep_results)
+    monkeypatch.chdir(repo_root)  # the figures folder named as publish names it: relative
+    page = report.render_html(results, out_dir / "figures", sweep)
+    assert page == committed.read_text(encoding="utf-8"), (
+        f"{params.publish.html} differs from what `capsnet publish` renders: run it"
+    )

@@ -115,7 +115,7 @@ def test_augmented_baseline_against_the_capsule_model_at_the_nearest_angle():
         "more than the seeds' spread (std sum 1.50)."
     )
     rows = comparison_text.rows(section)
-    assert [(r["arm"], r["model"], r["headline"]) for r in rows] == [
+    assert [(r.arm, r.model, r.headline) for r in rows] == [
         ("equal_augmentation", "capsnet-small", (0.70, 0.01)),
         ("equal_augmentation", "lenet5", (0.60, 0.01)),
         ("baseline_augmentation", "lenet5 (rotate)", (0.93, 0.005)),

@@ -403,3 +403,29 @@ def test_resume_restores_the_augmentation_stream(mnist_small):
     fit(first, data, None, once, on_epoch=lambda record, state: states.append(state))
     resumed = fit(first, data, None, config, resume=states[0])
     assert resumed[1]["train_loss"] == pytest.approx(full[1]["train_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(("dataset", "augment"), [("smallnorb", "none"), ("mnist", "shift")])
+def test_capsnet_train_defaults_smallnorb_to_its_own_augmentation(
+    dataset, augment, tmp_path, monkeypatch
+):
+    """The documented `capsnet train --dataset smallnorb ...` commands run as written:
+    smallNORB augments itself, so without --augment the run gets none (MNIST: shift)."""
+    from click.testing import CliRunner
+
+    from capsnet import run
+    from capsnet.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no params.yaml: the dataclass defaults
+    seen = {}
+
+    def stop(spec, **_):
+        run.check(spec)
+        seen["augment"] = spec.augment
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run, "train_run", stop)
+    args = ["train", "--model", "smallnorb-cnn", "--dataset", dataset, "--out", "out"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert seen == {"augment": augment}
