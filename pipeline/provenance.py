@@ -50,6 +50,29 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+#: The file a training stage writes beside its checkpoints: where they were trained.
+ORIGIN_FILE = "ORIGIN.json"
+ORIGIN_KEYS = ("git_commit", "machine")
+
+
+def origin() -> dict[str, str | None]:
+    """Where a run is made: the git commit it started from and the machine."""
+    return dict(zip(ORIGIN_KEYS, (git_commit(), machine())))
+
+
+def read_origin(directory: str | os.PathLike) -> dict[str, str | None]:
+    """The origin a training stage recorded in ``directory`` (fields None without one:
+    checkpoints from elsewhere say nothing of where they were trained)."""
+    from capsnet.errors import CapsnetError
+    from capsnet.io import read_json
+
+    path = Path(directory) / ORIGIN_FILE
+    recorded = read_json(path) if path.is_file() else {}
+    if not isinstance(recorded, dict):
+        raise CapsnetError(f"{path}: a JSON object expected")
+    return {key: v if isinstance(v := recorded.get(key), str) else None for key in ORIGIN_KEYS}
+
+
 def params_hash(params_path: str | os.PathLike = "params.yaml") -> str | None:
     """The hash of params.yaml's settings (parsed, so comments and layout do not count)."""
     import yaml

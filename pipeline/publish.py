@@ -202,7 +202,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     for name, path in paths.items():
         refuse_read_only(path, f"{path} (publish {name})")
     readme_text = readme.read_document(readme_path) if readme_path is not None else None
-    origin = {**provenance.provenance(), "machine": provenance.machine()}
+    origin = provenance.read_origin(params.train.out_dir)  # the run that trained them
     fig_dir = Path(fig_dir)
     sweep_rows = report.read_sweep(settings.sweep_results)
     html = report.render_html(results, fig_dir, sweep_rows)

@@ -34,7 +34,7 @@ from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
 from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
 from capsnet.run import RunSpec, Split, section_spec
-from pipeline import tracking
+from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
 from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec, used_settings
 
@@ -161,6 +161,7 @@ def train_final(
                 results.update(_train_extra_set(trainer, base, specs, dataset, final))
         if inside is not None:
             atomic_write_json(staging / inside, results)
+        atomic_write_json(staging / provenance.ORIGIN_FILE, provenance.origin())
     log(f"wrote {final.out_dir}: {len(results)} checkpoint(s)")
     if metrics_path is not None and inside is None:  # after the checkpoints: the manifest
         atomic_write_json(Path(metrics_path), results)

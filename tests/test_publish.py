@@ -76,6 +76,23 @@ def test_publish_writes_report_table_readme_and_manifest(stage_dir):
     assert not [p for p in stage_dir.rglob(".*.tmp")]
 
 
+def test_the_origin_line_names_the_training_run_not_the_publisher(stage_dir):
+    """The machine and commit come from the ORIGIN.json final training wrote beside its
+    checkpoints, so publishing again from a later commit changes nothing."""
+    from pipeline import provenance
+
+    assert _publish().exit_code == 0
+    unknown = "Trained on an unknown machine, from an unknown commit."
+    assert unknown in Path("eval/results.md").read_text()  # no record: nothing claimed
+
+    Path("models").mkdir()
+    recorded = {"git_commit": "0123456789abcdef0123", "machine": "Some CPU, 64 cores"}
+    (Path("models") / provenance.ORIGIN_FILE).write_text(json.dumps(recorded))
+    assert _publish().exit_code == 0
+    line = "Trained on Some CPU, 64 cores, from commit `0123456789ab`."
+    assert line in Path("eval/results.md").read_text()
+
+
 def _refused(stage_dir: Path, expected: str, *extra: str) -> None:
     before = _snapshot(stage_dir)
     assert _error(_publish(*extra)) == f"Error: {expected}"

@@ -10,7 +10,7 @@ import torch
 from capsnet import checkpoint
 from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.errors import ConfigError
-from pipeline import tracking
+from pipeline import provenance, tracking
 from pipeline.train_final import train_final
 
 
@@ -70,6 +70,8 @@ def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
     for metrics in results.values():
         assert 0 <= metrics["val_accuracy"] <= 1 and metrics["rotation_angle"] == 30.0
     assert json.loads((tmp_path / "models" / "metrics.json").read_text()) == results
+    origin = json.loads((tmp_path / "models" / provenance.ORIGIN_FILE).read_text())
+    assert origin == {"git_commit": provenance.git_commit(), "machine": provenance.machine()}
 
     runs = tracking.offline_runs(tmp_path / "runs")
     infos = [tracking.read_run_info(d) for d in runs.values()]
