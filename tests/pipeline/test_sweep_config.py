@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from capsnet.config import FinalTrainConfig, SweepConfig
@@ -213,10 +215,31 @@ def test_committed_params_hold_both_smallnorb_sections(repo_root):
 
     params = config.load(repo_root / "params.yaml")
     sweep, final = params.smallnorb_sweep, params.smallnorb_train
-    assert sweep.dataset == "smallnorb" and sweep.storage_path == "sweep-smallnorb/ray"
+    assert sweep.dataset == "smallnorb"
+    # both sweeps keep Tune's state beside W&B's runs, outside every DVC output
+    assert sweep.storage_path == params.sweep.storage_path == "runs/ray"
     # the default CPU run on the stand-in: 2 and 3 routing iterations (the E-step runs),
     # the other axes at the paper's choice (profiles/paper-scale-gpu.yaml widens them)
     assert sweep.space.routing_iterations == {"grid": [2, 3]}
     assert (sweep.space.pose, sweep.space.coordinate_addition) == ("matrix", True)
     assert (sweep.space.loss, sweep.compile) == ("spread", True)
     assert final.out_dir == "models-smallnorb" and final.baselines == ["smallnorb-cnn"]
+
+
+def test_the_sweep_stages_are_run_cacheable(repo_root):
+    """DVC's run-cache skips stages with a persist output or one outside the repository;
+    Tune's state (storage_path) is therefore no output of the sweep stages."""
+    import yaml
+
+    from capsnet import config
+
+    params = config.load(repo_root / "params.yaml")
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    for name, section in (("sweep", params.sweep), ("sweep_smallnorb", params.smallnorb_sweep)):
+        entries = [e for kind in ("outs", "metrics", "plots") for e in stages[name][kind]]
+        paths = {next(iter(e)) if isinstance(e, dict) else e: e for e in entries}
+        storage = Path(section.storage_path)
+        assert not any(storage == Path(p) or storage in Path(p).parents for p in paths), name
+        assert not any(Path(p) in storage.parents for p in paths), name
+        persisted = [p for p, e in paths.items() if isinstance(e, dict) and e[p].get("persist")]
+        assert persisted == [], name
