@@ -50,11 +50,14 @@ def disabled_reason(params, sweep, data_root) -> str | None:
 
 
 def check_sweep_outputs(params_path: Path, section: str, sweep) -> None:
-    """The sweep section's local storage and W&B directories are writable (before any work)."""
+    """The sweep section's local storage and W&B directories, where the run will put them
+    (``tracking.workspace_path``), are writable (before any work)."""
+    from pipeline.tracking import workspace_path
+
     name = Path(params_path).name
     if "://" not in sweep.storage_path:
-        check_output(sweep.storage_path, f"{name}: {section}.storage_path")
-    check_output(sweep.wandb.dir, f"{name}: {section}.wandb.dir")
+        check_output(workspace_path(sweep.storage_path), f"{name}: {section}.storage_path")
+    check_output(workspace_path(sweep.wandb.dir), f"{name}: {section}.wandb.dir")
 
 
 #: Tries, and seconds each may take, before a Ray address that does not answer is refused.

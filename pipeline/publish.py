@@ -221,7 +221,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     runs = publish_runs(
         results, fig_dir, project=settings.project, group=group, mode=mode, wandb_dir=settings.dir
     )
-    where = tracking.wandb_directory(settings.dir) / "wandb"
+    where = tracking.workspace_path(settings.dir) / "wandb"
     say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {where}")
     url = None
     if mode == "online" and settings.report:

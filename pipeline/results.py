@@ -1,6 +1,7 @@
 """The sweep's outputs: results.csv (one row per trial), best.json (the best trial's
 config and metrics) and the plot CSVs DVC draws, or marked outputs for a switched-off
-dataset."""
+dataset. They hold what a rerun on the same machine reproduces: trials by their number in
+Tune's generation order, no node ids or wall times (those stay in Tune's state and W&B)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from capsnet.cli_errors import error_cause
 from capsnet.config import SweepConfig
 from capsnet.io import atomic_directory, atomic_write_text, clear_disabled, write_marker
+from pipeline.tracking import trial_number
 from pipeline.trainable import applies
 
 #: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial
@@ -26,17 +28,16 @@ def _first_line(error: BaseException | None) -> str:
 
 
 def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
-    """One row per trial: id, status, node, the device it trained on (``cpu``, ``mps`` or
-    ``cuda:N <GPU name>``) and its peak GPU memory in MiB (empty off CUDA), the searched
-    parameters, final and best metrics, epochs run and seconds."""
+    """One row per trial: its number, status, the device it trained on (``cpu``, ``mps``
+    or ``cuda:N <GPU name>``) and its peak GPU memory in MiB (empty off CUDA), the
+    searched parameters, final and best metrics and epochs run, in trial order."""
     rows = []
     for result in results:
         metrics = result.metrics or {}
         frame = result.metrics_dataframe
         row: dict[str, Any] = {
-            "trial_id": metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_"),
+            "trial_id": _trial_number(result),
             "status": "ERROR" if result.error else "TERMINATED",
-            "node": metrics.get("node", ""),
             "device": metrics.get("device", ""),
             "peak_gpu_memory_mb": _peak_memory(frame, metrics),
         }
@@ -48,11 +49,17 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
             row[f"best_{metric}"] = float(max(values)) if len(values) else None
         row["epochs"] = metrics.get("epoch", 0)
         row["early_stopped"] = bool(not result.error and row["epochs"] < sweep.epochs)
-        row["seconds"] = round(float(metrics.get("time_total_s", 0.0)), 3)
         row["error"] = _first_line(result.error)
         rows.append(row)
     rows.sort(key=lambda r: r["trial_id"])
     return rows
+
+
+def _trial_number(result) -> str:
+    """The trial's number: from Tune's trial id, or its directory for a trial that errored
+    before reporting (``pipeline.sweep.trial_dirname``)."""
+    tune_id = (result.metrics or {}).get("trial_id")
+    return trial_number(tune_id or Path(result.path).name.removeprefix("trial_"))
 
 
 def _peak_memory(frame, metrics) -> float | None:
@@ -64,12 +71,13 @@ def _peak_memory(frame, metrics) -> float | None:
     return metrics.get(name)
 
 
-def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
-    """The best trial by ``sweep.metric`` at its last epoch: its config and metrics.
+def best_result(results, sweep: SweepConfig, experiment: str = "") -> dict[str, Any] | None:
+    """The best trial by ``sweep.metric`` at its last epoch: its config and metrics, and the
+    Tune ``experiment`` (the directory under ``storage_path``) it belongs to.
 
     Ties are broken by a fixed rule, so a rerun or a restored sweep picks the same config:
     the trial that trained more epochs, then the one whose searched settings come first as
-    JSON with sorted keys (never the trial id, which is random)."""
+    JSON with sorted keys (never the trial's number, which follows Tune's order)."""
     good = [r for r in results if not r.error and r.metrics.get(sweep.metric) is not None]
     if not good:
         return None
@@ -81,10 +89,11 @@ def best_result(results, sweep: SweepConfig) -> dict[str, Any] | None:
         data["rotation_angle"] = sweep.rotation_angle
     return {
         "sweep": sweep.name,
+        **({"experiment": experiment} if experiment else {}),
         "metric": sweep.metric,
         "mode": "max",
         **data,
-        "trial_id": best.metrics.get("trial_id"),
+        "trial_id": _trial_number(best),
         "config": {name: best.config.get(name) for name in sweep.parameters()},
         "metrics": {
             "epoch": best.metrics.get("epoch"),
@@ -158,11 +167,11 @@ def ablation_rows(rows: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[s
 
 
 def result_columns(sweep: SweepConfig) -> list[str]:
-    """results.csv's columns: id, status, node, device, peak GPU memory, the recorded
-    parameters, final and best metrics, epochs, early stopping, seconds and the error."""
-    columns = ["trial_id", "status", "node", "device", "peak_gpu_memory_mb", *sweep.parameters()]
+    """results.csv's columns: trial number, status, device, peak GPU memory, the recorded
+    parameters, final and best metrics, epochs, early stopping and the error."""
+    columns = ["trial_id", "status", "device", "peak_gpu_memory_mb", *sweep.parameters()]
     columns += [f"{kind}_{metric}" for kind in ("final", "best") for metric in sweep.metrics()]
-    return [*columns, "epochs", "early_stopped", "seconds", "error"]
+    return [*columns, "epochs", "early_stopped", "error"]
 
 
 def output_paths(out_dir, sweep: SweepConfig) -> dict[str, Path]:
@@ -207,7 +216,7 @@ def write_disabled(out_dir, sweep: SweepConfig, reason: str) -> dict[str, str]:
     """The outputs of a sweep whose dataset is switched off, so DVC finds every declared
     output and nothing looks like a result: <out>/DISABLED.txt saying why, best.json
     ``{"disabled": reason}``, results.csv and the plot files with their header and no
-    rows, and the (local) Tune storage directory, left as it was."""
+    rows."""
     paths = output_paths(out_dir, sweep)
     marker = write_marker(out_dir, reason)
     atomic_write_text(paths["best"], json.dumps({"disabled": reason}, indent=2) + "\n")
@@ -221,6 +230,4 @@ def write_disabled(out_dir, sweep: SweepConfig, reason: str) -> dict[str, str]:
     for name, columns in headers.items():
         if name in paths:
             atomic_write_text(paths[name], _csv([], columns))
-    if "://" not in sweep.storage_path:
-        Path(sweep.storage_path).mkdir(parents=True, exist_ok=True)
     return {"disabled": str(marker), **{k: str(v) for k, v in paths.items()}}

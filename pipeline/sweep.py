@@ -9,11 +9,16 @@ The Tune experiment is named ``<sweep.name>-<fingerprint>``, the fingerprint has
 everything a trial reads: the sweep settings that change results, the augmentation and
 smallNORB settings the trials use, the bytes of the training and validation data and the
 source of the code the trials run. Change any of them and the sweep starts a new
-experiment; an interrupted run of the same one is restored.
+experiment; an interrupted run of the same one is restored. The experiment lives under
+``storage_path`` (relative: in the repository the experiment started in, beside W&B's
+runs), never in a DVC output, so DVC's run-cache can restore the stage and queued
+experiments share the state. Trials are named by their number in Tune's generation order
+and sampled dimensions are drawn from ``sweep.seed``, so a rerun writes the same bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,7 +32,7 @@ import torch
 
 from capsnet.config import SEARCHABLE, Params, SearchSpace, SweepConfig
 from capsnet.errors import CapsnetError, ConfigError
-from capsnet.io import atomic_write_json
+from capsnet.io import locked
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import results, tracking
 from pipeline.gpu_worker import check_client as _check_client
@@ -222,10 +227,12 @@ def check_resources(cpus: float, gpus: float, *, address: str) -> None:
         )
 
 
-def _storage_path(storage: str) -> str:
+def storage_root(storage: str) -> str:
+    """Where Tune keeps the sweep's experiments: a URI as given, a relative directory under
+    the repository the experiment started in (``tracking.workspace_path``)."""
     if "://" in storage:
         return storage.rstrip("/")
-    return str(Path(storage).expanduser().resolve())
+    return str(tracking.workspace_path(storage))
 
 
 def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
@@ -265,8 +272,8 @@ def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):
 
 
 def trial_dirname(trial) -> str:
-    """Trial directories named by trial id (results.csv's trial_id column)."""
-    return f"trial_{trial.trial_id}"
+    """Trial directories named by the trial's number (results.csv's trial_id column)."""
+    return f"trial_{tracking.trial_number(trial.trial_id)}"
 
 
 def _new_tuner(
@@ -274,6 +281,7 @@ def _new_tuner(
 ):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
 
     scheduler = FIFOScheduler()
     if sweep.asha.enabled:
@@ -296,6 +304,8 @@ def _new_tuner(
             metric=sweep.metric,
             mode="max",
             scheduler=scheduler,
+            # sampled dimensions drawn from the sweep's seed: the same trials on every run
+            search_alg=BasicVariantGenerator(random_state=sweep.seed),
             num_samples=sweep.num_samples,
             max_concurrent_trials=sweep.resources.max_concurrent_trials,
             reuse_actors=sweep.reuse_actors,
@@ -337,44 +347,51 @@ def run_sweep(
     validate_space(sweep, base)
     mode = tracking.prepare_environment(sweep.wandb.mode)
     data = data if data is not None else load_data(sweep, base)
-    storage = _storage_path(sweep.storage_path)
+    storage = storage_root(sweep.storage_path)
     name = f"{sweep.name}-{fingerprint(sweep, base, data)}"
     experiment_path = f"{storage}/{name}"
     owns_ray = _init_ray(address, num_cpus, mode)
     try:
         resources = sweep.resources
         check_resources(resources.cpus_per_trial, resources.gpus_per_trial, address=address)
-        if "://" in storage:  # DVC's persisted sweep/ray output: a pointer to the state
-            pointer = Path(out_dir) / "ray" / "experiment.json"
-            atomic_write_json(pointer, {"experiment_path": experiment_path})
-        trainable = _trainable(sweep, base, data)
-        restored = tune.Tuner.can_restore(experiment_path)
-        if restored:
-            tuner = restore_tuner(
-                experiment_path, trainable, resume_unfinished=True, resume_errored=True
-            )
-        else:
-            shared = tracking.sweep_run_config(sweep, base, data.split)
-            tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode, shared)
-        fitted = tuner.fit()
-        expected = expected_trials(sweep.space, sweep.num_samples)
-        unfinished = _unfinished_trials(experiment_path, trainable, expected)
-        if unfinished or interrupted():
-            raise SweepInterrupted(
-                f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
-                f"{experiment_path} and the next run resumes it",
-                experiment_path,
-            )
-        rows = results.result_rows(fitted, sweep)
-        _raise_errored(rows, sweep, experiment_path)  # a failed sweep writes no best.json
-        best = results.best_result(fitted, sweep)
-        outputs = results.write_outputs(out_dir, rows, best, sweep)
+        with _one_driver(experiment_path):
+            trainable = _trainable(sweep, base, data)
+            restored = tune.Tuner.can_restore(experiment_path)
+            if restored:
+                tuner = restore_tuner(
+                    experiment_path, trainable, resume_unfinished=True, resume_errored=True
+                )
+            else:
+                shared = tracking.sweep_run_config(sweep, base, data.split)
+                tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode, shared)
+            fitted = tuner.fit()
+            expected = expected_trials(sweep.space, sweep.num_samples)
+            unfinished = _unfinished_trials(experiment_path, trainable, expected)
+            if unfinished or interrupted():
+                raise SweepInterrupted(
+                    f"sweep interrupted with {unfinished} unfinished trial(s); its state is in "
+                    f"{experiment_path} and the next run resumes it",
+                    experiment_path,
+                )
+            rows = results.result_rows(fitted, sweep)
+            _raise_errored(rows, sweep, experiment_path)  # a failed sweep writes no best.json
+            best = results.best_result(fitted, sweep, experiment=name)
+            outputs = results.write_outputs(out_dir, rows, best, sweep)
     finally:
         if owns_ray:
             import ray
 
             ray.shutdown()
     return SweepOutcome(experiment_path, rows, best, restored, outputs)
+
+
+def _one_driver(experiment_path: str):
+    """The lock of a local experiment directory (``capsnet.io.locked``): queued experiments
+    share the storage, so a second driver of the same sweep waits for the first and then
+    restores what it finished; none for remote storage."""
+    if "://" in experiment_path:
+        return contextlib.nullcontext()
+    return locked(experiment_path)
 
 
 def _raise_errored(rows, sweep: SweepConfig, experiment_path: str) -> None:

@@ -14,9 +14,10 @@ name (``$DVC_EXP_NAME`` inside ``dvc exp run``) and the hash of params.yaml, in 
 its group is the experiment's group of its stage (``group_name``). Eval run ids follow from
 the project, stage, experiment and the evaluated content (``run_id``): publishing the same
 results again updates the same runs, another experiment or other numbers make new ones.
-A relative W&B directory is resolved against the repository the experiment was started in
-(``$DVC_ROOT``, which DVC sets to the main workspace also for queued experiments that run
-in a temporary copy), so runs outlive DVC's temporary workspaces (``wandb_directory``).
+A relative W&B directory (and the sweep's Tune storage) is resolved against the repository
+the experiment was started in (``$DVC_ROOT``, which DVC sets to the main workspace also for
+queued experiments that run in a temporary copy), so runs outlive DVC's temporary
+workspaces (``workspace_path``).
 
 Offline runs in W&B 0.31 write no wandb-summary.json; ``read_history`` reads the logged
 rows back from a run's ``.wandb`` file (a block-structured log of protobuf records).
@@ -122,14 +123,22 @@ def group_name(base: str, stage: str) -> str:
     return "/".join(p for p in (base, experiment, stage) if p)[:128]
 
 
-def wandb_directory(setting: str | os.PathLike) -> Path:
-    """Where W&B writes (``<dir>/wandb``): ``setting`` as given when absolute, else under
-    the repository the experiment started in ($DVC_ROOT), else the working directory."""
-    path = Path(setting)
+def workspace_path(setting: str | os.PathLike) -> Path:
+    """Where state that outlives an experiment goes (W&B's ``<dir>/wandb``, Tune's storage):
+    ``setting`` as given when absolute, else under the repository the experiment started in
+    ($DVC_ROOT), else the working directory."""
+    path = Path(setting).expanduser()
     root = os.environ.get("DVC_ROOT")
     if not path.is_absolute() and root:
         path = Path(root) / path
     return path.resolve()
+
+
+def trial_number(trial_id: str) -> str:
+    """A Tune trial's number in its experiment's generation order (``"00002"`` of
+    ``"05142_00002"``): Tune's trial id without the prefix it draws at random per run, so
+    a rerun names its trials alike (results.csv, best.json, trial directories, W&B runs)."""
+    return trial_id.rsplit("_", 1)[-1]
 
 
 def sweep_run_config(sweep, base, split) -> dict[str, Any]:
@@ -156,20 +165,20 @@ def _trial_run(project: str, group: str, mode: str, directory: Path, trial, shar
 
     directory.mkdir(parents=True, exist_ok=True)
     origin = provenance()
-    index = trial.trial_id.rsplit("_", 1)[-1]  # Tune's trial counter; the prefix is random
+    number = trial_number(trial.trial_id)
     identity = run_id(
         project, group_name(group, "sweep"), content_hash(origin), content_hash(trial.config),
-        index,
+        number,
     )  # fmt: skip
     return wandb.init(
         project=project,
         group=group_name(group, "sweep"),
         job_type="sweep",
         id=identity,
-        name=f"{group}-{trial.trial_id}",
+        name=f"{group}-{number}",
         mode=mode,
         dir=str(directory),
-        config={**shared, **trial.config, "trial_id": trial.trial_id, **origin},
+        config={**shared, **trial.config, "trial_id": number, **origin},
         reinit="create_new",
         settings=_settings(),
     )
@@ -205,7 +214,7 @@ def sweep_callback(
         a trial costs no extra Ray actors or processes and works on any cluster."""
 
         def __init__(self):
-            self.directory = wandb_directory(wandb_dir)
+            self.directory = workspace_path(wandb_dir)
             self.shared = dict(shared or {})
             self.runs: dict[str, Any] = {}
 
@@ -262,7 +271,7 @@ def start_run(
         return None
     import wandb
 
-    directory = wandb_directory(wandb_dir)
+    directory = workspace_path(wandb_dir)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**config, **provenance()}
     group = group_name(group, job_type)

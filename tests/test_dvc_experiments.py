@@ -2,7 +2,9 @@
 tiny run (test_dvc_repro's settings) in a temporary git repository: queue an experiment and
 run the queue (it runs in a temporary copy of the workspace, so its W&B runs must land in
 the main one), compare it with `dvc exp show --only-changed` and `dvc metrics diff` in a
-normal terminal, and push the models to a local DVC remote and pull them into a fresh clone."""
+normal terminal, and push the models to a local DVC remote and pull them into a fresh clone.
+The sweep is not trained again where nothing it reads changed: the queued experiment skips
+it, and `dvc repro` restores its deleted outputs from DVC's run-cache."""
 
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project, 
     """The docs' commands, as written: queue, run the queue, read its status, compare."""
     work, dvc, env = project
     name = EXPERIMENT
+    tune_state = _tree_digest(work / "runs" / "ray")
+    assert any(p.endswith("result.json") for p in tune_state)  # the sweep's trials
     queue = documented(repo_root, "dvc", "exp", "run", "--queue")
     assert name in queue
     run([dvc, *queue[1:]], work, env)
@@ -69,6 +73,13 @@ def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project, 
     assert "Ran experiment(s)" in log
     status = run([dvc, *documented(repo_root, "dvc", "queue", "status")[1:]], work, env)
     assert any(name in line and "Success" in line for line in status.splitlines()), status
+
+    # train.seeds is no input of the sweep: the experiment did not train it again, and
+    # Tune's state in the main workspace is as the baseline left it
+    logs = run([dvc, "queue", "logs", name], work, env)
+    assert "Running stage 'train'" in logs, logs[-3000:]
+    assert "Running stage 'sweep'" not in logs and "Running stage 'sweep_smallnorb'" not in logs
+    assert _tree_digest(work / "runs" / "ray") == tune_state
 
     # the experiment's W&B runs are in the main workspace, named after it
     from pipeline import tracking
@@ -97,6 +108,24 @@ def test_a_queued_experiment_keeps_its_runs_and_compares_in_a_terminal(project, 
     run([dvc, *plots[1:]], work, env)
     page = work / plots[plots.index("-o") + 1] / "index.html"
     assert "VEGA_FILES" in page.read_text()
+
+
+def test_deleted_sweep_outputs_come_back_from_the_run_cache(project):
+    """An unchanged sweep is restored, not retrained: Tune's state is no output, so DVC
+    keeps the stage's outputs in its run-cache."""
+    work, dvc, env = project
+    outputs = {p: (work / p).read_bytes() for p in ("sweep/results.csv", "sweep/best.json")}
+    tune_state = _tree_digest(work / "runs" / "ray")
+    for folder in ("sweep", "sweep-smallnorb"):
+        shutil.rmtree(work / folder)
+    log = run([dvc, "repro", "sweep", "sweep_smallnorb"], work, env)
+    for stage in ("sweep", "sweep_smallnorb"):
+        assert f"Stage '{stage}' is cached - skipping run" in log, log[-3000:]
+        assert f"Running stage '{stage}'" not in log
+    assert {p: (work / p).read_bytes() for p in outputs} == outputs
+    assert (work / "sweep-smallnorb" / "plots" / "ablation.csv").is_file()
+    assert _tree_digest(work / "runs" / "ray") == tune_state
+    assert "Data and pipelines are up to date." in run([dvc, "status"], work, env)
 
 
 def test_models_pushed_to_a_local_remote_are_pulled_into_a_fresh_clone(project, tmp_path):

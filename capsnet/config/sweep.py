@@ -214,7 +214,9 @@ class SweepConfig(Section):
     rotation_angle: float = 45.0  # degrees, for val_rotated_accuracy
     asha: AshaConfig = field(default_factory=AshaConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-    storage_path: str = "sweep/ray"  # local dir, shared filesystem or s3://bucket/prefix
+    # Tune's state and trial checkpoints (not a DVC output): a directory, relative ones under
+    # the repository the experiment started in ($DVC_ROOT), a shared filesystem or s3://...
+    storage_path: str = "runs/ray"
     max_failures: int = 2  # retries of a failed trial (a lost node, an OOM kill)
     checkpoint: TrialCheckpointConfig = field(default_factory=TrialCheckpointConfig)
     reuse_actors: bool = True  # a finished trial's process runs the next one
@@ -364,7 +366,6 @@ class SmallnorbSweepConfig(SweepConfig):
     batch_size: int = 64  # the EM paper's batch
     train_size: int | None = None
     val_size: int = 2000
-    storage_path: str = "sweep-smallnorb/ray"
 
 
 @dataclass

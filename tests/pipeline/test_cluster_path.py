@@ -225,7 +225,7 @@ TREE = {
     ".dvc/tmp/lock": False,
     "runs/wandb/offline-run-x/run-x.wandb": False,
     "models/capsnet-small.pt": False,
-    "sweep/ray/experiment.json": False,
+    "runs/ray/capsnet-sweep-0123456789ab/tuner.pkl": False,
 }
 
 
@@ -361,14 +361,20 @@ def _result(trial_id: str, device: str, epoch: int = 2):
 
 def test_results_csv_names_the_device_each_trial_trained_on(tmp_path):
     sweep_config = SweepConfig.from_dict({"epochs": 2})
-    rows = results.result_rows([_result("t1", "NVIDIA A10G"), _result("t0", "cpu")], sweep_config)
-    assert [(r["trial_id"], r["device"]) for r in rows] == [("t0", "cpu"), ("t1", "NVIDIA A10G")]
+    trials = [_result("8f3a1_00001", "NVIDIA A10G"), _result("8f3a1_00000", "cpu")]
+    rows = results.result_rows(trials, sweep_config)
+    # trials by their number, without Tune's random prefix, the node or the wall time
+    expected = [("00000", "cpu"), ("00001", "NVIDIA A10G")]
+    assert [(r["trial_id"], r["device"]) for r in rows] == expected
     columns = results.result_columns(sweep_config)
-    assert columns[:4] == ["trial_id", "status", "node", "device"]
+    assert columns[:3] == ["trial_id", "status", "device"]
+    assert not {"node", "seconds"} & set(columns)
     results.write_outputs(tmp_path, rows, None, sweep_config)
     header, *lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert header.split(",")[:4] == ["trial_id", "status", "node", "device"]
-    assert [line.split(",")[3] for line in lines] == ["cpu", "NVIDIA A10G"]
+    assert header.split(",") == columns
+    assert [line.split(",")[:3] for line in lines] == [
+        ["00000", "TERMINATED", "cpu"], ["00001", "TERMINATED", "NVIDIA A10G"]
+    ]  # fmt: skip
 
 
 def test_results_csv_holds_each_trial_s_peak_gpu_memory(tmp_path):
@@ -382,10 +388,10 @@ def test_results_csv_holds_each_trial_s_peak_gpu_memory(tmp_path):
     sweep_config = SweepConfig.from_dict({"epochs": 2})
     rows = results.result_rows([gpu, cpu], sweep_config)
     assert [r["peak_gpu_memory_mb"] for r in rows] == [None, 1024.0]  # the largest epoch's
-    assert results.result_columns(sweep_config)[4] == "peak_gpu_memory_mb"
+    assert results.result_columns(sweep_config)[3] == "peak_gpu_memory_mb"
     results.write_outputs(tmp_path, rows, None, sweep_config)
     lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert [line.split(",")[3:5] for line in lines[1:]] == [
+    assert [line.split(",")[2:4] for line in lines[1:]] == [
         ["cpu", ""], ["cuda:0 NVIDIA A10G", "1024.0"]
     ]  # fmt: skip
 
@@ -483,9 +489,13 @@ def test_rayjob_entrypoint_pushes_what_a_fresh_clone_pulls(ray_job_cluster, tmp_
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "pushed the DVC outputs" in done.stdout
 
-    # the trial ran on the cluster's worker; results.csv says where and on what
+    # the trial ran on the cluster's worker: results.csv says on what, Tune's state in the
+    # repository's runs/ray where
     (row,) = csv_rows(work / "sweep" / "results.csv")
-    assert (row["node"], row["device"], row["status"]) == (worker.node_id, "cpu", "TERMINATED")
+    assert (row["trial_id"], row["device"], row["status"]) == ("00000", "cpu", "TERMINATED")
+    (result,) = (work / "runs" / "ray").glob("capsnet-sweep-*/trial_00000/result.json")
+    reports = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+    assert {r["node"] for r in reports} == {worker.node_id}
 
     # the cluster is gone: a fresh clone of the pushed branch plus `dvc pull` has it all
     fresh = tmp_path / "fresh"

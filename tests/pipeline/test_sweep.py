@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from sweephelpers import base
 
 from capsnet.config import SEARCHABLE
 from capsnet.errors import ConfigError
-from pipeline import tracking
-from pipeline.sweep import param_space, run_sweep
+from pipeline import results, tracking
+from pipeline.sweep import param_space, run_sweep, storage_root
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +47,42 @@ def test_param_space_maps_grid_and_distributions(tiny_sweep):
     assert space["m_plus"] == 0.9 and set(space) == set(SEARCHABLE)
 
 
-def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_path):
-    sweep = tiny_sweep()
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+#: The tiny sweep's grid with a sampled learning rate (drawn from the sweep's seed).
+SAMPLED = {
+    "model": "capsnet-small",
+    "routing_iterations": {"grid": [1, 3]},
+    "augment": "none",
+    "lr": {"loguniform": [0.001, 0.002]},
+}
+
+
+def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # restored after the W&B-less rerun below
+    sweep = tiny_sweep(space=SAMPLED)
     out = tmp_path / "sweep"
     outcome = run_sweep(sweep, base(sweep), out_dir=out, data=sweep_data)
 
     rows = read_csv(out / "results.csv")
-    assert sorted(r["routing_iterations"] for r in rows) == ["1", "3"]
+    # trials by their number in Tune's order (the grid's), in directories of that name
+    assert [(r["trial_id"], r["routing_iterations"]) for r in rows] == [
+        ("00000", "1"),
+        ("00001", "3"),
+    ]
+    trial_dirs = sorted(p.name for p in Path(outcome.experiment_path).glob("trial_*"))
+    assert trial_dirs == ["trial_00000", "trial_00001"]
     assert {r["status"] for r in rows} == {"TERMINATED"}
+    # no node ids or wall times: what a rerun on the same machine reproduces
+    assert list(rows[0]) == results.result_columns(sweep)
+    assert not {"node", "seconds"} & set(rows[0])
     for row in rows:
-        assert row["node"] and row["model"] == "capsnet-small" and row["epochs"] == "1"
+        assert row["model"] == "capsnet-small" and row["epochs"] == "1"
+        assert row["device"] == "cpu" and 0.001 <= float(row["lr"]) <= 0.002
         for key in ("final_val_accuracy", "best_val_accuracy", "final_val_rotated_accuracy"):
             assert 0.0 <= float(row[key]) <= 1.0
-        assert float(row["seconds"]) > 0
         # every parameter the sweep records; the smallNORB ablation axes, left at their
         # neutral values, add no columns to an MNIST sweep's results
         assert set(sweep.parameters()) <= set(row) and "pose" not in row
@@ -66,6 +90,7 @@ def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_pat
     best = json.loads((out / "best.json").read_text())
     top = max(rows, key=lambda r: float(r["final_val_accuracy"]))
     assert best["trial_id"] == top["trial_id"]
+    assert best["experiment"] == Path(outcome.experiment_path).name
     assert best["config"]["routing_iterations"] == int(top["routing_iterations"])
     assert best["metrics"]["val_accuracy"] == pytest.approx(float(top["final_val_accuracy"]))
     assert outcome.restored is False
@@ -90,9 +115,33 @@ def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_pat
         )
 
     # the same sweep again is restored, not rerun: finished trials keep their results
+    tracked = tree_bytes(out)
+    assert set(tracked) == {
+        "results.csv",
+        "best.json",
+        "plots/by_routing.csv",
+        "plots/by_augment.csv",
+    }
     again = run_sweep(sweep, base(sweep), out_dir=out, data=sweep_data)
     assert again.restored is True
-    assert read_csv(out / "results.csv") == rows
+    assert tree_bytes(out) == tracked
+
+    # trained afresh (new Tune state, W&B off), it writes the same bytes
+    fresh = tiny_sweep(
+        space=SAMPLED, storage_path=str(tmp_path / "ray2"), wandb={"mode": "disabled"}
+    )
+    rerun = run_sweep(fresh, base(fresh), out_dir=tmp_path / "rerun", data=sweep_data)
+    assert rerun.restored is False and rerun.experiment_path != outcome.experiment_path
+    assert tree_bytes(tmp_path / "rerun") == tracked
+
+
+def test_a_relative_storage_path_lands_in_the_experiments_repository(tmp_path, monkeypatch):
+    """Queued experiments run in a temporary copy; Tune's state goes where W&B's runs go."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
+    assert storage_root("runs/ray") == str(tmp_path / "main" / "runs" / "ray")
+    assert storage_root(str(tmp_path / "abs")) == str(tmp_path / "abs")
+    assert storage_root("s3://bucket/sweeps/") == "s3://bucket/sweeps"
 
 
 def test_gpu_request_on_cpu_cluster_fails_before_any_trial(

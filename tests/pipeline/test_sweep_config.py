@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from capsnet.config import FinalTrainConfig, SweepConfig
@@ -213,10 +215,35 @@ def test_committed_params_hold_both_smallnorb_sections(repo_root):
 
     params = config.load(repo_root / "params.yaml")
     sweep, final = params.smallnorb_sweep, params.smallnorb_train
-    assert sweep.dataset == "smallnorb" and sweep.storage_path == "sweep-smallnorb/ray"
+    assert sweep.dataset == "smallnorb"
+    # both sweeps keep Tune's state beside W&B's runs, outside every DVC output
+    assert sweep.storage_path == params.sweep.storage_path == "runs/ray"
     # the default CPU run on the stand-in: 2 and 3 routing iterations (the E-step runs),
     # the other axes at the paper's choice (profiles/paper-scale-gpu.yaml widens them)
     assert sweep.space.routing_iterations == {"grid": [2, 3]}
     assert (sweep.space.pose, sweep.space.coordinate_addition) == ("matrix", True)
     assert (sweep.space.loss, sweep.compile) == ("spread", True)
     assert final.out_dir == "models-smallnorb" and final.baselines == ["smallnorb-cnn"]
+
+
+def test_the_sweep_stages_are_run_cacheable(repo_root):
+    """DVC's run-cache skips stages with a persist output, and saves none for a stage with a
+    plain (not metric or plot) uncached output: Tune's state (storage_path) is therefore no
+    output of the sweep stages, and their git-tracked files are metrics and plots."""
+    import yaml
+
+    from capsnet import config
+
+    params = config.load(repo_root / "params.yaml")
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    for name, section in (("sweep", params.sweep), ("sweep_smallnorb", params.smallnorb_sweep)):
+        stage = stages[name]
+        entries = [e for kind in ("outs", "metrics", "plots") for e in stage.get(kind, [])]
+        settings = {next(iter(e)): e[next(iter(e))] for e in entries if isinstance(e, dict)}
+        storage = Path(section.storage_path)
+        for path in [next(iter(e)) if isinstance(e, dict) else e for e in entries]:
+            assert storage != Path(path) and storage not in Path(path).parents, path
+            assert Path(path) not in storage.parents, path
+            assert not settings.get(path, {}).get("persist"), path
+        plain = [next(iter(e)) if isinstance(e, dict) else e for e in stage.get("outs", [])]
+        assert all(settings.get(path, {}).get("cache", True) for path in plain), name

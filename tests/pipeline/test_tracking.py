@@ -147,10 +147,10 @@ def test_a_relative_wandb_dir_lands_in_the_experiments_repository(tmp_path, monk
     """Queued experiments run in a temporary copy; DVC_ROOT names the main workspace."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert tracking.wandb_directory("runs") == tmp_path / "runs"
+    assert tracking.workspace_path("runs") == tmp_path / "runs"
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
-    assert tracking.wandb_directory("runs") == tmp_path / "main" / "runs"
-    assert tracking.wandb_directory(tmp_path / "abs") == tmp_path / "abs"
+    assert tracking.workspace_path("runs") == tmp_path / "main" / "runs"
+    assert tracking.workspace_path(tmp_path / "abs") == tmp_path / "abs"
 
 
 def test_run_ids_are_valid_wandb_ids():
@@ -198,7 +198,8 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
 
     (run_dir,) = tracking.offline_runs(tmp_path).values()
     info = tracking.read_run_info(run_dir)
-    assert info["group"] == "tiny/sweep" and info["config"]["trial_id"] == "abc12_00000"
+    assert info["group"] == "tiny/sweep" and info["config"]["trial_id"] == "00000"
+    assert info["name"] == "tiny-00000"  # Tune's random prefix dropped
     assert len(info["run_id"]) == 24 and "params_hash" in info["config"]
     assert {k: info["config"][k] for k in shared} == shared
     assert info["config"]["model"] == "capsnet-small" and info["config"]["lr"] == 0.01
