@@ -129,7 +129,7 @@ def _comparison_run(comparison: Comparison, project: str, group: str, mode: str,
 def _markdown_sweep(rows: list[dict[str, str]], limit: int = 20) -> str:
     if not rows:
         return "No sweep results."
-    columns = [c for c in rows[0] if any(r.get(c) for r in rows) and c not in ("error", "node")]
+    columns = report.sweep_columns(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(r.get(c) or "" for c in columns) + " |" for r in rows[:limit]]
     return "\n".join(lines)

@@ -226,8 +226,10 @@ def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-#: results.csv columns the report leaves out: the Ray node id and the error text.
-_SWEEP_HIDDEN = ("error", "node")
+def sweep_columns(rows: list[dict[str, str]]) -> list[str]:
+    """The results.csv columns any trial fills, but the error text (the report and the W&B
+    Report show the trials' settings and accuracies)."""
+    return [c for c in rows[0] if c != "error" and any(r.get(c) for r in rows)]
 
 
 def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
@@ -235,7 +237,7 @@ def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
     shares are one line above the table, so the table has only the columns that vary."""
     if not rows:
         return "<p>No sweep results (sweep/results.csv) were found.</p>"
-    filled = [c for c in rows[0] if any(r.get(c) for r in rows) and c not in _SWEEP_HIDDEN]
+    filled = sweep_columns(rows)
     shared = [c for c in filled if len({r.get(c) for r in rows}) == 1 and len(rows) > 1]
     columns = [c for c in filled if c not in shared]
 

@@ -44,3 +44,27 @@ def mnist_root(tmp_path_factory, mnist_mirror) -> Path:
     for gz in (mnist_mirror / "mnist").glob("*.gz"):
         shutil.copy(gz, raw / gz.name)
     return root
+
+
+@pytest.fixture(scope="session")
+def shrunk_project(tmp_path_factory, repo_root, mnist_mirror):
+    """The real dvc.yaml on a shrunk params.yaml (tests/test_dvc_repro.py) in a git
+    repository after `dvc repro`, committed: (its folder, the dvc command, the environment,
+    the repro's output). The DVC end-to-end tests share this one pipeline run."""
+    from test_dvc_repro import run, shrunk_copy
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    work = tmp_path_factory.mktemp("dvcproject") / "repo"
+    dvc, env = shrunk_copy(work, repo_root, mnist_mirror, files=(".gitignore",))
+    env.update(
+        GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org",
+        GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.org",
+    )  # fmt: skip
+    run(["git", "init", "-q", "-b", "main"], work, env)
+    run([dvc, "init", "-q"], work, env)
+    shutil.copy(repo_root / ".dvc" / "config", work / ".dvc" / "config")  # the plots page
+    log = run([dvc, "repro"], work, env)
+    run(["git", "add", "-A"], work, env)
+    run(["git", "commit", "-q", "-m", "baseline"], work, env)
+    return work, dvc, env, log

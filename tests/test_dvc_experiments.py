@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_dvc_repro import run, shrunk_copy
+from test_dvc_repro import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -40,23 +40,10 @@ def _tree_digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, repo_root, mnist_mirror):
-    """A git repository holding the shrunk pipeline after `dvc repro`, committed; the dvc
-    command and the environment."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    work = tmp_path_factory.mktemp("exp") / "repo"
-    dvc, env = shrunk_copy(work, repo_root, mnist_mirror, files=(".gitignore",))
-    env.update(
-        GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org",
-        GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.org",
-    )  # fmt: skip
-    run(["git", "init", "-q", "-b", "main"], work, env)
-    run([dvc, "init", "-q"], work, env)
-    shutil.copy(repo_root / ".dvc" / "config", work / ".dvc" / "config")  # the plots page
-    run([dvc, "repro"], work, env)
-    run(["git", "add", "-A"], work, env)
-    run(["git", "commit", "-q", "-m", "baseline"], work, env)
+def project(shrunk_project):
+    """The shrunk pipeline after `dvc repro`, committed (tests/conftest.py): its folder, the
+    dvc command and the environment."""
+    work, dvc, env, _log = shrunk_project
     return work, dvc, env
 
 

@@ -118,12 +118,8 @@ def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tu
     return dvc, env
 
 
-def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_mirror):
-    work = tmp_path / "repo"
-    dvc, env = shrunk_copy(work, repo_root, mnist_mirror)
-    run([dvc, "init", "--no-scm", "-q"], work, env)
-
-    log = run([dvc, "repro"], work, env)
+def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
+    work, dvc, env, log = shrunk_project  # `dvc repro` in a copy (tests/conftest.py)
     outputs = declared_outputs(work / "dvc.yaml")
     for stage, paths in outputs.items():
         assert f"Running stage '{stage}'" in log, stage
@@ -159,7 +155,7 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(tmp_path, repo_root, mnist_
 
     from pipeline import dvc_deps
 
-    read = (tmp_path / "params-read.tsv").read_text()
+    read = (work.parent / "params-read.tsv").read_text()
     assert {line.split("\t")[0] for line in read.splitlines()} >= {"sweep", "train", "evaluate"}
     stages = dvc_deps.load_stages(work / "dvc.yaml")
     params = yaml.safe_load((work / "params.yaml").read_text())
