@@ -194,7 +194,8 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
 
     done = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 0, json.dumps(final))
     assert done.returncode == 0, done.stderr
-    assert sorted(os.listdir(models_dir)) == ["capsnet-small.pt", "lenet5.pt", "metrics.json"]
+    names = ["ORIGIN.json", "capsnet-small.pt", "lenet5.pt", "metrics.json"]
+    assert sorted(os.listdir(models_dir)) == names
     assert set(json.loads((models_dir / "metrics.json").read_text())) == {
         "capsnet-small",
         "lenet5",

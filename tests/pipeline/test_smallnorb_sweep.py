@@ -288,6 +288,7 @@ def test_train_final_on_smallnorb_writes_loadable_checkpoints(norb_root, tmp_pat
     assert result.returncode == 0, result.stderr
     out = tmp_path / "models-smallnorb"
     assert sorted(p.name for p in out.iterdir()) == [
+        "ORIGIN.json",
         "em-capsnet-small.pt",
         "metrics.json",
         "smallnorb-cnn.pt",
