@@ -101,6 +101,24 @@ def _refused(stage_dir: Path, expected: str, *extra: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1, 2]", "models/ORIGIN.json: a JSON object expected"),
+        ('{"git_commit": ', "models/ORIGIN.json: not valid JSON"),
+    ],
+)
+def test_a_broken_origin_record_is_refused_in_one_line(stage_dir, text, expected):
+    from pipeline import provenance
+
+    Path("models").mkdir()
+    (Path("models") / provenance.ORIGIN_FILE).write_text(text)
+    before = _snapshot(stage_dir)
+    assert _error(_publish()).startswith(f"Error: {expected}")
+    assert _snapshot(stage_dir) == before
+    assert not any(Path(p).exists() for p in OUTPUTS)
+
+
+@pytest.mark.parametrize(
     ("metrics", "expected"),
     [
         ({}, "eval/metrics.json: no evaluated checkpoint; run the evaluate stage first"),
