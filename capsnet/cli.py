@@ -148,6 +148,7 @@ class LazyGroup(click.Group):
             die_with_dvc()
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+            _finish_params_trace()
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
@@ -172,6 +173,14 @@ class LazyGroup(click.Group):
                 raise  # a programming error: its traceback is the report
             _fail(f"Error: {line}", 1, words)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _finish_params_trace() -> None:
+    """``capsnet.config.trace.finish`` when the command loaded params (a stage whose
+    params.yaml changed under it fails here)."""
+    trace = sys.modules.get("capsnet.config.trace")
+    if trace is not None:
+        trace.finish()
 
 
 def debug_requested(words: list[str]) -> bool:

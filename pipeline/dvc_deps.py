@@ -1,8 +1,10 @@
 """Each DVC stage's code deps are the import closure of the command it runs.
 
-A stage's ``cmd`` starts with a console script of this project (``capsnet``) and a command
-name; the script's module maps command names to ``"module:attr"`` in ``COMMANDS``. The
-closure starts from the script's module and the command's module and follows, in every
+A stage's ``cmd`` is ``python -m capsnet COMMAND ...``: a console script of this project
+run as a package (pyproject.toml's ``[project.scripts]``), so the stage imports the code of
+the repository DVC runs it in. The script's module maps command names to ``"module:attr"``
+in ``COMMANDS``. The closure starts from the package's ``__main__``, the script's module
+and the command's module and follows, in every
 module reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
 module's dotted name (the model registry imports its families by name). Importing
@@ -34,7 +36,6 @@ import io
 import re
 import shlex
 from collections.abc import Iterable, Iterator
-from importlib import metadata
 from pathlib import Path
 
 import click
@@ -191,28 +192,55 @@ def _static_commands(path: Path) -> dict[str, str]:
     raise ConfigError(f"{path}: no literal COMMANDS dict mapping command names to module:attr")
 
 
-def console_scripts() -> dict[str, str]:
-    """Installed console scripts of this distribution: name -> ``module:attr``."""
+#: The interpreters a stage may name: ``python``, ``python3``, ``python3.11``.
+PYTHON = re.compile(r"python(3(\.\d+)?)?")
+
+
+def project_scripts(root: Path) -> dict[str, str]:
+    """The console scripts pyproject.toml declares whose name is a package of ``root``
+    runnable with ``python -m`` (it has ``__main__.py``): name -> ``module:attr``."""
+    import tomllib
+
     try:
-        dist = metadata.distribution("capsnet-pipeline")
-    except metadata.PackageNotFoundError:
-        raise ConfigError("capsnet-pipeline is not installed (pip install -e .)") from None
-    return {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"{root / 'pyproject.toml'}: cannot read its [project.scripts] ({exc})"
+        ) from None
+    scripts = project.get("scripts", {})
+    return {k: v for k, v in scripts.items() if (root / k / "__main__.py").is_file()}
+
+
+def command_modules(
+    root: Path, package: str, cli_module: str, words: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The modules ``python -m PACKAGE WORDS...`` imports first (``PACKAGE.__main__``, the
+    CLI module and the command's module) and, for a command group, {group module: the
+    subcommand run}."""
+    target = command_target(root, cli_module, words[0]).partition(":")[0]
+    subcommands = {target: words[1]} if len(words) > 1 and not words[1].startswith("-") else {}
+    return [f"{package}.__main__", cli_module, target], subcommands
+
+
+def command_closure(root: Path, package: str, cli_module: str, words: list[str]) -> set[str]:
+    """The project files ``python -m PACKAGE WORDS...`` imports (``import_closure``)."""
+    return import_closure(root, *command_modules(root, package, cli_module, words))
 
 
 def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]):
-    """The modules a stage's ``cmd`` imports first (the script's and the command's) and,
-    for a command group, {group module: the subcommand the stage runs}."""
+    """``command_modules`` of a stage's ``cmd``, which must be ``python -m PACKAGE
+    COMMAND ...`` for a project console script PACKAGE: the interpreter puts the directory
+    DVC runs the stage in first on ``sys.path``, so a queued or ``--temp`` experiment runs
+    its own copy of the code, however the package was installed."""
     argv = shlex.split(" ".join(cmd) if isinstance(cmd, list) else str(cmd))
-    if len(argv) < 2 or argv[0] not in scripts:
+    if len(argv) < 4 or not PYTHON.fullmatch(argv[0]) or argv[1] != "-m" or argv[2] not in scripts:
         raise ConfigError(
-            f"dvc.yaml stage {stage}: cmd must run a project console script "
-            f"({', '.join(sorted(scripts))}) with a command: {cmd!r}"
+            f"dvc.yaml stage {stage}: cmd must run a project command as `python -m "
+            f"{'|'.join(sorted(scripts)) or 'PACKAGE'} COMMAND ...` (the code of the "
+            f"repository the stage runs in): {cmd!r}"
         )
-    script_module = scripts[argv[0]].partition(":")[0]
-    target = command_target(root, script_module, argv[1]).partition(":")[0]
-    subcommands = {target: argv[2]} if len(argv) > 2 and not argv[2].startswith("-") else {}
-    return [script_module, target], subcommands
+    cli_module = scripts[argv[2]].partition(":")[0]
+    return command_modules(root, argv[2], cli_module, argv[3:])
 
 
 def files_under(root: Path, rel: str) -> set[str]:
@@ -242,7 +270,7 @@ def dep_path(entry) -> str:
 
 def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
     """Import closure of every stage's command."""
-    scripts = console_scripts()
+    scripts = project_scripts(root)
     closures = {}
     for name, stage in stages.items():
         if "cmd" not in stage:

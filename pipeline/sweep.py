@@ -8,12 +8,13 @@ trials through the object store, so trials on other machines need no data direct
 The Tune experiment is named ``<sweep.name>-<fingerprint>``, the fingerprint hashing
 everything a trial reads: the sweep settings that change results, the augmentation and
 smallNORB settings the trials use, the bytes of the training and validation data and the
-source of the code the trials run. Change any of them and the sweep starts a new
-experiment; an interrupted run of the same one is restored. The experiment lives under
-``storage_path`` (relative: in the repository the experiment started in, beside W&B's
-runs), never in a DVC output, so DVC's run-cache can restore the stage and queued
-experiments share the state. Trials are named by their number in Tune's generation order
-and sampled dimensions are drawn from ``sweep.seed``, so a rerun writes the same bytes.
+code the stage runs (its DVC code deps, the search space and scheduler included). Change
+any of them and the sweep starts a new experiment; an interrupted run of the same one is
+restored. The experiment lives under ``storage_path`` (relative: in the repository the
+experiment started in, beside W&B's runs), never in a DVC output, so DVC's run-cache can
+restore the stage and queued experiments share the state. Trials are named by their
+number in Tune's generation order and sampled dimensions are drawn from ``sweep.seed``, so
+a rerun writes the same bytes.
 """
 
 from __future__ import annotations
@@ -170,18 +171,25 @@ def data_digest(data: SweepData) -> str:
     return digest.hexdigest()
 
 
-def code_digest() -> str:
-    """sha256 of the code a trial runs: the capsnet package and the trainable."""
-    import capsnet
-    from pipeline import trainable
+def code_files(root: Path) -> list[str]:
+    """The files the sweep's results depend on, relative to ``root``: the import closure
+    of ``python -m capsnet sweep``, which is also the sweep stages' code deps in dvc.yaml."""
+    from capsnet import cli
+    from pipeline import dvc_deps
 
-    package = Path(capsnet.__file__).parent
-    files = {p.relative_to(package.parent).as_posix(): p for p in package.rglob("*.py")}
-    files["pipeline/trainable.py"] = Path(trainable.__file__)
+    return sorted(dvc_deps.command_closure(root, "capsnet", cli.__name__, ["sweep"]))
+
+
+def code_digest(root: Path | None = None) -> str:
+    """sha256 of ``code_files`` in ``root``, by default the repository this process
+    imported capsnet/ from (a queued experiment's own copy under ``python -m``)."""
+    import capsnet
+
+    root = Path(capsnet.__file__).resolve().parents[1] if root is None else root
     digest = hashlib.sha256()
-    for name in sorted(files):
+    for name in code_files(root):
         digest.update(name.encode())
-        digest.update(files[name].read_bytes())
+        digest.update((root / name).read_bytes())
     return digest.hexdigest()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -178,10 +179,16 @@ def test_rewrite_keeps_data_deps_and_comments(repo_root):
 
 
 def test_a_stage_must_run_a_project_command(repo_root):
-    with pytest.raises(ConfigError, match="stage odd: cmd must run a project console script"):
-        dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "python train.py"}})
+    """As ``python -m capsnet``: the installed ``capsnet`` script would import the package
+    from where it was installed, not from the repository (experiment) DVC runs it in."""
+    refused = "stage odd: cmd must run a project command as `python -m capsnet COMMAND ...`"
+    for cmd in ("python train.py", "capsnet publish", "python -m pipeline.publish", "python -m"):
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            dvc_deps.stage_closures(repo_root, {"odd": {"cmd": cmd}})
     with pytest.raises(ConfigError, match="COMMANDS has no command 'nonesuch'"):
-        dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "capsnet nonesuch"}})
+        dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "python3 -m capsnet nonesuch"}})
+    closure = dvc_deps.stage_closures(repo_root, {"ok": {"cmd": "python3.11 -m capsnet models"}})
+    assert {"capsnet/__main__.py", "capsnet/cli.py", "capsnet/train_cli.py"} <= closure["ok"]
 
 
 def test_stage_params_exist_in_params_yaml(repo_root, stages):

@@ -226,7 +226,7 @@ def test_the_publish_stage_writes_its_table_as_a_dvc_output(repo_root):
     """Every file the publish stage writes is one of its DVC outputs: the table goes to
     eval/results.md, and the README's copy is refreshed by `capsnet publish --readme`."""
     stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["publish"]
-    assert stage["cmd"].split()[:2] == ["capsnet", "publish"]
+    assert stage["cmd"].split()[:4] == ["python", "-m", "capsnet", "publish"]
     assert "--readme" not in stage["cmd"]
     outs = [next(iter(o)) for o in stage["outs"]]
     assert outs == ["eval/report.html", "eval/results.md", "eval/published.json"]

@@ -151,7 +151,11 @@ class Params:
 def load(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate a params file (a missing section takes its defaults)."""
     path = Path(path)
-    return trace(from_dict(Params, read_yaml(path) or {}, source=path.name))
+
+    def read() -> Params:
+        return from_dict(Params, read_yaml(path) or {}, source=path.name)
+
+    return trace(read(), path, read)
 
 
 def load_or_default(path: str | os.PathLike | None) -> Params:

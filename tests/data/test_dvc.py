@@ -25,14 +25,14 @@ def shrink(params: str) -> str:
 
 
 def data_stages(dvc_yaml: Path) -> str:
-    """dvc.yaml restricted to the data stages (those running `capsnet data ...`)."""
+    """dvc.yaml restricted to the data stages (those running `python -m capsnet data ...`)."""
     import yaml
 
     pipeline = yaml.safe_load(dvc_yaml.read_text())
     stages = {
         name: stage
         for name, stage in pipeline["stages"].items()
-        if str(stage.get("cmd", "")).startswith("capsnet data ")
+        if " capsnet data " in f" {stage.get('cmd', '')}"
     }
     assert {"download_mnist", "prepare_mnist", "build_multimnist"} <= set(stages)
     return yaml.safe_dump({"stages": stages}, sort_keys=False)
