@@ -156,14 +156,27 @@ def _where(shown: list[str]) -> str:
     return f" ({', '.join(shown[:3])})" if shown else ""
 
 
+#: How libraries that raise OSError without an errno (pyarrow, under Ray Tune) spell it.
+ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
+
+
+def os_errno(exc: OSError) -> int | None:
+    """``exc.errno``, or the ``[Errno N]`` its message names when it has none."""
+    if exc.errno is not None:
+        return exc.errno
+    found = ERRNO_IN_TEXT.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
 def os_error(exc: OSError, args: list[str]) -> str:
     """One line for an OSError: its path, the option that named it, and what to do."""
-    what, todo = OS_ERRORS.get(exc.errno, (exc.strerror or str(exc), "check the path"))
-    if exc.errno is None and not exc.filename:
+    code = os_errno(exc)
+    what, todo = OS_ERRORS.get(code, (exc.strerror or str(exc), "check the path"))
+    if code is None and not exc.filename:
         return f"{shorten(exc)}{_where(named_files(args))}: check the file"
-    path = exc.filename2 if exc.errno == errno.EEXIST and exc.filename2 else exc.filename
+    path = exc.filename2 if code == errno.EEXIST and exc.filename2 else exc.filename
     if path is None:
-        return f"{what} while writing{_where(_outputs(args, exc.errno))}: {todo}"
+        return f"{what} while writing{_where(_outputs(args, code))}: {todo}"
     option = option_for(os.fsdecode(path), args)
     named = f" ({option})" if option else ""
     return f"{shorten(os.fsdecode(path))}: {what}{named}: {todo}"

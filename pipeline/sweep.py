@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -362,7 +363,7 @@ def run_sweep(
     try:
         resources = sweep.resources
         check_resources(resources.cpus_per_trial, resources.gpus_per_trial, address=address)
-        with _one_driver(experiment_path):
+        with _one_driver(experiment_path), _storage_errors(sweep, experiment_path):
             trainable = _trainable(sweep, base, data)
             restored = tune.Tuner.can_restore(experiment_path)
             if restored:
@@ -400,6 +401,25 @@ def _one_driver(experiment_path: str):
     if "://" in experiment_path:
         return contextlib.nullcontext()
     return locked(experiment_path)
+
+
+@contextlib.contextmanager
+def _storage_errors(sweep: SweepConfig, experiment_path: str):
+    """A full disk met while Tune writes its state (an OSError naming no file, often
+    without an errno: pyarrow's) is reported as the storage's, not as an input's."""
+    from capsnet.cli_errors import OS_ERRORS, os_errno
+
+    try:
+        yield
+    except OSError as exc:
+        code = os_errno(exc)
+        if exc.filename is not None or code not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise SweepError(
+            f"{experiment_path}: {OS_ERRORS[code][0]} while Tune saved the sweep's state "
+            f"({sweep.SECTION}.storage_path {sweep.storage_path}): free space there or set "
+            f"{sweep.SECTION}.storage_path elsewhere"
+        ) from exc
 
 
 def _raise_errored(rows, sweep: SweepConfig, experiment_path: str) -> None:

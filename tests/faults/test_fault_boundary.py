@@ -240,3 +240,31 @@ def test_ctrl_c_ends_a_sweep_with_130(tmp_path, tally, prepared_root):
     judge(tally, outcome, fault=True, code=130, killed=True)
     assert outcome.lines[-1] == "Interrupted.", outcome.stderr[-2000:]
     assert not (tmp_path / "sweep" / "best.json").exists()
+
+
+def test_a_full_disk_under_the_sweep_state_is_not_blamed_on_params(tmp_path, tally, monkeypatch):
+    """pyarrow (Tune's state writer) raises OSError without an errno, ``[Errno 28]`` in its
+    text: the boundary reads the errno from it and names no input file; met while Tune
+    saves its state, the sweep names its storage path."""
+    import errno
+
+    from capsnet.cli_errors import user_error
+    from capsnet.config import SweepConfig
+    from pipeline.sweep import SweepError, _storage_errors
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("{}\n")
+    full = OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left")
+    line = user_error(full, ["sweep", "--params", "params.yaml"])
+    tally.faults += 1
+    assert "params.yaml" not in line and line.startswith("no space left on device"), line
+    with pytest.raises(SweepError) as raised:
+        with _storage_errors(SweepConfig(), "runs/ray/mnist-0123"):
+            raise full
+    message = str(raised.value)
+    assert message.startswith("runs/ray/mnist-0123: no space left on device"), message
+    assert "sweep.storage_path runs/ray" in message
+    with pytest.raises(OSError) as kept:  # a file it names keeps its own report
+        with _storage_errors(SweepConfig(), "runs/ray/x"):
+            raise OSError(errno.ENOSPC, "No space left on device", "sweep/best.json")
+    assert kept.value.filename == "sweep/best.json"
