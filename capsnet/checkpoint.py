@@ -12,6 +12,7 @@ the ``meta`` device (no memory), so a small file cannot ask for a huge model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -25,7 +26,7 @@ from torch import nn
 
 import capsnet
 from capsnet import models, torchfile
-from capsnet.errors import CapsnetError, CheckpointError
+from capsnet.errors import CapsnetError, CheckpointError, NonFiniteOutputs
 from capsnet.io import atomic_open
 
 FORMAT = "capsnet-checkpoint"
@@ -101,6 +102,16 @@ def load(
     model.eval()
     meta = {k: v for k, v in payload.items() if k != "state_dict"}
     return model, meta
+
+
+@contextlib.contextmanager
+def scoring(path: str | os.PathLike):
+    """Score the model loaded from ``path``: non-finite outputs become a CheckpointError
+    naming the file, like non-finite weights."""
+    try:
+        yield
+    except NonFiniteOutputs as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
 
 
 def _check_header(path: Path, payload: Any) -> None:

@@ -19,3 +19,7 @@ class ConfigError(CapsnetError):
 
 class TrainingDiverged(CapsnetError):
     """Training produced a non-finite loss or non-finite weights (a too-high learning rate)."""
+
+
+class NonFiniteOutputs(CapsnetError):
+    """A model's class scores hold NaN or infinite values (its weights may be finite)."""

@@ -140,7 +140,8 @@ def eval_command(
 
     _refuse_repeats(checkpoints)
     _refuse_foreign_figures(figures_dir)
-    section = config.load_or_default(params_path).evaluate
+    params = config.load_or_default(params_path)
+    section = params.evaluate
     datasets = list(dict.fromkeys([*(datasets or ("mnist",)), *(["rotated-mnist"] * bool(angles))]))
     angles = tuple(angles) if angles else section.angles
     base = EvaluateParams(datasets=tuple(datasets), angles=angles, limit=_or(limit, section.limit))
@@ -159,7 +160,9 @@ def eval_command(
         equivariance=dataclasses.replace(section.equivariance, enabled=equivariance),
     )
     log = _stderr_log if sys.stderr.isatty() else None
-    request = evaluation.EvalRequest(settings, data_root=data_root, mirror=mirror, log=log)
+    request = evaluation.EvalRequest(
+        settings, smallnorb=params.data.smallnorb, data_root=data_root, mirror=mirror, log=log
+    )
     with OutputSet() as outputs:  # the figures folder and --out land together, or neither
         staging = outputs.directory(figures_dir) if figures_dir is not None else None
         drawer = evaluation.FigureDrawer(staging) if staging is not None else None

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from capsnet.errors import NonFiniteOutputs
+
 EVAL_BATCH_SIZE = 500
 
 
@@ -52,7 +54,8 @@ def predict(
     device: torch.device | str | None = None,
     amp: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class scores (N, K) float32 on the CPU and the targets, in dataset order.
+    """Class scores (N, K) float32 on the CPU and the targets, in dataset order;
+    NonFiniteOutputs when a score is NaN or infinite (a score of 0.1 would look real).
 
     Runs on ``device`` (default: the model's) under the ``amp`` precision policy; scores and
     targets stay there until one transfer at the end."""
@@ -71,7 +74,14 @@ def predict(
         model.train(was_training)
     if not all_scores:
         return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
-    return torch.cat(all_scores).cpu(), torch.cat(all_targets).cpu()
+    scores = torch.cat(all_scores).cpu()  # (N, K)
+    bad = int((~torch.isfinite(scores)).any(dim=1).sum())
+    if bad:
+        raise NonFiniteOutputs(
+            f"the model's class scores are NaN or infinite for {bad} of {scores.shape[0]} "
+            "image(s); not scored"
+        )
+    return scores, torch.cat(all_targets).cpu()
 
 
 def accuracy(

@@ -1,6 +1,7 @@
 """Outputs published as one unit: every file and directory of a stage written to
 temporaries first, then renamed into place together (``OutputSet``), and targets a rename
-would silently replace refused (``refuse_read_only``). Built on capsnet/io.py."""
+would silently replace or could not replace refused (``refuse_read_only``,
+``refuse_target``). Built on capsnet/io.py."""
 
 from __future__ import annotations
 
@@ -23,12 +24,31 @@ def refuse_read_only(path: str | os.PathLike, what: str = "") -> None:
         raise CapsnetError(f"{what or path}: read-only; not replaced")
 
 
+def refuse_target(path: str | os.PathLike, kind: str = "file") -> None:
+    """CapsnetError naming ``path`` when a ``kind`` ("file" or "directory") output cannot
+    take its place there: a directory where a file goes, a device node, FIFO or socket,
+    a read-only file, or a parent that is not a directory."""
+    path = Path(path)
+    io.refuse_special(path)
+    if kind == "file" and path.is_dir() and not path.is_symlink():
+        raise CapsnetError(f"{path}: is a directory, not a file; remove it or write elsewhere")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CapsnetError(f"{path}: {parent} is not a directory")
+            break
+    if kind == "file":
+        refuse_read_only(path)
+
+
 class OutputSet:
     """Outputs published as one unit. ``directory(path)`` gives a staging folder to fill,
     ``file(path, data)`` writes a temporary at once; nothing at the targets changes until
     ``commit``, which swaps every directory in, then renames every file in the order added
-    (a manifest added last lands last). Leaving the ``with`` block by an error removes
-    every temporary and leaves every target as it was; read-only targets are refused."""
+    (a manifest added last lands last). Every target is checked (``refuse_target``) when
+    added and again before the first is replaced, so one that cannot be replaced changes
+    none. Leaving the ``with`` block by an error removes every temporary and leaves every
+    target as it was."""
 
     def __init__(self) -> None:
         self._dirs: list[tuple[Path, Path]] = []
@@ -36,6 +56,7 @@ class OutputSet:
 
     def directory(self, path: str | os.PathLike) -> Path:
         path = Path(path)
+        refuse_target(path, "directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         io.remove_stale(path)
         staging = io.new_temp_dir(path)
@@ -44,7 +65,7 @@ class OutputSet:
 
     def file(self, path: str | os.PathLike, data: str | bytes) -> Path:
         path = Path(path)
-        refuse_read_only(path)
+        refuse_target(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         io.remove_stale(path)
         fd, tmp = io.new_temp_file(path)
@@ -60,6 +81,10 @@ class OutputSet:
         rename that fails leaves the targets not reached as they were and no temporary."""
         done = []
         try:
+            for path, _ in self._dirs:
+                refuse_target(path, "directory")
+            for path, _ in self._files:
+                refuse_target(path)
             while self._dirs:
                 path, staging = self._dirs[0]
                 with io.locked(path.parent):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,57 @@ def origin() -> dict[str, str | None]:
 
 def read_origin(directory: str | os.PathLike) -> dict[str, str | None]:
     """The origin a training stage recorded in ``directory`` (fields None without one:
-    checkpoints from elsewhere say nothing of where they were trained)."""
+    checkpoints from elsewhere say nothing of where they were trained). Its text reaches
+    the README block and results.md, so it is checked (``check_origin``), never escaped."""
     from capsnet.errors import CapsnetError
     from capsnet.io import read_json
 
     path = Path(directory) / ORIGIN_FILE
-    recorded = read_json(path) if path.is_file() else {}
+    if not os.path.lexists(path):
+        return dict.fromkeys(ORIGIN_KEYS)
+    if not path.is_file():
+        raise CapsnetError(f"{path}: not a file; remove it or rerun the train stage")
+    recorded = read_json(path)
     if not isinstance(recorded, dict):
         raise CapsnetError(f"{path}: a JSON object expected")
-    return {key: v if isinstance(v := recorded.get(key), str) else None for key in ORIGIN_KEYS}
+    return check_origin(path, {key: recorded.get(key) for key in ORIGIN_KEYS})
+
+
+#: A commit id: abbreviated or full SHA-1, or SHA-256.
+_COMMIT = re.compile(r"[0-9a-f]{7,64}")
+#: Characters a machine line may not hold: they would start markup in Markdown or HTML.
+_MARKUP = set("<>`|[]\\")
+MACHINE_MAX = 200
+
+
+def check_origin(path: str | os.PathLike, origin: dict) -> dict[str, str | None]:
+    """``origin`` when each field is null or plain: git_commit a hex commit id, machine one
+    printable line without markup characters; CapsnetError naming ``path`` otherwise."""
+    from capsnet.errors import CapsnetError
+
+    commit, where = origin.get("git_commit"), origin.get("machine")
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        raise CapsnetError(
+            f"{path}: git_commit {_shown(commit)} is not a commit id (7 to 64 hex digits) or null"
+        )
+    plain = (
+        isinstance(where, str)
+        and 0 < len(where) <= MACHINE_MAX
+        and where.isprintable()
+        and where == where.strip()
+        and not _MARKUP & set(where)
+    )
+    if where is not None and not plain:
+        raise CapsnetError(
+            f"{path}: machine {_shown(where)} is not one plain line (printable, at most "
+            f"{MACHINE_MAX} characters, none of {''.join(sorted(_MARKUP))}) or null"
+        )
+    return {"git_commit": commit, "machine": where}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def params_hash(params_path: str | os.PathLike = "params.yaml") -> str | None:

@@ -464,3 +464,23 @@ def test_cli_counts_each_checkpoint_once_and_replaces_the_figures_folder(
         run_cli(*args, "--figures", str(figures)), "--figures", "'notes.txt', not a figure"
     )
     assert (figures / "notes.txt").read_text() == "mine"
+
+
+def test_cli_scores_smallnorb_as_the_params_file_says(tmp_path, monkeypatch):
+    """`capsnet eval --params` takes data.smallnorb's crop and standardisation, as the
+    evaluate stage does, so a smallNORB model is scored on the images it was trained on."""
+    seen = {}
+
+    def capture(paths, request, figures=None):
+        seen["smallnorb"] = request.smallnorb
+        return {}
+
+    monkeypatch.setattr(evaluation, "evaluate_checkpoints", capture)
+    params = tmp_path / "params.yaml"
+    params.write_text("data:\n  smallnorb:\n    crop: 40\n    standardize: false\n")
+    path = tmp_path / "m.pt"
+    path.write_bytes(b"")
+    args = ["eval", str(path), "--dataset", "smallnorb", "--params", str(params)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert (seen["smallnorb"].crop, seen["smallnorb"].standardize) == (40, False)

@@ -58,7 +58,8 @@ def evaluate_checkpoints(
         model.to(request.device)
         request.say(f"evaluating {name} ({meta['model_name']})")
         entry = {"model": meta["model_name"], "checkpoint": str(path)}
-        entry.update(evaluate_model(model, data, request))
+        with checkpoint.scoring(path):
+            entry.update(evaluate_model(model, data, request))
         if figures is not None:
             figures.add_model(name, model, entry, data, request)
         results[name] = entry

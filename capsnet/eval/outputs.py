@@ -15,7 +15,7 @@ from capsnet import evaluate
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
 from capsnet.headline import cell_value, main_entries, model_picks, std_value
-from capsnet.outputset import OutputSet
+from capsnet.outputset import OutputSet, refuse_target
 
 
 def _finite(value):
@@ -146,6 +146,21 @@ def summary_metrics(results: dict) -> dict[str, dict]:
     return summary
 
 
+#: {output name: file in the output folder}, in the order written (metrics.json last).
+OUTPUT_FILES = {
+    "rotation_csv": "rotation.csv",
+    "summary": "summary.json",
+    "metrics": "metrics.json",
+}
+
+
+def check_targets(out_dir: str | Path) -> None:
+    """CapsnetError naming the first output file of ``out_dir`` that cannot be replaced
+    (``capsnet.outputset.refuse_target``): found before any work."""
+    for name in OUTPUT_FILES.values():
+        refuse_target(Path(out_dir) / name)
+
+
 def write_outputs(
     results: dict, out_dir: str | Path, outputs: OutputSet | None = None
 ) -> dict[str, Path]:
@@ -155,13 +170,12 @@ def write_outputs(
     out = Path(out_dir)
     own = outputs is None
     outputs = outputs or OutputSet()
-    written = {
-        "rotation_csv": outputs.file(out / "rotation.csv", rotation_csv(results)),
-        "summary": outputs.file(
-            out / "summary.json", json.dumps(summary_metrics(results), indent=2) + "\n"
-        ),
-        "metrics": outputs.file(out / "metrics.json", metrics_json(results)),
+    texts = {
+        "rotation_csv": rotation_csv(results),
+        "summary": json.dumps(summary_metrics(results), indent=2) + "\n",
+        "metrics": metrics_json(results),
     }
+    written = {key: outputs.file(out / OUTPUT_FILES[key], text) for key, text in texts.items()}
     if own:
         outputs.commit()
     return written

@@ -11,7 +11,7 @@ from pathlib import Path
 from capsnet.errors import CapsnetError
 from capsnet.eval.checkpoints import checkpoint_names, evaluate_checkpoints
 from capsnet.eval.figures import FigureDrawer
-from capsnet.eval.outputs import write_outputs
+from capsnet.eval.outputs import check_targets, write_outputs
 from capsnet.eval.request import EvalRequest
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, evaluate_viewpoints
 from capsnet.io import read_disabled
@@ -52,6 +52,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     """Evaluate as params.yaml's ``evaluate`` section says (``params``: a config.Params);
     returns {output name: path} for metrics.json, rotation.csv and every figure."""
     settings = params.evaluate
+    check_targets(settings.out_dir)
     paths, names = stage_checkpoints(settings, log)
     request = EvalRequest(
         settings,

@@ -83,7 +83,10 @@ def _scored(path: Path, kind: str, data: TestSets, request: EvalRequest) -> dict
             unfit = model_fit(model, name, dataset)
             if unfit is not None:
                 raise DataError(f"{path}: {unfit}")
-            scored = evaluate.accuracy(model, dataset, request.params.batch_size, request.device)
+            with checkpoint.scoring(path):
+                scored = evaluate.accuracy(
+                    model, dataset, request.params.batch_size, request.device
+                )
             result[f"{which}_error"] = 1.0 - scored["accuracy"]
             result[f"{which}_n"] = scored["n"]
     finally:

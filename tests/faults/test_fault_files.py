@@ -35,6 +35,12 @@ def _checkpoint_variants(good: bytes) -> dict[str, bytes | None]:
     shapes = dict(payload, state_dict={k: v[:1] for k, v in payload["state_dict"].items()})
     state = payload["state_dict"]
     nan_weights = dict(payload, state_dict={k: v * float("nan") for k, v in state.items()})
+    # finite weights of alternating sign near float32's largest: sums overflow to inf - inf
+    big = {k: torch.full_like(v, 3e38) for k, v in state.items()}
+    signs = {k: torch.arange(v.numel()).view(v.shape) % 2 == 0 for k, v in big.items()}
+    nan_outputs = dict(
+        payload, state_dict={k: torch.where(signs[k], v, -v) for k, v in big.items()}
+    )
     zipped = io.BytesIO()
     with zipfile.ZipFile(zipped, "w") as archive:
         archive.writestr("notes.txt", "not a checkpoint")
@@ -55,6 +61,7 @@ def _checkpoint_variants(good: bytes) -> dict[str, bytes | None]:
         "unknown-model": _torch_bytes(wrong),
         "wrong-shapes": _torch_bytes(shapes),
         "nan-weights": _torch_bytes(nan_weights),
+        "nan-outputs": _torch_bytes(nan_outputs),
         "a-directory": None,
     }
 
