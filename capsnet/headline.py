@@ -5,6 +5,7 @@ report and the README table (``pipeline.cells``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -63,6 +64,21 @@ def table_columns(results: dict, angle: float = 35.0) -> list[str]:
         "smallnorb-elevation-novel",
     ]
     return [c for c in candidates if any(cell_value(e, c) is not None for e in results.values())]
+
+
+def count_text(value) -> str:
+    """A count that may be a mean over seeds: "3", or one decimal ("33.7"); "n/a" when
+    absent. Every place that shows a comparison's epochs formats them with this."""
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return "n/a"
+    return f"{value:g}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def epochs_text(value) -> str:
+    """'1 epoch', '3 epochs', '33.7 epochs' (a mean over seeds), 'epochs n/a'."""
+    if count_text(value) == "n/a":
+        return "epochs n/a"
+    return f"{count_text(value)} epoch" + ("" if value == 1 else "s")
 
 
 # --- which entry fills a model's cell ----------------------------------------------------------

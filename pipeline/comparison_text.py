@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from capsnet.headline import epochs_text
 from pipeline.cells import Comparison, ComparisonArm, ComparisonGroup, as_comparison, percent
 from pipeline.paper import ARTICLE, is_baseline, paper_number
 
@@ -115,7 +116,7 @@ def _time_sentence(arm: ComparisonArm, group: ComparisonGroup, reference: str) -
     if within is None:
         within = abs(ratio - 1) <= tolerance
     label, epochs = group.label, group.epochs
-    ran = f", {_epochs(epochs)}" if epochs is not None else ""
+    ran = f", {epochs_text(epochs)}" if epochs is not None else ""
     head = (
         f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
         f"time; {label} trained {seconds:.1f} s ({ratio:.2f} of the budget{ran})"
@@ -134,7 +135,7 @@ def _prefix(arm: ComparisonArm, group: ComparisonGroup, reference: str | None) -
         return f"{title} ({augment} augmentation, against the equal-augmentation {reference})"
     details = [arm.augment] if arm.augment else []
     if arm.epochs is not None:
-        details.append(_epochs(arm.epochs))
+        details.append(epochs_text(arm.epochs))
     return f"{title} ({', '.join(details)})" if details else title
 
 
@@ -317,9 +318,3 @@ def markdown(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")
-
-
-def _epochs(count: float) -> str:
-    """'1 epoch', '3 epochs', or a mean over seeds to one decimal ('29.3 epochs')."""
-    shown = f"{count:g}" if float(count).is_integer() else f"{count:.1f}"
-    return f"{shown} epoch" + ("" if count == 1 else "s")

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from capsnet.headline import count_text
 from capsnet.io import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import (
@@ -121,7 +122,7 @@ def _comparison_section(comparison: Comparison | None, angle: float) -> str:
     for arm in dict.fromkeys(r.arm for r in rows):
         body = "".join(
             f"<tr><td>{_e(r.model)}</td><td>{r.seeds}</td><td>{_e(r.augment or '–')}</td>"
-            f"<td>{_e(_number(r.epochs))}</td><td>{_e(comparison_text.seconds(r))}</td>"
+            f"<td>{_e(count_text(r.epochs))}</td><td>{_e(comparison_text.seconds(r))}</td>"
             f"<td>{_e(comparison_text.show(r.upright))}</td>"
             f"<td>{_e(comparison_text.show(r.headline))}</td></tr>"
             for r in rows
@@ -134,10 +135,6 @@ def _comparison_section(comparison: Comparison | None, angle: float) -> str:
             f"<th>0°</th><th>{where}</th></tr>{body}</table>"
         )
     return "<h2>Comparison</h2>" + words + "".join(tables)
-
-
-def _number(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, (int, float)) else "–"
 
 
 def _rotation_table(results: EvalResults) -> str:

@@ -20,7 +20,7 @@ from capsnet import eval as evaluation
 from capsnet.config import EvaluateParams
 from capsnet.config.training import TrainConfig
 from capsnet.errors import CapsnetError
-from capsnet.eval.comparison import TIME_TOLERANCE, comparison_section
+from capsnet.eval.comparison import TIME_TOLERANCE, comparison_lines, comparison_section
 from capsnet.eval.figures import rotation_curves
 
 ANGLES = (0, 35, 90)
@@ -265,3 +265,30 @@ def test_malformed_comparison_metadata_names_the_checkpoint(tmp_path):
         tmp_path / "m.pt", models.build("lenet5"), extra={"comparison": {"arm": "equal_time"}}
     )
     assert_one_line_error(run_cli("eval", str(path)), "m.pt", "comparison")
+
+
+def test_models_not_scored_on_rotated_mnist_take_no_part_and_lines_end_cleanly():
+    """A smallNORB model (its input shape does not fit rotated MNIST, so that set is
+    skipped) is left out of the rotation comparison, and each printed row ends in a value."""
+    results = {
+        "caps": entry({"0": 0.9, "35": 0.6}),
+        "lenet5": entry({"0": 0.8, "35": 0.5}),
+        "em": {"model": "em-capsnet-small", "checkpoint": "em.pt",
+               "rotated-mnist": {"skipped": "images are 28x28, the model takes 32x32"}},
+    }  # fmt: skip
+    metas = {
+        "caps": meta(0, "equal_augmentation", "capsnet-small", 10.0, model="capsnet-small"),
+        "lenet5": meta(0, "equal_augmentation", "lenet5", 3.0),
+        "em": meta(0, "equal_augmentation", "em-capsnet-small", 5.0, model="em-capsnet-small"),
+    }
+    metas["lenet5"]["metrics"]["epochs"] = 76.66666666666667
+    section = comparison_section(results, metas)
+    assert list(section["arms"]["equal_augmentation"]["models"]) == ["capsnet-small", "lenet5"]
+    lines = comparison_lines(section)
+    assert not any("em-capsnet-small" in line for line in lines)
+    rows = [line for line in lines if line.startswith("  ")]
+    assert rows and all(not line.rstrip().endswith(",") for line in rows)
+    assert "76.7 epochs" in "\n".join(lines) and "76.6667" not in "\n".join(lines)
+    assert comparison_lines({"arms": {"equal_augmentation": {"models": {"x": {
+        "seeds": 1, "epochs": None, "train_seconds": None, "accuracy": {}, "std": {}}}}}})[-1] == (
+        "  x: 1 seed(s), epochs n/a, n/a")  # fmt: skip

@@ -3,7 +3,9 @@ each, at equal augmentation and epochs, at equal training time and with the base
 own augmentation.
 
 A checkpoint takes part when its metadata carries ``extra["comparison"]`` = {"arm",
-"label", "reference", "time_budget_seconds"} (written by the train stage). The
+"label", "reference", "time_budget_seconds"} (written by the train stage) and it was scored
+on rotated MNIST (a model whose input shape does not fit that set, as the dataset registry
+declares it, is skipped there and has no place in a rotation comparison). The
 checkpoints of one arm and label are the seeds of one row; a row holds their mean accuracy
 per evaluated rotation angle with the sample standard deviation (0.0 for one seed) and
 their mean training time and epochs. The equal-time arm repeats the capsule reference's
@@ -19,7 +21,10 @@ from typing import Any
 
 from capsnet.errors import CapsnetError
 from capsnet.eval.seeds import seed_of
-from capsnet.headline import COMPARISON_KEY  # noqa: F401  (the section's name)
+from capsnet.headline import (
+    COMPARISON_KEY,  # noqa: F401  (the section's name)
+    epochs_text,
+)
 
 ARMS = ("equal_augmentation", "equal_time", "baseline_augmentation")
 #: How far a baseline's mean training time may lie from the budget, as a fraction of it.
@@ -58,7 +63,7 @@ def comparison_section(
     groups: dict[str, dict[str, list[str]]] = {}
     for name, meta in metas.items():
         found = comparison_meta(meta, name)
-        if found is not None:
+        if found is not None and _sweep(results.get(name) or {}):
             groups.setdefault(found["arm"], {}).setdefault(found["label"], []).append(name)
     if not groups:
         return None
@@ -179,10 +184,8 @@ def comparison_lines(section: dict | None, angles: tuple[str, ...] = ("0", "35")
             time = _fmt(row["train_seconds"], "s")
             if _is_number(ratio):
                 time += f" (x{ratio:.2f}{'' if row['within_tolerance'] else ', outside tolerance'})"
-            epochs = _fmt(row["epochs"], " epochs")
-            lines.append(
-                f"  {label}: {row['seeds']} seed(s), {epochs}, {time}, " + ", ".join(cells)
-            )
+            parts = [f"{row['seeds']} seed(s)", epochs_text(row["epochs"]), time, *cells]
+            lines.append(f"  {label}: " + ", ".join(parts))
     return lines
 
 
