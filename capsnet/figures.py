@@ -10,9 +10,10 @@ import torch
 from capsnet.io import atomic_open
 
 PERTURBATION_DELTAS = tuple(round(-0.25 + 0.05 * i, 2) for i in range(11))  # the paper's sweep
-#: A perturbed pose dimension is drawn only when its reconstructions change visibly: the mean
-#: absolute pixel difference between the two ends of the sweep is at least this.
-VISIBLE_CHANGE = 0.01
+#: A perturbed pose dimension is drawn only when its reconstructions change visibly: the
+#: absolute pixel difference between the two ends of the sweep, summed, is at least this
+#: fraction of the unperturbed reconstruction's ink (its summed pixel values).
+VISIBLE_CHANGE = 0.25
 
 
 def _pyplot():
@@ -133,6 +134,39 @@ def confusion_matrix(
     return save_figure(fig, path)
 
 
+def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
+    """Familiar (solid) and novel (dashed) test error per epoch, one panel per viewpoint
+    kind, one colour per model: curves {kind: {model: [{"epoch", "familiar_error",
+    "novel_error"}, ...]}}."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
+    for ax, (kind, models) in zip(axes[0], curves.items()):
+        for k, (model, history) in enumerate(models.items()):
+            epochs = [int(r["epoch"]) for r in history]
+            colour = f"C{k}"
+            for key, style, what in (
+                ("familiar_error", "-", "familiar"),
+                ("novel_error", "--", "novel"),
+            ):
+                errors = [100 * float(r[key]) for r in history]
+                ax.plot(
+                    epochs, errors, style, color=colour, marker="o", ms=3, label=f"{model}, {what}"
+                )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"novel {kind}s")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test error (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(
+            fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False
+        )
+    fig.suptitle("Test error on the familiar (solid) and novel (dashed) viewpoints", fontsize=10)
+    return save_figure(fig, path)
+
+
 def equivariance_plot(diagnostics: dict[str, dict], path) -> Path:
     """Per-model pose diagnostics: |correlation| of each pose dimension with the angle,
     and the mean pose change per angle."""
@@ -161,9 +195,16 @@ def equivariance_plot(diagnostics: dict[str, dict], path) -> Path:
 
 @torch.no_grad()
 def visible_rows(rows: list[torch.Tensor], threshold: float = VISIBLE_CHANGE) -> list[int]:
-    """Indices of the perturbation rows (each (S, C, H, W)) whose first and last images
-    differ by at least ``threshold`` in mean absolute pixel value."""
-    return [i for i, row in enumerate(rows) if float((row[-1] - row[0]).abs().mean()) >= threshold]
+    """Indices of the perturbation rows (each (S, C, H, W), the unperturbed image in the
+    middle) whose first and last images differ by at least ``threshold`` of the
+    unperturbed image's ink."""
+    shown = []
+    for i, row in enumerate(rows):
+        ink = float(row[len(row) // 2].abs().sum())  # the unperturbed reconstruction
+        change = float((row[-1] - row[0]).abs().sum())
+        if ink > 0 and change >= threshold * ink:
+            shown.append(i)
+    return shown
 
 
 def perturbation_rows(

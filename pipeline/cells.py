@@ -82,6 +82,11 @@ class Entry:
         return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
 
     @property
+    def has_pose_diagnostic(self) -> bool:
+        """Whether the equivariance diagnostic ran: the model has class-capsule poses."""
+        return "dim_correlation" in self._block("equivariance")
+
+    @property
     def trained_on(self) -> str | None:
         """The training set the checkpoint's name announces (``lenet5@multimnist`` ->
         "multimnist"), None for its model's own set."""

@@ -36,7 +36,11 @@ def figures_for(name: str, fig_dir: Path) -> list[Path]:
         return []
     slug = report.figure_slug(name)
     shared = ("rotation", "reconstructions", "equivariance")
-    return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in shared or p.stem.endswith(slug)]
+    return [
+        p
+        for p in sorted(fig_dir.glob("*.png"))
+        if p.stem in shared or report.figure_owner(p.stem).endswith(slug)
+    ]
 
 
 def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[str, Any]:
@@ -135,32 +139,57 @@ def _markdown_sweep(rows: list[dict[str, str]], limit: int = 20) -> str:
     return "\n".join(lines)
 
 
+def report_filters(runs: list[dict[str, Any]], sweep_groups: dict[str, str]) -> dict[str, str]:
+    """The W&B Report's run filters (wandb_workspaces expressions): the eval and comparison
+    runs this publish logged, by id, and each sweep's trials, by its group
+    ({results.csv: group}); never the whole project."""
+    ids = ", ".join(repr(r["run_id"]) for r in runs if r.get("run_id"))
+    filters = {"eval runs": f"ID in [{ids}]"}
+    for source, sweep_group in sweep_groups.items():
+        filters[f"sweep {source}"] = f"Group = {sweep_group!r} and JobType = 'sweep'"
+    return filters
+
+
 def create_wandb_report(
     results: EvalResults,
     *,
     project: str,
     group: str,
-    sweep_rows: list[dict[str, str]],
+    runs: list[dict[str, Any]],
+    sweeps: dict[str, list[dict[str, str]]],
+    sweep_groups: dict[str, str],
     entity: str | None = None,
 ) -> str:
-    """A W&B Report (wandb-workspaces) with the result table, the rotation curve of the eval
-    runs and the sweep comparison; returns its URL. Online only."""
+    """A W&B Report (wandb-workspaces) of the experiment just published: the result table,
+    the comparison, the rotation curve of this publish's eval runs, the confusion matrices
+    per test set, the novel viewpoints and each sweep; returns its URL. Online only."""
     import wandb
     import wandb_workspaces.reports.v2 as wr
 
+    from capsnet.data.registry import CONFUSION_SETS
+
     entity = entity or wandb.Api().default_entity
-    eval_runs = wr.Runset(entity=entity, project=project, name="eval runs", query="eval-")
-    sweep_runs = wr.Runset(entity=entity, project=project, name="sweep trials", query="")
+    filters = report_filters(runs, sweep_groups)
+
+    def runset(name: str) -> Any:
+        return wr.Runset(entity=entity, project=project, name=name, filters=filters[name])
+
+    eval_runs = runset("eval runs")
     doc = wr.Report(
         project=project,
         entity=entity,
         title=REPORT_TITLE,
-        description=f"Evaluation of experiment {group}: rotated MNIST, affNIST, MultiMNIST.",
+        description=f"Evaluation of experiment {group}.",
     )
-    doc.blocks = [
+    blocks = [
         wr.H1(REPORT_TITLE),
         wr.P("Test accuracy of every final model beside the papers' numbers."),
         wr.MarkdownBlock(readme.results_table(results)),
+    ]
+    words = comparison_text.markdown(results.comparison)
+    if words:
+        blocks += [wr.H2("Comparison on rotated MNIST"), wr.MarkdownBlock(words)]
+    blocks += [
         wr.H2("Accuracy versus rotation"),
         wr.PanelGrid(
             runsets=[eval_runs],
@@ -169,15 +198,50 @@ def create_wandb_report(
                 wr.MediaBrowser(title="figures", media_keys=["figures/rotation"]),
             ],
         ),
-        wr.H2("Sweep comparison"),
-        wr.MarkdownBlock(_markdown_sweep(sweep_rows)),
-        wr.PanelGrid(
-            runsets=[sweep_runs],
-            panels=[wr.BarPlot(title="validation accuracy", metrics=["val_accuracy"])],
-        ),
     ]
+    for test_set in CONFUSION_SETS:
+        keys = [
+            f"figures/confusion-{report.figure_slug(name)}-{report.figure_slug(test_set)}"
+            for name, entry in results.checkpoints().items()
+            if entry.value(test_set) is not None
+        ]
+        if keys:
+            blocks += [
+                wr.H2(f"Confusion matrices on {test_set}"),
+                wr.PanelGrid(
+                    runsets=[eval_runs], panels=[wr.MediaBrowser(title=test_set, media_keys=keys)]
+                ),
+            ]
+    viewpoints = readme.viewpoints_lines(results.viewpoints)
+    if viewpoints:
+        blocks += [wr.H2("Novel viewpoints"), wr.MarkdownBlock("\n".join(viewpoints))]
+    for source, rows in sweeps.items():
+        blocks += [wr.H2(f"Sweep {source}"), wr.MarkdownBlock(_markdown_sweep(rows))]
+        if f"sweep {source}" in filters:
+            blocks.append(
+                wr.PanelGrid(
+                    runsets=[runset(f"sweep {source}")],
+                    panels=[wr.BarPlot(title="validation accuracy", metrics=["val_accuracy"])],
+                )
+            )
+    doc.blocks = blocks
     doc.save()
     return doc.url
+
+
+def sweep_groups(paths) -> dict[str, str]:
+    """{sweep results.csv: the W&B group of its trials}, from the sweep name its best.json
+    (beside it) records; a sweep without one is left out."""
+    groups = {}
+    for path in paths:
+        best = Path(path).with_name("best.json")
+        try:
+            name = json.loads(best.read_text()).get("sweep")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and name:
+            groups[str(path)] = tracking.group_name(name, "sweep")
+    return groups
 
 
 def output_paths(settings) -> dict[str, Path]:
@@ -204,8 +268,8 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     readme_text = readme.read_document(readme_path) if readme_path is not None else None
     origin = provenance.read_origin(params.train.out_dir)  # the run that trained them
     fig_dir = Path(fig_dir)
-    sweep_rows = report.read_sweep(settings.sweep_results)
-    html = report.render_html(results, fig_dir, sweep_rows)
+    sweeps = report.read_sweeps([settings.sweep_results, *settings.extra_sweep_results])
+    html = report.render_html(results, fig_dir, sweeps)
     figure = os.path.relpath(fig_dir / "rotation.png", paths["table"].parent)
     table = readme.body(results, Path(figure).as_posix(), origin) + "\n"
     new_readme = None
@@ -226,7 +290,12 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     url = None
     if mode == "online" and settings.report:
         url = create_wandb_report(
-            results, project=settings.project, group=group, sweep_rows=sweep_rows
+            results,
+            project=settings.project,
+            group=group,
+            runs=runs,
+            sweeps=sweeps,
+            sweep_groups=sweep_groups(sweeps),
         )
         say(f"W&B report: {url}")
     summary = {

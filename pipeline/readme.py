@@ -69,7 +69,7 @@ def _test_sizes(picks: dict[str, dict[str, Entry]]) -> str:
     return "Test images per cell: " + ", ".join(f"{n:,}" for n in sorted(sizes)) + "."
 
 
-def _viewpoints_lines(section: Viewpoints | None) -> list[str]:
+def viewpoints_lines(section: Viewpoints | None) -> list[str]:
     """The smallNORB novel-viewpoint comparison (test error at matched familiar error)."""
     if section is None:
         return []
@@ -110,7 +110,7 @@ def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:
     notes = [_sources_line(picks, titles), _test_sizes(picks), SOURCES_LINE] if columns else []
     text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
     comparison = comparison_text.markdown(metrics.comparison, angle)
-    viewpoints = _viewpoints_lines(metrics.viewpoints)
+    viewpoints = viewpoints_lines(metrics.viewpoints)
     text = text.rstrip() + ("\n\n" + comparison if comparison else "")
     return text + ("\n\n" + "\n".join(viewpoints) if viewpoints else "")
 

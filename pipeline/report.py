@@ -42,8 +42,8 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 details summary { color: #a60; cursor: pointer; margin: 0.5em 0; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.85em; color: #555; }
-.wide { max-width: 100%; overflow-x: auto; } #sweep { font-size: 0.8em; }
-#sweep th { white-space: normal; max-width: 7em; }
+.wide { max-width: 100%; overflow-x: auto; } .sweep { font-size: 0.8em; }
+.sweep th { white-space: normal; max-width: 7em; }
 """
 
 
@@ -223,28 +223,39 @@ def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def read_sweeps(paths) -> dict[str, list[dict[str, str]]]:
+    """{path as given: its trials} for each sweep results.csv (empty for a missing file)."""
+    return {str(path): read_sweep(path) for path in paths}
+
+
 def sweep_columns(rows: list[dict[str, str]]) -> list[str]:
     """The results.csv columns any trial fills, but the error text (the report and the W&B
     Report show the trials' settings and accuracies)."""
     return [c for c in rows[0] if c != "error" and any(r.get(c) for r in rows)]
 
 
-def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
-    """The best ``limit`` trials by final validation accuracy; the settings every trial
-    shares are one line above the table, so the table has only the columns that vary."""
-    if not rows:
-        return "<p>No sweep results (sweep/results.csv) were found.</p>"
-    filled = sweep_columns(rows)
-    shared = [c for c in filled if len({r.get(c) for r in rows}) == 1 and len(rows) > 1]
-    columns = [c for c in filled if c not in shared]
+def _sweep_order(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The trials by final validation accuracy, best first (trials without one last)."""
 
     def key(row):
         try:
-            return -float(row.get("final_val_accuracy") or "nan")
+            value = -float(row.get("final_val_accuracy") or "nan")
         except ValueError:
-            return 0.0
+            value = math.nan
+        return (math.isnan(value), 0.0 if math.isnan(value) else value)
 
-    ordered = sorted(rows, key=lambda r: (math.isnan(key(r)), key(r)))[:limit]
+    return sorted(rows, key=key)
+
+
+def _sweep_table(rows: list[dict[str, str]], source: str, limit: int = 40) -> str:
+    """The best ``limit`` trials by final validation accuracy; the settings every trial
+    shares are one line above the table, so the table has only the columns that vary."""
+    if not rows:
+        return f"<p>No sweep results ({_e(source)}) were found.</p>"
+    filled = sweep_columns(rows)
+    shared = [c for c in filled if len({r.get(c) for r in rows}) == 1 and len(rows) > 1]
+    columns = [c for c in filled if c not in shared]
+    ordered = _sweep_order(rows)[:limit]
 
     def fmt(value: str) -> str:
         try:
@@ -260,8 +271,71 @@ def _sweep_table(rows: list[dict[str, str]], limit: int = 40) -> str:
         for r in ordered
     )
     return (
-        f'<p id="sweep-shared">Every trial: {common}.</p>' if common else ""
-    ) + f'<div class="wide"><table id="sweep"><tr>{head}</tr>{body}</table></div>'
+        f'<p class="sweep-shared">Every trial: {common}.</p>' if common else ""
+    ) + f'<div class="wide"><table class="sweep"><tr>{head}</tr>{body}</table></div>'
+
+
+_SETTINGS_SKIP = {"trial_id", "status", "device", "peak_gpu_memory_mb", "epochs", "early_stopped"}
+
+
+def _sweep_plot(rows: list[dict[str, str]], source: str, limit: int = 40) -> str:
+    """The trials' final validation accuracy as a horizontal bar chart (inline SVG, no
+    script), best first, each bar labelled with its trial and the settings that vary."""
+    scored = [r for r in _sweep_order(rows) if _float(r.get("final_val_accuracy")) is not None]
+    if not scored:
+        return ""
+    scored = scored[:limit]
+    varying = [
+        c
+        for c in sweep_columns(rows)
+        if c not in _SETTINGS_SKIP
+        and not c.endswith("accuracy")
+        and len({r.get(c) for r in rows}) > 1
+    ]
+    bar_h, label_w, plot_w = 18, 430, 360
+    height = bar_h * len(scored) + 30
+    bars = []
+    for i, row in enumerate(scored):
+        value = _float(row["final_val_accuracy"])
+        y = 20 + i * bar_h
+        label = f"{row.get('trial_id', i)}: " + ", ".join(f"{c}={row.get(c)}" for c in varying)
+        width = max(0.0, min(1.0, value)) * plot_w
+        bars.append(
+            f'<text x="{label_w - 6}" y="{y + 12}" text-anchor="end">{_e(label)}</text>'
+            f'<rect x="{label_w}" y="{y + 2}" width="{width:.1f}" height="{bar_h - 4}" '
+            f'fill="#4c78a8"/><text x="{label_w + width + 4:.1f}" y="{y + 12}">'
+            f"{100 * value:.1f}%</text>"
+        )
+    axis = f'<text x="{label_w}" y="12">final validation accuracy (0 to 100%), {_e(source)}</text>'
+    return (
+        f'<figure class="sweep-plot"><svg xmlns="http://www.w3.org/2000/svg" '
+        f'width="{label_w + plot_w + 60}" height="{height}" font-size="11" '
+        f'font-family="sans-serif" role="img" aria-label="sweep {_e(source)}">'
+        f"{axis}{''.join(bars)}</svg><figcaption>Final validation accuracy per trial of "
+        f"{_e(source)}, best first.</figcaption></figure>"
+    )
+
+
+def _float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _sweeps_section(sweeps: dict[str, list[dict[str, str]]]) -> str:
+    """One part per sweep (``{results.csv path: its rows}``): its plot, then its table."""
+    if not sweeps:
+        return "<h2>Sweeps</h2><p>No sweep results were given.</p>"
+    parts = ["<h2>Sweeps</h2>"]
+    for source, rows in sweeps.items():
+        parts += [
+            f"<h3>{_e(source)}</h3>",
+            _sweep_plot(rows, source),
+            _sweep_table(rows, source),
+        ]
+    return "".join(parts)
 
 
 FIGURE_CAPTIONS = {
@@ -272,7 +346,10 @@ FIGURE_CAPTIONS = {
     "rotation angle, and how far the pose moves.",
     "perturbation": "Each of the class capsule's pose dimensions swept from -0.25 to 0.25 "
     "(steps of 0.05), reconstructed.",
-    "confusion": "Confusion matrix on MNIST rotated by 35°.",
+    "confusion": "Confusion matrix (rows: true class, columns: predicted) on the test set "
+    "its title names.",
+    "viewpoints": "Test error per epoch on the familiar (solid) and novel (dashed) "
+    "viewpoints, one colour per model.",
     "multimnist": "MultiMNIST inputs with the two predicted digits reconstructed.",
 }
 
@@ -303,14 +380,45 @@ def _left_out(results: EvalResults, figures: list[Path]) -> set[Path]:
         if name not in shown
         for prefix in FIGURE_CAPTIONS
     }
-    return {p for p in figures if p.stem in stems}
+    return {p for p in figures if p.stem in stems or figure_owner(p.stem) in stems}
+
+
+def figure_owner(stem: str) -> str:
+    """A figure's stem without the evaluation set a per-set figure adds
+    (``confusion-<name>-<set>`` -> ``confusion-<name>``; the registry's set names)."""
+    from capsnet.data.registry import CONFUSION_SETS
+
+    for test_set in CONFUSION_SETS:
+        if stem.endswith(f"-{figure_slug(test_set)}"):
+            return stem[: -len(test_set) - 1]
+    return stem
+
+
+def _perturbation_note(results: EvalResults, figures: list[Path]) -> str:
+    """Why a shown capsule model (one with a pose diagnostic) has no perturbation figure."""
+    stems = {p.stem for p in figures}
+    missing = [
+        name
+        for name in shown_checkpoints(results)
+        if results.entries[name].has_pose_diagnostic
+        and f"perturbation-{figure_slug(name)}" not in stems
+    ]
+    if not missing:
+        return ""
+    return (
+        f'<p id="perturbation-none">No pose-perturbation figure for {_e(", ".join(missing))}: '
+        "a figure shows only the pose dimensions whose reconstruction visibly changes across "
+        "the sweep (docs/evaluation.md), and none did (or the model has no decoder).</p>"
+    )
 
 
 def caption(path: Path) -> str:
     stem = path.stem
+    owner = figure_owner(stem)
+    test_set = stem[len(owner) + 1 :]
     for prefix, text in FIGURE_CAPTIONS.items():
-        if stem == prefix or stem.startswith(prefix + "-"):
-            who = stem[len(prefix) + 1 :]
+        if owner == prefix or owner.startswith(prefix + "-"):
+            who = ", ".join(w for w in (owner[len(prefix) + 1 :], test_set) if w)
             return f"{text}" + (f" ({who})" if who else "")
     return stem
 
@@ -318,12 +426,13 @@ def caption(path: Path) -> str:
 def render_html(
     results: EvalResults | dict,
     fig_dir: str | os.PathLike | None = None,
-    sweep_rows: list[dict[str, str]] | None = None,
+    sweeps: dict[str, list[dict[str, str]]] | None = None,
     title: str = "capsnet-pipeline evaluation",
     angle: float = 35.0,
 ) -> str:
     """The report as one HTML string: tables, and every figures/*.png inline (base64).
-    ``results`` is metrics.json typed (``load_results``) or its content, checked here."""
+    ``results`` is metrics.json typed (``load_results``) or its content, checked here;
+    ``sweeps`` maps each sweep's results.csv path to its rows (``read_sweeps``)."""
     results = parse_results(results)
     figures = sorted(Path(fig_dir).glob("*.png")) if fig_dir and Path(fig_dir).is_dir() else []
     order = list(FIGURE_CAPTIONS)
@@ -334,8 +443,9 @@ def render_html(
         )
     )
     rotation = [p for p in figures if p.stem == "rotation"]
+    viewpoints = [p for p in figures if p.stem == "viewpoints"]
     left_out = _left_out(results, figures)
-    others = [p for p in figures if p.stem != "rotation" and p not in left_out]
+    others = [p for p in figures if p not in (*rotation, *viewpoints) and p not in left_out]
     more = (
         f"<p>{len(left_out)} figures of the other seeds and of the comparison runs are "
         f"left out of this page; they are in {_e(Path(fig_dir).as_posix())}/ and in the "
@@ -364,10 +474,15 @@ def render_html(
         _rotation_table(results),
         _robustness_table(results),
         _viewpoints_table(results.viewpoints),
-        "<h2>Sweep comparison</h2>",
-        _sweep_table(sweep_rows or []),
+        *[
+            f"<figure>{_image_tag(p, 'familiar and novel viewpoint error')}<figcaption>"
+            f"{_e(caption(p))}</figcaption></figure>"
+            for p in viewpoints
+        ],
+        _sweeps_section(sweeps or {}),
         "<h2>Figures</h2>",
         *([more] if more else []),
+        _perturbation_note(results, figures),
         *[
             f"<figure>{_image_tag(p, p.stem)}<figcaption>{_e(caption(p))}</figcaption></figure>"
             for p in others
@@ -387,5 +502,6 @@ def write_report(
     """Write the self-contained report for ``metrics`` to ``out`` atomically."""
     results = load_results(metrics)
     fig_dir = fig_dir if fig_dir is not None else Path(metrics).parent / "figures"
-    text = render_html(results, fig_dir, read_sweep(sweep_csv), title)
+    sweeps = read_sweeps([sweep_csv]) if sweep_csv is not None else {}
+    text = render_html(results, fig_dir, sweeps, title)
     return atomic_write_text(out, text)

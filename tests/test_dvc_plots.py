@@ -177,3 +177,28 @@ def test_sweep_template_shows_revisions_side_by_side_on_an_axis_not_from_zero(re
     templates = {path: t for path, t in templates.items() if "/plots/" in path}
     assert len(templates) == 4
     assert set(templates.values()) == {"pipeline/plots/sweep_by_setting.json"}, templates
+
+
+def test_line_style_legends_draw_strokes_not_dots(repo_root):
+    """Every template that tells lines apart by their dash (familiar/novel viewpoints, one
+    revision from another) draws that legend as stroked lines, not as point symbols (a
+    line mark with points draws every dash legend entry as the same dot)."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            dash = node.get("strokeDash")
+            if isinstance(dash, dict) and "field" in dash:
+                found.append(dash)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for template in sorted((repo_root / "pipeline" / "plots").glob("*.json")):
+        walk(json.loads(template.read_text()))
+    assert len(found) >= 3
+    for dash in found:  # a stroked symbol, drawn visibly whatever the colour encoding
+        assert dash["legend"]["symbolType"] == "stroke", dash
+        assert dash["legend"]["encode"]["symbols"]["update"]["strokeOpacity"] == {"value": 1}

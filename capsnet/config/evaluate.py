@@ -92,3 +92,5 @@ class PublishParams:
     report: bool = True  # a W&B Report (online only)
     html: str = "eval/report.html"
     sweep_results: str = "sweep/results.csv"
+    # the other sweeps the report shows, each with its table and plot
+    extra_sweep_results: tuple[str, ...] = ("sweep-smallnorb/results.csv",)

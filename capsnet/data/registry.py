@@ -39,6 +39,7 @@ class DatasetSpec:
     sweep: bool = False  # a sweep can search on it (sweep.dataset)
     evaluation: tuple[str, ...] = ()  # the evaluation set names it offers (evaluate.datasets)
     channels_from_model: bool = False  # evaluation keeps the model's channels (stereo)
+    confusion: bool = False  # evaluation draws each scored model's confusion matrix on it
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -87,7 +88,7 @@ REGISTRY: dict[str, DatasetSpec] = {
                 "smallnorb", "smallnorb-azimuth-familiar", "smallnorb-azimuth-novel",
                 "smallnorb-elevation-familiar", "smallnorb-elevation-novel",
             ),
-            channels_from_model=True,
+            channels_from_model=True, confusion=True,
         ),
     )
 }  # fmt: skip
@@ -99,6 +100,9 @@ TRAIN_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.trai
 EXTRA_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.extra)
 SWEEP_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.sweep)
 EVAL_DATASETS: tuple[str, ...] = tuple(e for s in REGISTRY.values() for e in s.evaluation)
+#: The evaluation sets (each dataset's first) on which every scored model's confusion matrix
+#: is drawn; MNIST's is drawn rotated (``evaluate.confusion_angle``) with its other figures.
+CONFUSION_SETS: tuple[str, ...] = tuple(s.evaluation[0] for s in REGISTRY.values() if s.confusion)
 
 
 def get(name: str, among: tuple[str, ...] = DATASETS, what: str = "dataset") -> DatasetSpec:

@@ -1,13 +1,16 @@
 """The evaluation's PNG figures, drawn while each model is loaded for its evaluation.
 
-Per model: the confusion matrix on MNIST rotated by ``confusion_angle``, the pose
+Per model: the confusion matrix on MNIST rotated by ``confusion_angle`` and on each set of
+the registry's ``CONFUSION_SETS`` the model was scored on (smallNORB), the pose
 perturbation grid (only the pose dimensions whose reconstructions visibly change; none
 when no dimension does) and, for MultiMNIST, each digit reconstructed from its own capsule (the
 two predicted and the two true ones). Across models, drawn once all are evaluated: the
 rotation curve (a mean line in a mean ± std band per seed group, a plain line per checkpoint
-in no group), the equivariance plot and the reconstructions.
-File names: rotation.png, equivariance.png, reconstructions.png, confusion-<name>.png,
-perturbation-<name>.png, multimnist-<name>.png.
+in no group), the equivariance plot and the reconstructions; from the novel-viewpoint
+experiment's per-epoch errors, the familiar and novel error curves.
+File names: rotation.png, equivariance.png, reconstructions.png, viewpoints.png,
+confusion-<name>.png (MNIST), confusion-<name>-<set>.png, perturbation-<name>.png,
+multimnist-<name>.png.
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ class FigureDrawer:
 
     def add_model(self, name: str, model, entry: dict, data: TestSets, request: EvalRequest):
         """The figures of one evaluated model, which is on ``request.device``."""
+        from capsnet.data.registry import CONFUSION_SETS
+
         if model_fit(model, "mnist") is None:
             self._mnist_figures(name, model, data, request)
+        for test_set in CONFUSION_SETS:
+            scored = entry.get(test_set)
+            if isinstance(scored, dict) and "accuracy" in scored:
+                self._set_confusion(name, model, test_set, data, request)
         multi = entry.get("multimnist")
         scored = isinstance(multi, dict) and "strict_accuracy" in multi
         if scored and getattr(model, "decoder", None) is not None:
@@ -76,6 +85,37 @@ class FigureDrawer:
         self._recon_rows += [tilted, reconstruct(model, tilted, device)]
         self._recon_labels += ["input 0°", f"{name}\n0°", f"input {angle}°", f"{name}\n{angle}°"]
         self._perturbation(name, model, upright[0], int(labels[0]), device)
+
+    def _set_confusion(self, name: str, model, test_set: str, data: TestSets, request) -> None:
+        dataset, info = data.get(test_set, int(model.config.in_channels))
+        scores, targets = evaluate.predict(
+            model, dataset, request.params.batch_size, request.device
+        )
+        source = info.get("source")
+        key = f"confusion-{name}-{test_set}"
+        self.written[key] = draw.confusion_matrix(
+            scores.argmax(dim=1).cpu(),  # (N,)
+            targets.cpu(),  # (N,)
+            int(model.config.num_classes),
+            self.fig_dir / f"confusion-{slug(name)}-{slug(test_set)}.png",
+            title=f"{name}: {test_set}" + (f" ({source})" if source else ""),
+        )
+
+    def viewpoints(self, payload: dict) -> None:
+        """The novel-viewpoint experiment's familiar and novel test error per epoch
+        (``capsnet.viewpoints`` results: kinds -> models -> history)."""
+        curves = {
+            kind: {
+                model["model"]: model["history"]
+                for model in (entry.get("models") or {}).values()
+                if model.get("history")
+            }
+            for kind, entry in payload.get("kinds", {}).items()
+        }
+        curves = {kind: models for kind, models in curves.items() if models}
+        if curves:
+            path = self.fig_dir / "viewpoints.png"
+            self.written["viewpoints"] = draw.viewpoint_curves(curves, path)
 
     def _perturbation(self, name: str, model, image: torch.Tensor, label: int, device) -> None:
         with torch.no_grad():

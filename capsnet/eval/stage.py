@@ -66,7 +66,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
         drawer = FigureDrawer(outputs.directory(out / "figures"))
         results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
         if settings.viewpoints_dir:
-            results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request)
+            results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request, drawer)
         written = write_outputs(results, out, outputs)
     figures = {name: out / "figures" / path.name for name, path in drawer.written.items()}
     return {**written, **figures}

@@ -13,7 +13,7 @@ from capsnet.eval.request import EvalRequest
 from capsnet.headline import VIEWPOINTS_KEY  # noqa: F401  (the section's name)
 
 
-def evaluate_viewpoints(viewpoints_dir: str | Path, request: EvalRequest) -> dict:
+def evaluate_viewpoints(viewpoints_dir: str | Path, request: EvalRequest, figures=None) -> dict:
     """The section from ``capsnet viewpoints``'s output directory.
 
     For each kind, both selected checkpoints are evaluated on the familiar and the novel
@@ -22,7 +22,8 @@ def evaluate_viewpoints(viewpoints_dir: str | Path, request: EvalRequest) -> dic
     "familiar_n", "novel_error", "novel_n", "paper_novel_error"}}, "target_familiar_error",
     "gap", "tolerance", "matched", "selection", "paper_novel_error"}}}; {"skipped": reason}
     when the experiment did not run (missing or switched-off directory), and a kind whose
-    test data is unavailable is {"skipped": reason}.
+    test data is unavailable is {"skipped": reason}. ``figures`` (a ``FigureDrawer``) draws
+    the per-epoch familiar and novel error curves.
     """
     from capsnet import viewpoints
 
@@ -30,6 +31,8 @@ def evaluate_viewpoints(viewpoints_dir: str | Path, request: EvalRequest) -> dic
     if payload is None:
         request.say(f"viewpoints: skipped: {reason}")
         return {"skipped": reason}
+    if figures is not None:
+        figures.viewpoints(payload)
     data = TestSets(request)
     kinds: dict[str, dict] = {}
     for kind, entry in payload["kinds"].items():
