@@ -268,7 +268,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     readme_text = readme.read_document(readme_path) if readme_path is not None else None
     origin = provenance.read_origin(params.train.out_dir)  # the run that trained them
     fig_dir = Path(fig_dir)
-    sweeps = report.read_sweeps([settings.sweep_results, *settings.extra_sweep_results])
+    sweeps = report.read_sweeps(report.sweep_paths(settings))
     html = report.render_html(results, fig_dir, sweeps)
     figure = os.path.relpath(fig_dir / "rotation.png", paths["table"].parent)
     table = readme.body(results, Path(figure).as_posix(), origin) + "\n"

@@ -223,6 +223,11 @@ def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def sweep_paths(settings) -> list[str]:
+    """The results.csv of every sweep the report shows (``publish`` settings)."""
+    return [settings.sweep_results, *settings.extra_sweep_results]
+
+
 def read_sweeps(paths) -> dict[str, list[dict[str, str]]]:
     """{path as given: its trials} for each sweep results.csv (empty for a missing file)."""
     return {str(path): read_sweep(path) for path in paths}

@@ -177,3 +177,25 @@ def test_a_failed_wandb_step_writes_no_file(stage_dir, monkeypatch):
     assert "W&B service went away" in _error(_publish("--readme", "README.md"))
     assert _snapshot(stage_dir) == before
     assert not [p for p in stage_dir.rglob(".*.tmp")]
+
+
+def test_the_wandb_report_queries_only_the_runs_this_publish_made(tmp_path):
+    """Its run sets filter on the ids of the eval and comparison runs just logged and on
+    each sweep's own group (from its best.json), never the whole project."""
+    from wandb_workspaces import expr
+
+    from pipeline import publish as publishing
+
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "best.json").write_text('{"sweep": "capsnet-sweep"}')
+    csvs = [str(tmp_path / "sweep" / "results.csv"), str(tmp_path / "gone" / "results.csv")]
+    groups = publishing.sweep_groups(csvs)
+    assert groups == {csvs[0]: "capsnet-sweep/sweep"}  # a sweep without best.json: none
+    runs = [{"name": "lenet5", "run_id": "abc123"}, {"name": "comparison", "run_id": "def456"}]
+    filters = publishing.report_filters(runs, groups)
+    assert filters["eval runs"] == "ID in ['abc123', 'def456']"
+    assert filters[f"sweep {csvs[0]}"] == "Group = 'capsnet-sweep/sweep' and JobType = 'sweep'"
+    parsed = expr.expr_to_filters(filters["eval runs"])
+    parsed = parsed.filters[0] if parsed.filters else parsed
+    assert (parsed.op, parsed.key.name, parsed.value) == ("IN", "name", ["abc123", "def456"])
+    assert all(f.strip() for f in filters.values())  # no empty query: never every run

@@ -73,7 +73,7 @@ def test_report_html_is_self_contained(eval_dir, tmp_path):
     assert "DZone article 76.05%" in text  # LeNet5 at 35 degrees
     assert "affNIST (synth stand-in)" in text and "Sabour 2017 66" not in text
     assert "images are 40x40, the model takes 28x28" in text  # skips are explained
-    assert '<table id="sweep">' in text and "0.9100" in text
+    assert '<table class="sweep">' in text and "0.9100" in text
     assert '<table id="robustness">' in text
     assert not list(eval_dir.glob(".*"))
 
@@ -202,8 +202,8 @@ def test_sweep_table_shows_only_the_columns_that_vary():
         {"trial_id": "00001", "model": "capsnet-small", "lr": "0.001",
          "augment": "none", "final_val_accuracy": "0.88", "error": "a lost node"},
     ]  # fmt: skip
-    html = report.render_html(RESULTS, sweep_rows=rows)
-    table = html[html.index('<table id="sweep">') :].split("</table>")[0]
+    html = report.render_html(RESULTS, sweeps={"sweep/results.csv": rows})
+    table = html[html.index('<table class="sweep">') :].split("</table>")[0]
     heads = re.findall(r"<th>([^<]*)</th>", table)
     assert heads == ["trial id", "augment", "final val accuracy"]
     assert "Every trial: model capsnet-small, lr 0.0010." in html
@@ -236,6 +236,59 @@ def test_perturbation_rows_that_change_nothing_are_not_drawn():
     assert figures.visible_rows([still, moving, still + 0.001]) == [1]
 
 
+def test_perturbation_rows_count_change_against_the_digits_ink():
+    """A faint change across the sweep (a tenth of the digit's ink: what the committed
+    capsnet-small drew as 15 rows of the same digit) is not drawn; a stroke that moves is."""
+    digit = torch.zeros(11, 1, 28, 28)
+    digit[:, :, 4:24, 12:16] = 1.0  # a vertical stroke, 80 pixels of ink
+    faint = digit.clone()
+    faint[-1, :, 4:12, 16] = 1.0  # 8 more pixels at one end
+    moved = digit.clone()
+    moved[-1] = 0
+    moved[-1, :, 4:24, 16:20] = 1.0  # the stroke shifted by its width
+    assert figures.visible_rows([digit, faint, moved]) == [2]
+
+
+def test_report_names_every_figure_each_sweep_and_why_a_figure_is_missing(tmp_path):
+    """smallNORB confusion matrices and the viewpoint curves are shown and captioned, each
+    sweep has a plot and a table, and a capsule model without a perturbation figure is
+    named with the reason."""
+    norb = {
+        "model": "em-capsnet-small",
+        "checkpoint": "models-smallnorb/em-capsnet-small.pt",
+        "smallnorb": {"accuracy": 0.6, "n": 100, "subset": "all", "source": "synth"},
+    }
+    capsule = {**RESULTS["capsnet-small"], "equivariance": {"dim_correlation": [0.1]}}
+    results = {**RESULTS, "capsnet-small": capsule, "em-capsnet-small": norb}  # fmt: skip
+    figs = tmp_path / "figures"
+    figs.mkdir()
+    for stem in ("confusion-capsnet-small", "confusion-em-capsnet-small-smallnorb", "viewpoints"):
+        figures.image_grid([torch.rand(1, 1, 4, 4)], figs / f"{stem}.png")
+    trials = [
+        {"trial_id": "00000", "routing_iterations": "2", "final_val_accuracy": "0.51"},
+        {"trial_id": "00001", "routing_iterations": "3", "final_val_accuracy": "0.26"},
+    ]
+    sweeps = {"sweep/results.csv": trials, "sweep-smallnorb/results.csv": trials}  # fmt: skip
+    page = report.render_html(results, figs, sweeps)
+    captions = re.findall(r"<figcaption>([^<]*)</figcaption>", page)
+    assert any(c.endswith("(em-capsnet-small, smallnorb)") for c in captions), captions
+    assert any(c.startswith("Test error per epoch on the familiar") for c in captions)
+    viewpoints = page.index('alt="familiar and novel viewpoint error"')
+    assert page.index("<h2>Sweeps</h2>") > viewpoints  # beside the viewpoint tables
+    for source in sweeps:
+        assert f'aria-label="sweep {source}"' in page and f"<h3>{source}</h3>" in page
+    assert page.count('<table class="sweep">') == 2 and page.count("<rect ") == 4
+    assert "No pose-perturbation figure for capsnet-small:" in page
+    assert "em-capsnet-small" not in page[page.index('id="perturbation-none"') :].split("</p>")[0]
+
+
+def test_counts_are_formatted_alike():
+    from capsnet.headline import count_text, epochs_text
+
+    assert [count_text(v) for v in (3, 3.0, 76.66666666666667, None)] == ["3", "3", "76.7", "n/a"]
+    assert epochs_text(1) == "1 epoch" and epochs_text(33.666) == "33.7 epochs"
+
+
 def test_report_shows_one_checkpoint_per_model_and_training_set_and_says_what_it_left_out(
     tmp_path,
 ):
@@ -262,8 +315,8 @@ def test_report_shows_one_checkpoint_per_model_and_training_set_and_says_what_it
 
 
 def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_root, monkeypatch):
-    """eval/report.html is render_html of eval/metrics.json, eval/figures and the sweep's
-    results.csv, byte for byte (the publish stage writes it; nothing else may)."""
+    """eval/report.html is render_html of eval/metrics.json, eval/figures and the sweeps'
+    results.csv files, byte for byte (the publish stage writes it; nothing else may)."""
     from capsnet import config
 
     params = config.load(repo_root / "params.yaml")
@@ -272,9 +325,22 @@ def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_ro
     if not committed.is_file():
         pytest.skip(f"no committed {params.publish.html}")
     results = report.load_results(repo_root / out_dir / "metrics.json")
-    sweep = report.read_sweep(repo_root / params.publish.sweep_results)
     monkeypatch.chdir(repo_root)  # the figures folder named as publish names it: relative
-    page = report.render_html(results, out_dir / "figures", sweep)
+    sweeps = report.read_sweeps(report.sweep_paths(params.publish))
+    page = report.render_html(results, out_dir / "figures", sweeps)
     assert page == committed.read_text(encoding="utf-8"), (
         f"{params.publish.html} differs from what `capsnet publish` renders: run it"
     )
+
+
+def test_viewpoint_curves_are_drawn_from_the_experiments_history(tmp_path):
+    from capsnet.eval.figures import FigureDrawer
+
+    history = [{"epoch": e, "familiar_error": 0.5 / e, "novel_error": 0.7 / e} for e in (1, 2)]
+    model = {"model": "em-capsnet-small", "history": history}
+    drawer = FigureDrawer(tmp_path)
+    drawer.viewpoints({"kinds": {"azimuth": {"models": {"capsules": model}}, "elevation": {}}})
+    assert list(drawer.written) == ["viewpoints"] and (tmp_path / "viewpoints.png").is_file()
+    empty = FigureDrawer(tmp_path / "none")
+    empty.viewpoints({"kinds": {"azimuth": {"skipped": "no data"}}})
+    assert empty.written == {}

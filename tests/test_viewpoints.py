@@ -335,6 +335,9 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
         assert entry["gap"] == pytest.approx(abs(errors[0] - errors[1]))
     assert "novel viewpoints (smallNORB)" in cli.stdout
     assert "azimuth" in cli.stdout and "elevation" in cli.stdout
+    drawn = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
+    assert {"viewpoints.png", "confusion-smallnorb-cnn-smallnorb.png"} <= drawn, drawn
+    assert "confusion-models-smallnorb_lenet5-smallnorb.png" in drawn
 
 
 def test_report_has_a_novel_viewpoint_table():
