@@ -199,3 +199,61 @@ def test_the_wandb_report_queries_only_the_runs_this_publish_made(tmp_path):
     parsed = parsed.filters[0] if parsed.filters else parsed
     assert (parsed.op, parsed.key.name, parsed.value) == ("IN", "name", ["abc123", "def456"])
     assert all(f.strip() for f in filters.values())  # no empty query: never every run
+
+
+def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
+    """The report's blocks, built against a stand-in of the wandb-workspaces API (online
+    only): smallNORB confusion matrices, the novel viewpoints, each sweep, scoped runs."""
+    import sys
+    import types
+
+    from pipeline import publish as publishing
+    from pipeline.cells import parse_results
+
+    class Block:
+        def __init__(self, kind, *args, **kwargs):
+            self.kind, self.args, self.kwargs = kind, args, kwargs
+
+    class Report(Block):
+        url = "https://wandb.ai/report"
+
+        def save(self):
+            Report.saved = self
+
+    fake = types.ModuleType("wandb_workspaces.reports.v2")
+    for name in ("H1", "H2", "P", "MarkdownBlock", "PanelGrid", "Runset", "LinePlot",
+                 "MediaBrowser", "BarPlot"):  # fmt: skip
+        setattr(fake, name, lambda *a, _name=name, **k: Block(_name, *a, **k))
+    fake.Report = lambda **k: Report("Report", **k)
+    import wandb_workspaces
+
+    reports = types.ModuleType("wandb_workspaces.reports")
+    reports.v2 = fake
+    monkeypatch.setitem(sys.modules, "wandb_workspaces.reports", reports)
+    monkeypatch.setitem(sys.modules, "wandb_workspaces.reports.v2", fake)
+    monkeypatch.setattr(wandb_workspaces, "reports", reports, raising=False)
+    norb = {
+        "model": "em-capsnet-small",
+        "checkpoint": "models-smallnorb/em-capsnet-small.pt",
+        "smallnorb": {"accuracy": 0.6, "n": 100},
+    }
+    results = parse_results({"em-capsnet-small": norb, "viewpoints": {"skipped": "off"}})
+    publishing.create_wandb_report(
+        results, project="p", group="g", entity="e", runs=[{"run_id": "r1"}],
+        sweeps={"sweep-smallnorb/results.csv": []},
+        sweep_groups={"sweep-smallnorb/results.csv": "norb/sweep"},
+    )  # fmt: skip
+    blocks = Report.saved.blocks
+    titles = [b.args[0] for b in blocks if b.kind == "H2"]
+    assert "Confusion matrices on smallnorb" in titles and "Novel viewpoints" in titles
+    assert "Sweep sweep-smallnorb/results.csv" in titles
+    grids = [b for b in blocks if b.kind == "PanelGrid"]
+    runsets = [r for g in grids for r in g.kwargs["runsets"]]
+    assert {r.kwargs["filters"] for r in runsets} == {
+        "ID in ['r1']",
+        "Group = 'norb/sweep' and JobType = 'sweep'",
+    }
+    media = [p for g in grids for p in g.kwargs["panels"] if p.kind == "MediaBrowser"]
+    assert ["figures/confusion-em-capsnet-small-smallnorb"] in [
+        m.kwargs["media_keys"] for m in media
+    ]
