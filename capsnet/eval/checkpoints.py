@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet import evaluate
-from capsnet.errors import CapsnetError, DataError
+from capsnet.errors import CapsnetError, DataError, DatasetDisabled
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_meta, comparison_section
 from capsnet.eval.datasets import TestSets, image_shape, model_fit
 from capsnet.eval.figures import FigureDrawer
@@ -97,10 +97,10 @@ def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest) -> dic
             return {"skipped": reason}
     try:
         dataset, info = data.get(name, int(model.config.in_channels))
+    except DatasetDisabled as exc:
+        return {"skipped": str(exc)}
     except DataError as exc:
-        if not name.startswith("smallnorb"):
-            raise
-        return {"skipped": f"no data: {exc}"}
+        raise DataError(f"{name}: {exc}") from None
     reason = model_fit(model, name, dataset)
     if reason is not None:
         return {"skipped": reason, **info}

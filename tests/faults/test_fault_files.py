@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import pickle
 import random
 import zipfile
@@ -16,6 +17,7 @@ import torch
 from faulthelpers import invoke, judge, snapshot
 
 from capsnet.data.store import load_prepared, save_prepared
+from capsnet.io import write_disabled
 
 NO_MIRROR = {"CAPSNET_MIRROR": ""}
 
@@ -80,6 +82,22 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path, tally, lenet_checkpoi
         assert not out.exists(), name
     missing = invoke("eval", tmp_path / "missing.pt", "--out", out)
     judge(tally, missing, names=("missing.pt",))
+
+
+def test_a_dataset_asked_for_without_data_is_an_error(tmp_path, tally, lenet_checkpoint):
+    """--dataset smallnorb with nothing prepared names the dataset and the file it needs;
+    switched off (DISABLED.txt), it is reported as skipped with the reason."""
+    out = tmp_path / "results.json"
+    asked = ("eval", lenet_checkpoint, "--dataset", "smallnorb", "--out", out)
+    done = invoke(*asked, "--data-root", tmp_path / "empty")
+    judge(tally, done, code=1, names=("smallnorb: ", "prepared/smallnorb/test.pt"))
+    assert not out.exists()
+    off = tmp_path / "off"
+    write_disabled(off / "prepared" / "smallnorb", "data.smallnorb.enabled is false")
+    done = invoke(*asked, "--data-root", off)
+    assert done.code == 0, done.stderr
+    skipped = json.loads(out.read_text())["lenet5"]["smallnorb"]["skipped"]
+    assert "switched off" in skipped
 
 
 @pytest.fixture(scope="module")
