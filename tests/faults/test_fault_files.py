@@ -100,6 +100,34 @@ def test_a_dataset_asked_for_without_data_is_an_error(tmp_path, tally, lenet_che
     assert "switched off" in skipped
 
 
+def test_smallnorb_checkpoints_are_scored_as_they_were_standardised(tmp_path, tally):
+    """A checkpoint records data.smallnorb.standardize; evaluating with the other setting is
+    one line naming the checkpoint. One without the record counts as standardised."""
+    from test_fault_hostile import _norb_root
+
+    from capsnet import checkpoint, models
+    from capsnet.data import smallnorb
+
+    root = _norb_root(tmp_path)
+    smallnorb.prepare(root / "raw" / "smallnorb", root / "prepared" / "smallnorb")
+    model = models.build("smallnorb-cnn", in_channels=2, input_size=32, num_classes=5, hidden=8)
+    plain = checkpoint.save(tmp_path / "plain.pt", model, extra={"data": {"standardize": False}})
+    unrecorded = checkpoint.save(tmp_path / "unrecorded.pt", model)
+    off = tmp_path / "params.yaml"
+    off.write_text("data:\n  smallnorb:\n    standardize: false\n")
+    out = tmp_path / "results.json"
+    for path, params in ((plain, ()), (unrecorded, ("--params", off))):
+        asked = ("eval", path, "--dataset", "smallnorb", "--data-root", root, *params)
+        done = invoke(*asked, "--out", out)
+        judge(tally, done, code=1, names=(path.name, "data.smallnorb.standardize"))
+        assert not out.exists()
+    for path, params in ((plain, ("--params", off)), (unrecorded, ())):
+        asked = ("eval", path, "--dataset", "smallnorb", "--data-root", root, *params)
+        done = invoke(*asked, "--out", out)
+        assert done.code == 0, done.stderr
+        assert json.loads(out.read_text())[path.stem]["smallnorb"]["n"] == 10
+
+
 @pytest.fixture(scope="module")
 def small_test_split(prepared_root) -> tuple[dict, dict]:
     """The first 64 prepared MNIST test images with their labels and meta."""
