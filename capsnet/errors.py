@@ -13,6 +13,10 @@ class DataError(CapsnetError):
     """A dataset file is missing, corrupt or of the wrong format."""
 
 
+class DatasetDisabled(DataError):
+    """A dataset is switched off in params.yaml (its prepared folder holds DISABLED.txt)."""
+
+
 class ConfigError(CapsnetError):
     """A parameter or option has an unknown name or an invalid value."""
 

@@ -24,7 +24,7 @@ PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL = 0.5
 
 
-def _stat(pid: int) -> tuple[str, str, int, int] | None:
+def process_stat(pid: int) -> tuple[str, str, int, int] | None:
     """(name, state, parent pid, start time) of ``pid`` from /proc, or None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -40,7 +40,7 @@ def runner_pid(parent: int) -> int:
     """The nearest ancestor, from ``parent`` up, that is not a shell: the dvc process."""
     pid = parent
     for _ in range(8):
-        found = _stat(pid)
+        found = process_stat(pid)
         if found is None or found[0] not in SHELLS or found[2] <= 1:
             return pid
         pid = found[2]
@@ -51,15 +51,15 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _gone(pid: int, started: int) -> bool:
+def gone(pid: int, started: int) -> bool:
     """Whether ``pid`` (started at ``started``) has exited: missing, a zombie, or reused."""
-    found = _stat(pid)
+    found = process_stat(pid)
     return found is None or found[1] in ("Z", "X") or found[3] != started
 
 
 def _watch(pid: int, started: int) -> None:
     """Kill this process once ``pid`` has exited."""
-    while not _gone(pid, started):
+    while not gone(pid, started):
         time.sleep(WATCH_INTERVAL)
     _kill_self()
 
@@ -78,7 +78,7 @@ def die_with_dvc() -> bool:
     if os.getppid() != parent:  # the parent died before the call took effect
         _kill_self()
     runner = runner_pid(parent)
-    found = _stat(runner)
+    found = process_stat(runner)
     if runner != parent and found is not None:
         threading.Thread(target=_watch, args=(runner, found[3]), daemon=True).start()
     return True

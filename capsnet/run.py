@@ -73,6 +73,14 @@ class RunSpec:
             "standardize": norb.standardize,
         }  # fmt: skip
 
+    def data_record(self) -> dict[str, Any]:
+        """What a checkpoint of this run records of its data preprocessing (smallNORB:
+        ``standardize``; the crop is the model's input size), checked by the evaluation
+        (``capsnet.eval.datasets.check_preprocessing``)."""
+        if self.dataset != "smallnorb":
+            return {}
+        return {"standardize": self.smallnorb.standardize}
+
 
 def section_spec(
     section, sweep, params: Params | None = None, data_root="data", mirror=None, **train
@@ -122,6 +130,7 @@ class RunResult:
     train_images: int
     clock_seconds: float = 0.0
     clock: str = "process-cpu"
+    data: dict[str, Any] = field(default_factory=dict)  # RunSpec.data_record()
 
 
 class CudaEventClock:
@@ -290,5 +299,5 @@ def train_run(
     seconds, clock_seconds = time.perf_counter() - started, clock() - clock_started
     return RunResult(
         model.cpu() if to_cpu else model, history, seconds, config, len(split.train),
-        clock_seconds, clock_name,
+        clock_seconds, clock_name, spec.data_record(),
     )  # fmt: skip

@@ -285,5 +285,8 @@ def _save(out: Path, result, metrics: dict) -> None:
     with atomic_directory(out) as tmp:
         model, metrics_file = (tmp / name for name in RUN_FILES)
         train_config = result.train_config.to_dict()
-        checkpoint.save(model, result.model, train_config=train_config, metrics=metrics)
+        checkpoint.save(
+            model, result.model, train_config=train_config, metrics=metrics,
+            extra={"data": result.data},
+        )  # fmt: skip
         atomic_write_json(metrics_file, metrics)

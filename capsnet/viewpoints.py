@@ -267,7 +267,7 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
         result, history, states = (runner or _here)(train_tracked, spec, split, tests, log, label)
         trained[role] = {
             "model": result.model, "config": result.train_config, "history": history,
-            "states": states,
+            "states": states, "data": result.data,
         }  # fmt: skip
 
     selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
@@ -310,6 +310,7 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
         "history": trained["history"], "selection": selection,
     }  # fmt: skip
     extra = {"train_subset": f"{kind}-familiar", "channels": settings.channels}
+    extra |= {"data": trained["data"]}
     checkpoint.save(
         out_dir / relative, model, train_config=trained["config"].to_dict(), metrics=metrics,
         extra={**extra, "train_size": train_size},

@@ -36,7 +36,7 @@ from capsnet.config import SEARCHABLE, Params, SearchSpace, SweepConfig
 from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import locked
 from capsnet.run import RunSpec, Split, section_spec
-from pipeline import results, tracking
+from pipeline import ray_reaper, results, tracking
 from pipeline.gpu_worker import check_client as _check_client
 
 
@@ -256,6 +256,7 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     }
     if address == "local":
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+        ray_reaper.watch()  # its agents end with this process, even a SIGKILLed one
     else:
         _check_client(address)
         ray.init(address=address, **options)
@@ -391,6 +392,7 @@ def run_sweep(
             import ray
 
             ray.shutdown()
+            ray_reaper.stop()
     return SweepOutcome(experiment_path, rows, best, restored, outputs)
 
 

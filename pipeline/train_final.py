@@ -346,7 +346,7 @@ class _Trainer:
             if wandb_run is not None:
                 tracking.finish_all([wandb_run])
         extra = {"run_config": run_config, "sweep": self.best.get("sweep"), **fields}
-        extra |= {"sweep_trial": self.best.get("trial_id")}
+        extra |= {"sweep_trial": self.best.get("trial_id"), "data": result.data}
         if role is not None:
             extra["role"] = role
         if comparison is not None:

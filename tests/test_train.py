@@ -429,3 +429,20 @@ def test_capsnet_train_defaults_smallnorb_to_its_own_augmentation(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert seen == {"augment": augment}
+
+
+def test_capsnet_train_checkpoint_records_the_smallnorb_standardisation(tmp_path):
+    """The checkpoint of a smallNORB run records data.smallnorb.standardize (the
+    evaluation compares it); other datasets record nothing."""
+    from capsnet import checkpoint, run
+    from capsnet.config import SmallnorbParams
+    from capsnet.train_cli import _save
+
+    plain = SmallnorbParams(standardize=False)
+    spec = run.RunSpec("smallnorb-cnn", dataset="smallnorb", smallnorb=plain)
+    assert spec.data_record() == {"standardize": False}
+    assert run.RunSpec("lenet5").data_record() == {}
+    result = run.RunResult(models.build("lenet5"), [], 0.0, TrainConfig(), 1, data={"x": 1})
+    _save(tmp_path / "run", result, {"epochs": 1})
+    _, meta = checkpoint.load(tmp_path / "run" / "model.pt")
+    assert meta["extra"]["data"] == {"x": 1}

@@ -256,6 +256,7 @@ def test_experiment_outputs(experiment):
             assert meta["model_name"] == model["model"]
             assert meta["metrics"]["epoch"] == chosen["epoch"]
             assert meta["metrics"]["history"] == model["history"]
+            assert meta["extra"]["data"] == {"standardize": True}  # data.smallnorb
             assert loaded.config.in_channels == 1
     with open(viewpoints.csv_path(out), newline="") as fh:
         rows = list(csv.DictReader(fh))

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from capsnet.data.sources import RemoteFile, fetch
 from capsnet.data.store import PreparedSpec, TensorSpec
 from capsnet.data.tensors import TensorImageDataset
-from capsnet.errors import DataError
+from capsnet.errors import DataError, DatasetDisabled
 
 OFFICIAL_BASE = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/"
 PREFIX = {
@@ -352,7 +352,7 @@ def load(
 
     prepared = Path(root) / "prepared" / "smallnorb"
     if is_disabled(prepared):
-        raise DataError(
+        raise DatasetDisabled(
             f"{prepared}: smallnorb is switched off (data.smallnorb.enabled in params.yaml)"
         )
     if split not in PREFIX:

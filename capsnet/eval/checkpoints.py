@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from capsnet import evaluate
-from capsnet.errors import CapsnetError, DataError
+from capsnet.errors import CapsnetError, DataError, DatasetDisabled
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_meta, comparison_section
-from capsnet.eval.datasets import TestSets, image_shape, model_fit
+from capsnet.eval.datasets import TestSets, check_preprocessing, image_shape, model_fit
 from capsnet.eval.figures import FigureDrawer
 from capsnet.eval.request import EvalRequest
 from capsnet.eval.seeds import aggregate_seeds, experiment_key, seed_of
@@ -59,7 +59,7 @@ def evaluate_checkpoints(
         request.say(f"evaluating {name} ({meta['model_name']})")
         entry = {"model": meta["model_name"], "checkpoint": str(path)}
         with checkpoint.scoring(path):
-            entry.update(evaluate_model(model, data, request))
+            entry.update(evaluate_model(model, data, request, (path, meta)))
         if figures is not None:
             figures.add_model(name, model, entry, data, request)
         results[name] = entry
@@ -76,12 +76,15 @@ def evaluate_checkpoints(
     return results
 
 
-def evaluate_model(model, data: TestSets, request: EvalRequest) -> dict[str, Any]:
+def evaluate_model(
+    model, data: TestSets, request: EvalRequest, source: tuple[Any, dict] | None = None
+) -> dict[str, Any]:
     """{dataset: result} for a loaded model on the device, plus "robustness" and
-    "equivariance" when the request switches them on."""
+    "equivariance" when the request switches them on; ``source``: (checkpoint path, its
+    metadata), checked against the request's preprocessing."""
     params = request.params
     entry: dict[str, Any] = {
-        name: _evaluate_one(model, name, data, request) for name in params.datasets
+        name: _evaluate_one(model, name, data, request, source) for name in params.datasets
     }
     if params.robustness.enabled:
         entry["robustness"] = _robustness(model, data, request)
@@ -90,20 +93,22 @@ def evaluate_model(model, data: TestSets, request: EvalRequest) -> dict[str, Any
     return entry
 
 
-def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest) -> dict:
+def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest, source) -> dict:
     if image_shape(name) is not None:
         reason = model_fit(model, name)
         if reason is not None:
             return {"skipped": reason}
     try:
         dataset, info = data.get(name, int(model.config.in_channels))
+    except DatasetDisabled as exc:
+        return {"skipped": str(exc)}
     except DataError as exc:
-        if not name.startswith("smallnorb"):
-            raise
-        return {"skipped": f"no data: {exc}"}
+        raise DataError(f"{name}: {exc}") from None
     reason = model_fit(model, name, dataset)
     if reason is not None:
         return {"skipped": reason, **info}
+    if source is not None:
+        check_preprocessing(*source, name, request)
     params, device = request.params, request.device
     if name == "rotated-mnist":
         return evaluate.rotation_sweep(model, dataset, params.angles, params.batch_size, device)

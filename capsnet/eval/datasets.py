@@ -7,10 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from capsnet.errors import DataError
+from capsnet.errors import CheckpointError, DataError
 from capsnet.eval.request import EvalRequest
 
 MNIST_CLASSES = 10  # what a dataset that does not say has
+#: The standardisation of a smallNORB checkpoint that does not record it: every smallNORB
+#: checkpoint written since data.smallnorb.standardize exists was trained with its default,
+#: on; the record came later (docs/evaluation.md).
+UNRECORDED_STANDARDIZE = True
 
 
 def _default_root() -> Path:
@@ -121,3 +125,18 @@ def model_fit(model, name: str, dataset=None) -> str | None:
     if need_classes != classes:
         reasons.append(f"{need_classes} classes, the model has {classes}")
     return "; ".join(reasons) or None
+
+
+def check_preprocessing(path, meta: dict, name: str, request: EvalRequest) -> None:
+    """CheckpointError naming ``path`` (never a skip) when smallNORB set ``name`` would be
+    standardised otherwise than the model was trained (its ``extra["data"]`` record)."""
+    if not name.startswith("smallnorb"):
+        return
+    record = meta.get("extra", {}).get("data", {})
+    trained = bool(record.get("standardize", UNRECORDED_STANDARDIZE))
+    asked = request.smallnorb.standardize
+    if trained != asked:
+        raise CheckpointError(
+            f"{path}: trained with data.smallnorb.standardize {str(trained).lower()} but "
+            f"evaluated with {str(asked).lower()}: evaluate with the setting it was trained with"
+        )

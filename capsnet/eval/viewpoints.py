@@ -8,7 +8,7 @@ from typing import Any
 
 from capsnet import evaluate
 from capsnet.errors import DataError
-from capsnet.eval.datasets import TestSets, model_fit
+from capsnet.eval.datasets import TestSets, check_preprocessing, model_fit
 from capsnet.eval.request import EvalRequest
 from capsnet.headline import VIEWPOINTS_KEY  # noqa: F401  (the section's name)
 
@@ -86,6 +86,7 @@ def _scored(path: Path, kind: str, data: TestSets, request: EvalRequest) -> dict
             unfit = model_fit(model, name, dataset)
             if unfit is not None:
                 raise DataError(f"{path}: {unfit}")
+            check_preprocessing(path, meta, name, request)
             with checkpoint.scoring(path):
                 scored = evaluate.accuracy(
                     model, dataset, request.params.batch_size, request.device

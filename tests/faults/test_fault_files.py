@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import pickle
 import random
 import zipfile
@@ -16,6 +17,7 @@ import torch
 from faulthelpers import invoke, judge, snapshot
 
 from capsnet.data.store import load_prepared, save_prepared
+from capsnet.io import write_disabled
 
 NO_MIRROR = {"CAPSNET_MIRROR": ""}
 
@@ -80,6 +82,50 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path, tally, lenet_checkpoi
         assert not out.exists(), name
     missing = invoke("eval", tmp_path / "missing.pt", "--out", out)
     judge(tally, missing, names=("missing.pt",))
+
+
+def test_a_dataset_asked_for_without_data_is_an_error(tmp_path, tally, lenet_checkpoint):
+    """--dataset smallnorb with nothing prepared names the dataset and the file it needs;
+    switched off (DISABLED.txt), it is reported as skipped with the reason."""
+    out = tmp_path / "results.json"
+    asked = ("eval", lenet_checkpoint, "--dataset", "smallnorb", "--out", out)
+    done = invoke(*asked, "--data-root", tmp_path / "empty")
+    judge(tally, done, code=1, names=("smallnorb: ", "prepared/smallnorb/test.pt"))
+    assert not out.exists()
+    off = tmp_path / "off"
+    write_disabled(off / "prepared" / "smallnorb", "data.smallnorb.enabled is false")
+    done = invoke(*asked, "--data-root", off)
+    assert done.code == 0, done.stderr
+    skipped = json.loads(out.read_text())["lenet5"]["smallnorb"]["skipped"]
+    assert "switched off" in skipped
+
+
+def test_smallnorb_checkpoints_are_scored_as_they_were_standardised(tmp_path, tally):
+    """A checkpoint records data.smallnorb.standardize; evaluating with the other setting is
+    one line naming the checkpoint. One without the record counts as standardised."""
+    from test_fault_hostile import _norb_root
+
+    from capsnet import checkpoint, models
+    from capsnet.data import smallnorb
+
+    root = _norb_root(tmp_path)
+    smallnorb.prepare(root / "raw" / "smallnorb", root / "prepared" / "smallnorb")
+    model = models.build("smallnorb-cnn", in_channels=2, input_size=32, num_classes=5, hidden=8)
+    plain = checkpoint.save(tmp_path / "plain.pt", model, extra={"data": {"standardize": False}})
+    unrecorded = checkpoint.save(tmp_path / "unrecorded.pt", model)
+    off = tmp_path / "params.yaml"
+    off.write_text("data:\n  smallnorb:\n    standardize: false\n")
+    out = tmp_path / "results.json"
+    for path, params in ((plain, ()), (unrecorded, ("--params", off))):
+        asked = ("eval", path, "--dataset", "smallnorb", "--data-root", root, *params)
+        done = invoke(*asked, "--out", out)
+        judge(tally, done, code=1, names=(path.name, "data.smallnorb.standardize"))
+        assert not out.exists()
+    for path, params in ((plain, ("--params", off)), (unrecorded, ())):
+        asked = ("eval", path, "--dataset", "smallnorb", "--data-root", root, *params)
+        done = invoke(*asked, "--out", out)
+        assert done.code == 0, done.stderr
+        assert json.loads(out.read_text())[path.stem]["smallnorb"]["n"] == 10
 
 
 @pytest.fixture(scope="module")

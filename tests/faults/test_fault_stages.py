@@ -139,3 +139,63 @@ def test_killing_dvc_alone_ends_the_stage_command(tmp_path, tally, prepared_root
     outcome = Outcome(137, "", False, hung=not ended)
     judge(tally, outcome, fault=True, killed=True, stale=(out / "model.pt").exists())
     assert not (out / "model.pt").exists()
+
+
+RAY_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from pipeline.sweep import _init_ray
+    _init_ray("local", 1, "disabled")
+    Path(sys.argv[1]).write_text("ready")
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killing_the_sweep_driver_ends_its_local_ray(tmp_path, tally):
+    """A SIGKILLed driver of a local Ray (started as the sweep starts it) leaves no Ray
+    process behind: its agents too end within seconds, not after Ray's 60 s error report."""
+    pytest.importorskip("ray")
+    from pipeline.ray_reaper import descendants, reap, running
+
+    ready = tmp_path / "ready"
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", RAY_DRIVER, str(ready)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+    )  # fmt: skip
+    started: dict[int, int] = {}
+    try:
+        assert _wait_for(ready.exists, 120), "Ray never started"
+        time.sleep(3)  # the agents are up, the reaper has recorded them
+        started = descendants(driver.pid)
+        assert len(started) >= 4, started  # gcs, raylet, agents, reaper, ...
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        ended = _wait_for(lambda: not running(started), 30)
+        left = sorted(running(started))
+    finally:
+        driver.kill()
+        reap(started)  # this test's own processes, if any outlived the driver
+    judge(tally, Outcome(137, "", False, hung=not ended), fault=True, killed=True)
+    assert not left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_ray_shut_down_in_order_reaps_nothing():
+    """ray_reaper.stop() (after ray.shutdown) ends the reaper and leaves the driver's other
+    children alone."""
+    from pipeline import ray_reaper
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reaper = ray_reaper.watch()
+        assert _wait_for(lambda: child.pid in ray_reaper.descendants(os.getpid()), 10)
+        time.sleep(2 * ray_reaper.INTERVAL)  # recorded by the reaper
+        ray_reaper.stop()
+        assert reaper.returncode == 0 and child.poll() is None
+    finally:
+        child.kill()
+        child.wait()

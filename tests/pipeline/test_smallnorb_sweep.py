@@ -303,6 +303,7 @@ def test_train_final_on_smallnorb_writes_loadable_checkpoints(norb_root, tmp_pat
     assert model.config.routing_iterations == 2
     assert meta["train_config"]["loss"] == "margin" and meta["train_config"]["weight_decay"] == 2e-7
     assert meta["extra"]["role"] == "best" and meta["extra"]["dataset"] == "smallnorb"
+    assert meta["extra"]["data"] == {"standardize": True}  # data.smallnorb.standardize
     assert meta["metrics"]["smallnorb"]["n"] == 20
     assert 0.0 <= meta["metrics"]["smallnorb"]["accuracy"] <= 1.0
     cnn, cnn_meta = checkpoint.load(out / "smallnorb-cnn.pt")

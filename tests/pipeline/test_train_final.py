@@ -65,6 +65,7 @@ def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
     assert meta["model_name"] == "capsnet-small" and model.config.routing_iterations == 2
     assert meta["train_config"]["lr"] == 0.002 and meta["train_config"]["epochs"] == 1
     assert meta["extra"]["role"] == "best" and meta["extra"]["sweep_trial"] == "abc_00001"
+    assert meta["extra"]["data"] == {}  # MNIST: no preprocessing to record
     _baseline, base_meta = checkpoint.load(tmp_path / "models" / "lenet5.pt")
     assert base_meta["metrics"]["augment"] == "shift" and base_meta["extra"]["role"] == "baseline"
     for metrics in results.values():
