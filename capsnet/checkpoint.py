@@ -26,7 +26,6 @@ from torch import nn
 import capsnet
 from capsnet import models, torchfile
 from capsnet.errors import CapsnetError, CheckpointError
-from capsnet.io import atomic_open
 
 FORMAT = "capsnet-checkpoint"
 FORMAT_VERSION = 1
@@ -56,9 +55,7 @@ def save(
         "capsnet_version": capsnet.__version__,
         "torch_version": str(torch.__version__),
     }
-    with atomic_open(path) as fh:
-        torch.save(payload, fh)
-    return Path(path)
+    return torchfile.write(path, payload)
 
 
 def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -13,7 +13,6 @@ naming the file and the command that rebuilds it, instead of deep inside trainin
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ import torch
 from capsnet import torchfile
 from capsnet.data.registry import PREPARES, REGISTRY, resolve
 from capsnet.errors import DataError
-from capsnet.io import atomic_write_bytes
 
 Bound = int | str | tuple[int, ...] | None
 
@@ -67,10 +65,8 @@ def prepared_spec(dataset: str) -> PreparedSpec:
 
 def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **meta) -> Path:
     """Write ``tensors`` and JSON-like ``meta`` to ``path`` atomically."""
-    buffer = io.BytesIO()
-    torch.save({"tensors": {k: v.contiguous() for k, v in tensors.items()}, "meta": meta}, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-    return Path(path)
+    payload = {"tensors": {k: v.contiguous() for k, v in tensors.items()}, "meta": meta}
+    return torchfile.write(path, payload)
 
 
 def rebuild_command(path: str | os.PathLike, dataset: str | None = None) -> str:
