@@ -23,6 +23,7 @@ import torch
 from capsnet import torchfile
 from capsnet.data.registry import PREPARES, REGISTRY, resolve
 from capsnet.errors import DataError
+from capsnet.io import input_problem
 
 Bound = int | str | tuple[int, ...] | None
 
@@ -96,8 +97,10 @@ def load_prepared(
     path = Path(path)
     dataset = dataset or (path.parent.name if path.parent.name in PREPARES else None)
     split = split or path.stem
-    if not path.is_file():
-        raise prepared_error(path, "prepared file not found", dataset)
+    problem = input_problem(path)
+    if problem is not None:
+        problem = "prepared file not found" if problem == "not found" else problem
+        raise prepared_error(path, problem, dataset)
     try:
         payload = torchfile.read(path)
     except torchfile.Unreadable as exc:
