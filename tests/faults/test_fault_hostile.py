@@ -160,6 +160,7 @@ def _trickle_server(content_length: int, interval: float):
 
     class Trickle(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            self.server.paths.append(self.path)
             self.send_response(200)
             self.send_header("Content-Length", str(content_length))
             self.end_headers()
@@ -176,6 +177,7 @@ def _trickle_server(content_length: int, interval: float):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
     server.daemon_threads = True
+    server.paths = []  # every path asked for, in order
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -198,6 +200,28 @@ def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, tally):
         server.shutdown()
     judge(tally, done, before={}, after=snapshot(root / "raw"), names=("deadline",))
     assert took < 60, took
+
+
+def test_a_mirror_slower_than_the_speed_floor_fails_naming_the_url(tmp_path, monkeypatch, tally):
+    """A byte every 0.2 s is far below a floor of 1 KiB/s over 1 s (the default window is
+    30 s): the transfer is given up after a window or two, once, naming the URL."""
+    from capsnet.data import mnist, sources
+
+    monkeypatch.setattr(sources, "SPEED_FLOOR", sources.SpeedFloor(1024, 1.0))
+    monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
+    monkeypatch.chdir(tmp_path)
+    server = _trickle_server(100_000, 0.2)
+    try:
+        mirror = f"http://127.0.0.1:{server.server_port}"
+        root = tmp_path / "data"
+        done = invoke_bounded(
+            "data", "download", "mnist", "--data-root", root, "--mirror", mirror, timeout=90
+        )
+    finally:
+        server.shutdown()
+    url = f"{mirror}/mnist/{server.paths[0].rsplit('/', 1)[-1]}"
+    judge(tally, done, before={}, after=snapshot(root / "raw"), names=(url, "slower than"))
+    assert len(server.paths) == 1, server.paths  # given up, not retried
 
 
 @pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo"])
