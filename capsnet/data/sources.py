@@ -158,6 +158,16 @@ def is_verified(path: str | os.PathLike, expected: str | RemoteFile) -> bool:
         return False
 
 
+class NoSource(DataError):
+    """No candidate URL gave a verified copy: ``tried`` says why for each ("URL (reason)");
+    ``missing``: none of them held the file at all (not found), as opposed to one that held
+    a corrupt, short or refused copy."""
+
+    def __init__(self, message: str, tried: list[str], missing: bool):
+        super().__init__(message)
+        self.tried, self.missing = tried, missing
+
+
 class SourceRefused(Exception):
     """A source gave more bytes than its file can have, or took longer than its deadline."""
 
@@ -304,34 +314,41 @@ def fetch(
     for stale in directory.glob(f".{remote.filename}.*.part"):  # the same, named by older runs
         stale.unlink(missing_ok=True)
     failures: list[str] = []
+    missing = True
     for url in candidate_urls(remote, mirror):
         for attempt in range(retries):
             try:
                 tmp = _copy_to_temp(remote, url, target, timeout, progress, floor)
             except (FileNotFoundError, SourceRefused) as exc:
                 failures.append(f"{url} ({'not found' if isinstance(exc, OSError) else exc})")
+                missing = missing and isinstance(exc, OSError)
                 break
             except urllib.error.HTTPError as exc:
                 failures.append(f"{url} (HTTP {exc.code})")
+                missing = missing and exc.code in (404, 410)
                 if exc.code in (404, 403, 410):
                     break
             except (urllib.error.URLError, OSError, TimeoutError) as exc:
                 reason = getattr(exc, "reason", exc)
                 if attempt == retries - 1:
                     failures.append(f"{url} ({reason})")
+                    missing = False
             else:
                 problem = _place_verified(remote, tmp, target)
                 if problem is None:
                     return target
                 failures.append(f"{url} ({problem})")
+                missing = False
                 break
             if attempt < retries - 1:
                 time.sleep(backoff * 2**attempt)
     tried = "; ".join(failures)
-    raise DataError(
+    raise NoSource(
         f"{remote.dataset}/{remote.filename}: no source worked. Tried: {tried}. "
         f"Set ${MIRROR_ENV} (or data.mirror in params.yaml) to a directory or URL prefix "
-        f"holding {remote.dataset}/{remote.filename}"
+        f"holding {remote.dataset}/{remote.filename}",
+        failures,
+        missing,
     )
 
 
