@@ -27,7 +27,7 @@ from torch import nn
 import capsnet
 from capsnet import models, torchfile
 from capsnet.errors import CapsnetError, CheckpointError, NonFiniteOutputs
-from capsnet.io import atomic_open
+from capsnet.io import input_problem
 
 FORMAT = "capsnet-checkpoint"
 FORMAT_VERSION = 1
@@ -57,19 +57,17 @@ def save(
         "capsnet_version": capsnet.__version__,
         "torch_version": str(torch.__version__),
     }
-    with atomic_open(path) as fh:
-        torch.save(payload, fh)
-    return Path(path)
+    return torchfile.write(path, payload)
 
 
 def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The raw checkpoint dict with its header checked; CheckpointError naming the file when
     it is missing, no PyTorch file, truncated, damaged, foreign, unsafe or badly typed."""
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: checkpoint not found")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a file")
+    problem = input_problem(path)
+    if problem is not None:
+        problem = "checkpoint not found" if problem == "not found" else problem
+        raise CheckpointError(f"{path}: {problem}")
     try:
         payload = torchfile.read(path, map_location)
     except torchfile.Unreadable as exc:

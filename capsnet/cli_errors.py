@@ -23,6 +23,10 @@ OUTPUT_OPTIONS = ("--out", "--data-root", "--root", "--figures", "--metrics", "-
 OS_ERRORS: dict[int, tuple[str, str]] = {
     errno.ENOSPC: ("no space left on device (disk full)", "free space or write elsewhere"),
     errno.EDQUOT: ("disk quota exceeded", "free space or write elsewhere"),
+    errno.EFBIG: (
+        "file too large (the file-size limit, ulimit -f, or the file system's)",
+        "raise the limit or write elsewhere",
+    ),
     errno.EACCES: ("permission denied", "choose a path you may use or change its permissions"),
     errno.EPERM: ("operation not permitted", "choose a path you may use"),
     errno.EROFS: ("read-only file system", "write to a writable location"),

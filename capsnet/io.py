@@ -185,6 +185,32 @@ def special_kind(path: str | os.PathLike) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
+def input_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as an input file, or None. Judged without opening it:
+    opening a FIFO waits for a writer forever, and a device node or socket never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    what = next((what for test, what in SPECIAL_FILES if test(mode)), None)
+    return None if what is None else f"is {what}, not a regular file"
+
+
+def check_input(
+    path: str | os.PathLike, error: type[CapsnetError] = CapsnetError, missing: str = ""
+) -> None:
+    """``error`` naming ``path`` when it cannot be read as an input file (``input_problem``;
+    ``missing``: what makes a file that is not there)."""
+    problem = input_problem(path)
+    if problem is not None:
+        hint = f"; {missing}" if missing and problem == "not found" else ""
+        raise error(f"{path}: {problem}{hint}")
+
+
 def refuse_special(path: str | os.PathLike) -> None:
     """CapsnetError when ``path`` is a device node, FIFO or socket: never replaced."""
     if (what := special_kind(path)) is not None:
@@ -219,10 +245,9 @@ def read_json(
     ``missing``: what makes it), not valid JSON or nested deeper than MAX_JSON_DEPTH."""
     path = Path(path)
     too_deep = f"{path}: nested deeper than {MAX_JSON_DEPTH} levels"
+    check_input(path, error, missing)
     try:
         value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise error(f"{path}: not found" + (f"; {missing}" if missing else "")) from None
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:

@@ -10,6 +10,7 @@ own one-line error naming the file.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -56,6 +57,17 @@ def read(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     else:
         raise Unreadable("not-torch", _not_torch(head))
     return _torch_load(path, map_location)
+
+
+def write(path: str | os.PathLike, payload: Any) -> Path:
+    """``torch.save(payload)`` to ``path`` atomically (``capsnet.io``). The bytes are built
+    in memory first, so a full disk or a file-size limit surfaces as the OSError of the
+    write (torch's zip writer would hide it in a RuntimeError)."""
+    from capsnet.io import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def within_storage(tensor: torch.Tensor) -> bool:

@@ -5,7 +5,8 @@ key; any other value, and a sweep dimension (``{grid: [...]}`` and the other dra
 replaces the value it lands on whole. The merged file is validated by ``capsnet.config``
 like params.yaml itself, so a misspelled key fails naming the profile. ``capsnet profile
 NAME`` lists the changes; ``--apply`` writes them into the params file with its comments
-kept, ready for ``dvc exp run``.
+kept, ready for ``dvc exp run``: exactly the merge that was validated, checked again on
+the text about to be written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +22,37 @@ import click
 
 from capsnet.cli_options import params_option
 from capsnet.config.schema import DISTRIBUTIONS
-from capsnet.errors import ConfigError
+from capsnet.errors import CapsnetError, ConfigError
+from capsnet.io import check_input
 
-#: Where named profiles live: the checkout's profiles/ folder.
-PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+#: Where named profiles live: profiles/ of the repository being worked in (the working
+#: directory, where params.yaml and dvc.yaml are).
+PROFILES_DIR = Path("profiles")
+#: A profile name: one file name in PROFILES_DIR, without its .yaml.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def profile_path(name: str | os.PathLike) -> Path:
-    """The file of profile ``name``: a path to a YAML file, or ``profiles/<name>.yaml``."""
+    """The file of profile ``name``: a path to a YAML file, or ``profiles/<name>.yaml`` for a
+    plain name, which never leads outside profiles/ (no ``/``, ``..`` or link out)."""
     path = Path(name)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise ConfigError(f"profile {name}: no such file")
+        check_input(path, ConfigError)
         return path
-    found = PROFILES_DIR / f"{name}.yaml"
-    if not found.is_file():
-        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    directory = PROFILES_DIR.resolve()
+    found = directory / f"{name}.yaml"
+    if not NAME.fullmatch(str(name)) or ".." in str(name):
+        raise ConfigError(
+            f"profile {str(name)!r}: not a profile name (letters, digits, '.', '_', '-'; "
+            f"the profiles are {directory}/NAME.yaml); give a path ending in .yaml for a "
+            "file elsewhere"
+        )
+    if not found.exists():
+        known = sorted(p.stem for p in directory.glob("*.yaml"))
         raise ConfigError(f"profile {name!r} unknown; choose one of {', '.join(known) or '(none)'}")
+    if not found.resolve().is_relative_to(directory):
+        raise ConfigError(f"{found}: links to {found.resolve()}, outside {directory}; not read")
+    check_input(found, ConfigError)
     return found
 
 
@@ -48,56 +64,96 @@ def _replaces_whole(value: Any) -> bool:
     return len(value) == 1 and next(iter(value)) in DISTRIBUTIONS
 
 
-def changes(profile: dict, prefix: str = "") -> dict[str, Any]:
-    """{dotted key: value} of every setting ``profile`` sets."""
+def _merges(current: Any, value: Any) -> bool:
+    """Whether ``value`` merges key by key into ``current`` rather than replacing it."""
+    return isinstance(current, dict) and not _replaces_whole(value) and not _replaces_whole(current)
+
+
+def changes(profile: dict, base: Any = None, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of every setting ``profile`` sets over ``base`` (an empty mapping
+    laid over a mapping sets nothing)."""
     out: dict[str, Any] = {}
     for key, value in profile.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if _replaces_whole(value) or not value:
-            out[dotted] = value
+        current = base.get(key) if isinstance(base, dict) else None
+        if _merges(current, value) or (value and not _replaces_whole(value)):
+            out.update(changes(value, current, dotted))
         else:
-            out.update(changes(value, dotted))
+            out[dotted] = value
     return out
+
+
+def lay_over(target: dict, profile: dict, convert=copy.deepcopy) -> dict:
+    """Lay ``profile`` over the mapping ``target`` in place (each value placed as
+    ``convert(value)``); returns ``target``. ``merge`` and ``apply`` both use it."""
+    for key, value in profile.items():
+        if _merges(target.get(key), value):
+            lay_over(target[key], value, convert)
+        else:
+            target[key] = convert(value)
+    return target
 
 
 def merge(base: dict, profile: dict) -> dict:
     """``base`` with ``profile`` laid over it (a new dict; neither input changes)."""
-    merged = copy.deepcopy(base) if base else {}
-    for key, value in profile.items():
-        current = merged.get(key)
-        if (
-            isinstance(current, dict)
-            and not _replaces_whole(value)
-            and not _replaces_whole(current)
-        ):
-            merged[key] = merge(current, value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+    return lay_over(copy.deepcopy(base) if base else {}, profile)
 
 
-def load(params_path: Path, name: str | os.PathLike):
-    """(profile file, {dotted key: value}, validated ``capsnet.config.Params`` of the merge)."""
-    from capsnet.config import Params, from_dict
+def _read(params_path: Path, path: Path) -> tuple[dict, dict]:
+    """(params, profile) as mappings."""
     from capsnet.config.yamlfile import read_yaml
 
-    path = profile_path(name)
     profile = read_yaml(path) or {}
     if not isinstance(profile, dict):
         raise ConfigError(f"{path.name}: expected a mapping of params sections")
     base = read_yaml(params_path) or {}
-    merged = merge(base, profile)
-    params = from_dict(Params, merged, source=f"{params_path.name} + {path.name}")
-    return path, changes(profile), params
+    if not isinstance(base, dict):
+        raise ConfigError(f"{params_path.name}: expected a mapping of params sections")
+    return base, profile
 
 
-def apply(params_path: Path, profile: dict[str, Any]) -> None:
-    """Write ``profile``'s settings ({dotted key: value}) into ``params_path``, keeping its
-    comments and layout (ruamel.yaml round trip; the file is replaced atomically)."""
+def _validate(merged: dict, params_path: Path, path: Path):
+    from capsnet.config import Params, from_dict
+
+    return from_dict(Params, merged, source=f"{params_path.name} + {path.name}")
+
+
+def load(params_path: Path, name: str | os.PathLike):
+    """(profile file, {dotted key: value}, validated ``capsnet.config.Params`` of the merge)."""
+    path = profile_path(name)
+    base, profile = _read(params_path, path)
+    params = _validate(merge(base, profile), params_path, path)
+    return path, changes(profile, base), params
+
+
+def refuse_unwritable(params_path: Path) -> None:
+    """ConfigError before anything is written when ``--apply`` would replace what it must
+    not: a read-only params file (``capsnet.outputset``) or a symbolic link, which the
+    atomic rename would turn into a plain file and leave its target as it was."""
+    from capsnet.outputset import refuse_read_only
+
+    if params_path.is_symlink():
+        raise ConfigError(
+            f"{params_path}: a symbolic link to {params_path.resolve()}; --apply would replace "
+            "the link by a file: give that file as --params"
+        )
+    try:
+        refuse_read_only(params_path)
+    except CapsnetError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def apply(params_path: Path, path: Path, validated) -> None:
+    """Lay the profile file ``path`` over ``params_path`` and write the result, keeping its
+    comments and layout (ruamel.yaml round trip; the file is replaced atomically). The
+    text is written only when it reads back as ``validated``, the Params of the merge."""
+    import yaml as pyyaml
     from ruamel.yaml import YAML
 
     from capsnet.io import atomic_write_text
 
+    refuse_unwritable(params_path)
+    _base, profile = _read(params_path, path)
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.width = 100
@@ -105,17 +161,18 @@ def apply(params_path: Path, profile: dict[str, Any]) -> None:
         type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
     )
     document = yaml.load(params_path.read_text(encoding="utf-8"))
-    for dotted, value in profile.items():
-        *parents, leaf = dotted.split(".")
-        node = document
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[leaf] = _flow(value)
+    if document is None:
+        document = {}
+    lay_over(document, profile, _flow)
     buffer = io.StringIO()
     yaml.dump(document, buffer)
-    atomic_write_text(params_path, buffer.getvalue())
+    text = buffer.getvalue()
+    if _validate(pyyaml.safe_load(text) or {}, params_path, path) != validated:
+        raise ConfigError(
+            f"{params_path}: the text --apply would write does not read back as the validated "
+            f"merge with {path.name}; nothing written"
+        )
+    atomic_write_text(params_path, text)
 
 
 def _flow(value: Any) -> Any:
@@ -153,7 +210,9 @@ def profile_command(name, params_path, write):
     """Check a params profile (profiles/NAME.yaml) against the params file; --apply writes it."""
     from capsnet.config.yamlfile import read_yaml
 
-    path, settings, _params = load(params_path, name)
+    path, settings, params = load(params_path, name)
+    if write:
+        refuse_unwritable(params_path)
     current = read_yaml(params_path) or {}
     for dotted, value in settings.items():
         node: Any = current
@@ -162,7 +221,7 @@ def profile_command(name, params_path, write):
         mark = "" if node == value else "  (new)" if node is _ABSENT else f"  (was {_shown(node)})"
         click.echo(f"{dotted}: {_shown(value)}{mark}")
     if write:
-        apply(params_path, settings)
+        apply(params_path, path, params)
         click.echo(f"wrote {len(settings)} setting(s) of {path.name} into {params_path}")
     else:
         click.echo(f"{path.name}: valid over {params_path}; --apply writes it")

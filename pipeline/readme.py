@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from capsnet.errors import CapsnetError
-from capsnet.io import atomic_write_text
+from capsnet.io import atomic_write_text, check_input
 from capsnet.outputset import refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import (
@@ -162,11 +162,10 @@ def read_document(path: str | os.PathLike) -> str:
     """The text of a document with a results block, checked before anything is written:
     it exists, has one pair of markers and may be written (CapsnetError otherwise)."""
     path = Path(path)
+    check_input(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapsnetError(f"{path}: not found") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+    except (UnicodeDecodeError, PermissionError) as exc:
         raise CapsnetError(f"{path}: not a readable text file ({exc.__class__.__name__})") from None
     current_block(text, path)
     refuse_read_only(path)

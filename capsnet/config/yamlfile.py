@@ -95,6 +95,9 @@ def read_yaml(path: Path) -> Any:
     """The data of the YAML file ``path``; a one-line ConfigError for anything unreadable."""
     import yaml
 
+    from capsnet.io import check_input
+
+    check_input(path, ConfigError)
     try:
         raw = path.read_bytes()
     except OSError as exc:

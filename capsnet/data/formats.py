@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from capsnet.errors import DataError
+from capsnet.io import check_input
 
 IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
@@ -19,8 +20,7 @@ IDX_LABELS_MAGIC = 2049
 def read_bytes(path: str | os.PathLike) -> bytes:
     """File content, decompressed when the name ends in .gz; a clear error otherwise."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
+    check_input(path, DataError)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as fh:
@@ -194,8 +194,7 @@ def read_affnist_mat(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
     import scipy.io
 
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
+    check_input(path, DataError)
     try:
         mat = scipy.io.loadmat(path, struct_as_record=False, squeeze_me=True)
     except (ValueError, TypeError, OSError, EOFError, NotImplementedError) as exc:

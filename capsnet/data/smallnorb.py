@@ -13,13 +13,14 @@ model always sees standardised inputs).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from capsnet.data.sources import RemoteFile, fetch
+from capsnet.data.sources import NoSource, RemoteFile, fetch
 from capsnet.data.store import PreparedSpec, TensorSpec
 from capsnet.data.tensors import TensorImageDataset
 from capsnet.errors import DataError, DatasetDisabled
@@ -109,23 +110,51 @@ def obtain(
 
 def _mirror_has_real(raw_dir: Path, mirror: str | None) -> bool:
     """Whether the six verified official files are in ``raw_dir`` already or reachable
-    through ``mirror`` alone (never the official URLs: auto must work offline)."""
+    through ``mirror`` alone (never the official URLs: auto must work offline). A mirror
+    without them leads to the stand-in silently; one holding any of them that fails (a
+    corrupt or missing file beside good ones) says so in one line on stderr first."""
+    failed: list[NoSource] = []
     for remote in remote_files():
-        local = RemoteFile(remote.dataset, remote.filename, (), remote.raw_md5)
+        local = RemoteFile(remote.dataset, remote.filename, (), remote.raw_md5, size=remote.size)
         try:
             fetch(local, raw_dir, mirror=mirror, retries=1, progress=False)
-        except DataError:
-            return False
-    return True
+        except NoSource as exc:
+            failed.append(exc)
+    if not failed:
+        return True
+    if len(failed) < len(RAW_MD5) or not all(exc.missing for exc in failed):
+        exc = next((e for e in failed if not e.missing), failed[0])
+        print(
+            f"warning: {'; '.join(exc.tried) or exc}; data.smallnorb.source auto uses the "
+            f"stand-in {SYNTH} instead of the real smallNORB",
+            file=sys.stderr,
+            flush=True,
+        )
+    return False
 
 
 def raw_source(raw_dir: str | os.PathLike) -> str:
-    """smallnorb or smallnorb-synth: what ``raw_dir`` holds (real when it does not say)."""
-    marker = Path(raw_dir) / SOURCE_FILE
-    text = marker.read_text().strip() if marker.is_file() else REAL
-    if text not in (REAL, SYNTH):
+    """smallnorb or smallnorb-synth: what ``raw_dir`` holds. SOURCE.txt labels the stand-in;
+    files not labelled so are the real smallNORB only when each matches its official raw
+    MD5, and are refused otherwise, so other data is never reported as smallNORB."""
+    raw_dir = Path(raw_dir)
+    marker = raw_dir / SOURCE_FILE
+    text = marker.read_text().strip() if marker.is_file() else None
+    if text == SYNTH:
+        return SYNTH
+    if text not in (None, REAL):
         raise DataError(f"{marker}: {text!r} is neither {REAL} nor {SYNTH}")
-    return text
+    said = f"{SOURCE_FILE} says {REAL}" if text else f"no {SOURCE_FILE} says what it is"
+    for remote in remote_files():
+        path = raw_dir / remote.filename
+        problem = remote.verify(path) if path.is_file() else "not found"
+        if problem is not None:
+            raise DataError(
+                f"{path}: not the official smallNORB file ({problem}) and {said}; refused. "
+                f"`capsnet data download smallnorb` fetches the real files (data.smallnorb."
+                f"source: real) or renders the labelled stand-in (source: synth)"
+            )
+    return REAL
 
 
 def read_split(raw_dir: str | os.PathLike, split: str):

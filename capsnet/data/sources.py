@@ -10,7 +10,10 @@ and the next run removes its temporaries before it starts.
 Every read is bounded: a file whose size is known (``RemoteFile.size``, the decompressed
 bytes) is copied and decompressed to at most that size (plus gzip's overhead) and one byte
 more, and every download has a total deadline besides the per-read timeout, so an endless
-source (``/dev/zero``) or one that trickles a byte at a time fails with one line.
+source (``/dev/zero``) fails with one line. A transfer slower than a floor over a window
+(``SpeedFloor``, as curl's ``--speed-limit``/``--speed-time``) fails within about two
+windows, naming the URL, without a retry: a source that trickles a byte at a time gives up
+in a minute, not at the size-based deadline.
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ MAX_UNKNOWN_BYTES = 4 << 30
 #: A download's total deadline: this many seconds, plus its size at MIN_RATE bytes/s.
 DEADLINE_BASE = 120.0
 MIN_RATE = 32 * 1024
+
+
+@dataclass(frozen=True)
+class SpeedFloor:
+    """A transfer that moves fewer than ``bytes_per_s`` on average over ``window_s``
+    seconds (or waits that long for a byte) is given up."""
+
+    bytes_per_s: float = 1024.0
+    window_s: float = 30.0
+
+    def __str__(self) -> str:
+        return f"{self.bytes_per_s:g} bytes/s over {self.window_s:g} s"
+
+
+#: The floor every download uses unless ``fetch`` is given another.
+SPEED_FLOOR = SpeedFloor()
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,16 @@ def is_verified(path: str | os.PathLike, expected: str | RemoteFile) -> bool:
         return False
 
 
+class NoSource(DataError):
+    """No candidate URL gave a verified copy: ``tried`` says why for each ("URL (reason)");
+    ``missing``: none of them held the file at all (not found), as opposed to one that held
+    a corrupt, short or refused copy."""
+
+    def __init__(self, message: str, tried: list[str], missing: bool):
+        super().__init__(message)
+        self.tried, self.missing = tried, missing
+
+
 class SourceRefused(Exception):
     """A source gave more bytes than its file can have, or took longer than its deadline."""
 
@@ -164,16 +193,42 @@ def _open_source(url: str, timeout: float):
     return response, int(size) if size and size.isdigit() else None
 
 
-def _copy_to_temp(remote: RemoteFile, url: str, target: Path, timeout: float, progress: bool):
+class _Pace:
+    """Bytes moved per window of ``floor.window_s`` seconds; SourceRefused below the floor."""
+
+    def __init__(self, floor: SpeedFloor):
+        self.floor, self.start, self.moved = floor, time.monotonic(), 0
+
+    def add(self, count: int) -> None:
+        self.moved += count
+        now = time.monotonic()
+        elapsed = now - self.start
+        if elapsed < self.floor.window_s:
+            return
+        if self.moved < self.floor.bytes_per_s * elapsed:
+            raise SourceRefused(
+                f"slower than {self.floor}: {self.moved} bytes in the last {elapsed:.0f} s"
+            )
+        self.start, self.moved = now, 0
+
+    def stalled(self) -> SourceRefused:
+        return SourceRefused(f"slower than {self.floor}: no byte for {self.floor.window_s:g} s")
+
+
+def _copy_to_temp(
+    remote: RemoteFile, url: str, target: Path, timeout: float, progress: bool, floor: SpeedFloor
+):
     """Stream ``url`` into a temporary file next to ``target``; return its path. SourceRefused
-    when the source holds more than ``remote.max_bytes`` or outlasts ``remote.deadline()``."""
+    when the source holds more than ``remote.max_bytes``, outlasts ``remote.deadline()`` or
+    moves slower than ``floor`` (a read waits at most ``floor.window_s``)."""
     from tqdm.auto import tqdm
 
     limit, deadline = remote.max_bytes, remote.deadline()
     ends = time.monotonic() + deadline
     fd, tmp = new_temp_file(target)
     try:
-        stream, size = _open_source(url, min(timeout, deadline))
+        stream, size = _open_source(url, min(timeout, deadline, floor.window_s))
+        pace = _Pace(floor)
         with (
             stream,
             os.fdopen(fd, "wb") as out,
@@ -191,8 +246,9 @@ def _copy_to_temp(remote: RemoteFile, url: str, target: Path, timeout: float, pr
             written = 0
             # a network response is read as bytes arrive, so the deadline is checked often
             read = stream.read1 if isinstance(stream, http.client.HTTPResponse) else stream.read
-            while chunk := read(min(CHUNK, limit + 1 - written)):
+            while chunk := _read(read, min(CHUNK, limit + 1 - written), pace):
                 written += len(chunk)
+                pace.add(len(chunk))
                 if written > limit:
                     raise SourceRefused(f"more than the {limit} bytes the file can have")
                 if time.monotonic() > ends:
@@ -205,6 +261,15 @@ def _copy_to_temp(remote: RemoteFile, url: str, target: Path, timeout: float, pr
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _read(read, size: int, pace: _Pace) -> bytes:
+    """One read of at most ``size`` bytes; a read that times out (no byte for the floor's
+    window) is the source being too slow, not a network error to retry."""
+    try:
+        return read(size)
+    except TimeoutError:
+        raise pace.stalled() from None
 
 
 def _place_verified(remote: RemoteFile, tmp: Path, target: Path) -> str | None:
@@ -230,13 +295,16 @@ def fetch(
     backoff: float = 1.0,
     timeout: float = 60.0,
     progress: bool = True,
+    floor: SpeedFloor | None = None,
 ) -> Path:
     """Make ``directory/remote.filename`` present and verified; return its path.
 
     A verified file already there is kept. Otherwise each candidate URL is tried (with
     ``retries`` attempts and exponential backoff for network errors); the first download
-    whose raw MD5 matches is renamed into place.
+    whose raw MD5 matches is renamed into place. A source slower than ``floor`` (default
+    SPEED_FLOOR) is given up at once.
     """
+    floor = floor or SPEED_FLOOR
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / remote.filename
@@ -246,34 +314,41 @@ def fetch(
     for stale in directory.glob(f".{remote.filename}.*.part"):  # the same, named by older runs
         stale.unlink(missing_ok=True)
     failures: list[str] = []
+    missing = True
     for url in candidate_urls(remote, mirror):
         for attempt in range(retries):
             try:
-                tmp = _copy_to_temp(remote, url, target, timeout, progress)
+                tmp = _copy_to_temp(remote, url, target, timeout, progress, floor)
             except (FileNotFoundError, SourceRefused) as exc:
                 failures.append(f"{url} ({'not found' if isinstance(exc, OSError) else exc})")
+                missing = missing and isinstance(exc, OSError)
                 break
             except urllib.error.HTTPError as exc:
                 failures.append(f"{url} (HTTP {exc.code})")
+                missing = missing and exc.code in (404, 410)
                 if exc.code in (404, 403, 410):
                     break
             except (urllib.error.URLError, OSError, TimeoutError) as exc:
                 reason = getattr(exc, "reason", exc)
                 if attempt == retries - 1:
                     failures.append(f"{url} ({reason})")
+                    missing = False
             else:
                 problem = _place_verified(remote, tmp, target)
                 if problem is None:
                     return target
                 failures.append(f"{url} ({problem})")
+                missing = False
                 break
             if attempt < retries - 1:
                 time.sleep(backoff * 2**attempt)
     tried = "; ".join(failures)
-    raise DataError(
+    raise NoSource(
         f"{remote.dataset}/{remote.filename}: no source worked. Tried: {tried}. "
         f"Set ${MIRROR_ENV} (or data.mirror in params.yaml) to a directory or URL prefix "
-        f"holding {remote.dataset}/{remote.filename}"
+        f"holding {remote.dataset}/{remote.filename}",
+        failures,
+        missing,
     )
 
 

@@ -13,7 +13,6 @@ naming the file and the command that rebuilds it, instead of deep inside trainin
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from capsnet import torchfile
 from capsnet.data.registry import PREPARES, REGISTRY, resolve
 from capsnet.errors import DataError
-from capsnet.io import atomic_write_bytes
+from capsnet.io import input_problem
 
 Bound = int | str | tuple[int, ...] | None
 
@@ -67,10 +66,8 @@ def prepared_spec(dataset: str) -> PreparedSpec:
 
 def save_prepared(path: str | os.PathLike, tensors: dict[str, torch.Tensor], **meta) -> Path:
     """Write ``tensors`` and JSON-like ``meta`` to ``path`` atomically."""
-    buffer = io.BytesIO()
-    torch.save({"tensors": {k: v.contiguous() for k, v in tensors.items()}, "meta": meta}, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-    return Path(path)
+    payload = {"tensors": {k: v.contiguous() for k, v in tensors.items()}, "meta": meta}
+    return torchfile.write(path, payload)
 
 
 def rebuild_command(path: str | os.PathLike, dataset: str | None = None) -> str:
@@ -100,8 +97,10 @@ def load_prepared(
     path = Path(path)
     dataset = dataset or (path.parent.name if path.parent.name in PREPARES else None)
     split = split or path.stem
-    if not path.is_file():
-        raise prepared_error(path, "prepared file not found", dataset)
+    problem = input_problem(path)
+    if problem is not None:
+        problem = "prepared file not found" if problem == "not found" else problem
+        raise prepared_error(path, problem, dataset)
     try:
         payload = torchfile.read(path)
     except torchfile.Unreadable as exc:

@@ -70,7 +70,8 @@ def norb_info(n: int) -> np.ndarray:
 
 
 def write_smallnorb_raw(raw_dir: Path, n: int = 24, side: int = 96) -> Path:
-    """The six smallNORB files (official binary format, gzip) with ``n`` examples each."""
+    """The six smallNORB files (official binary format, gzip) with ``n`` examples each,
+    labelled a stand-in (SOURCE.txt), as any raw smallNORB that is not the official data."""
     from capsnet.data import smallnorb
     from capsnet.data.formats import write_norb
 
@@ -82,4 +83,5 @@ def write_smallnorb_raw(raw_dir: Path, n: int = 24, side: int = 96) -> Path:
         )
         write_norb(raw_dir / smallnorb.filename(split, "cat"), (np.arange(n) % 5).astype(np.int32))
         write_norb(raw_dir / smallnorb.filename(split, "info"), norb_info(n))
+    (raw_dir / smallnorb.SOURCE_FILE).write_text(f"{smallnorb.SYNTH}\n")
     return raw_dir

@@ -42,7 +42,7 @@ EXPECTED = {  # first 16 hex digits
         "dvc:data/prepared/affnist-synth": "76442e2ac73c28f3",
         "dvc:data/prepared/mnist": "157efe1e788158d5",
         "dvc:data/prepared/multimnist": "1719919535f7b834",
-        "dvc:data/prepared/smallnorb": "15608f6af539a1fa",
+        "dvc:data/prepared/smallnorb": "30e6b09990f61e13",
         "dvc:data/raw/affnist": "c61b0c3f6bcf0589",
         "dvc:data/raw/mnist": "86c1c7931e254c23",
         "expanded-mnist": "394c46032f9644da",
@@ -53,8 +53,8 @@ EXPECTED = {  # first 16 hex digits
         "prepared/mnist/train.pt": "338884e85ad544eb",
         "prepared/multimnist/test.pt": "7289b468ba4b6f3e",
         "prepared/multimnist/train.pt": "9e3382c8c7f79863",
-        "prepared/smallnorb/test.pt": "e755a6e3bc19534f",
-        "prepared/smallnorb/train.pt": "ba819efa31eb725e",
+        "prepared/smallnorb/test.pt": "e6d0212143f05e81",
+        "prepared/smallnorb/train.pt": "6aea3f9d6ca37a26",
         "raw/affnist/DISABLED.txt": "a84b1f71d9e76f93",
         "raw/mnist/t10k-images-idx3-ubyte.gz": "1a1a05eab793c14b",
         "raw/mnist/t10k-labels-idx1-ubyte.gz": "b91679a0acfe4ba0",
@@ -137,6 +137,7 @@ def _write_smallnorb_raw(raw_dir: Path, n: int = 24) -> None:
         write_norb(raw_dir / smallnorb.filename(split, "dat"), pixels.reshape(n, 2, 96, 96))
         write_norb(raw_dir / smallnorb.filename(split, "cat"), (np.arange(n) % 5).astype(np.int32))
         write_norb(raw_dir / smallnorb.filename(split, "info"), norb_info(n))
+    (raw_dir / smallnorb.SOURCE_FILE).write_text(f"{smallnorb.SYNTH}\n")  # not the official files
 
 
 def _dvc_dir_md5(directory: Path) -> str:

@@ -151,6 +151,23 @@ def invoke_bounded(*args, timeout: float = 60.0, env: dict | None = None) -> Out
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
 
 
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """``ulimit -f`` for this process while the block runs: a write past ``limit`` bytes
+    fails with EFBIG (SIGXFSZ ignored) instead of killing the process; both restored after."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
 def run_bounded(
     args, *, timeout: float = DEADLINE, env: dict | None = None, cwd: Path | None = None
 ) -> Outcome:

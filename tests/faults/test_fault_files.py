@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import pickle
 import random
 import zipfile
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from faulthelpers import invoke, judge, snapshot
+from faulthelpers import invoke, invoke_bounded, judge, snapshot
 
 from capsnet.data.store import load_prepared, save_prepared
 from capsnet.io import write_disabled
@@ -239,3 +240,21 @@ def test_bad_json_inputs_of_the_pipeline_commands(
     done = invoke(command, "--params", params, option, bad, *args)
     judge(tally, done, before={}, after=snapshot(tmp_path / "models", tmp_path / "eval"))
     assert bad.name in done.lines[0], done.lines[0]
+
+
+@pytest.mark.parametrize("command, option", [("train-final", "--best"), ("publish", "--metrics")])
+def test_a_fifo_given_as_an_input_is_refused_not_waited_on(
+    tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint, command, option
+):
+    """Opening a FIFO waits for a writer forever: every input path is judged before it is
+    opened (capsnet.io.input_problem), as a checkpoint path always was."""
+    pytest.importorskip("ray")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("publish:\n  mode: offline\n  report: false\n")
+    fifo = tmp_path / "input-fifo"
+    os.mkfifo(fifo)
+    args = ["--data-root", prepared_root] if command == "train-final" else []
+    done = invoke_bounded(command, option, fifo, *args, timeout=60)
+    judge(tally, done, names=(fifo.name, "FIFO"))
+    checkpoint = invoke_bounded("eval", fifo, "--limit", "8", "--data-root", prepared_root)
+    judge(tally, checkpoint, names=(fifo.name, "FIFO"))

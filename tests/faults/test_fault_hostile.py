@@ -111,6 +111,7 @@ def _norb_root(tmp_path: Path, n: int = 10) -> Path:
         write_norb(raw / smallnorb.filename(split, "dat"), images)
         write_norb(raw / smallnorb.filename(split, "cat"), (index % 5).astype(np.int32))
         write_norb(raw / smallnorb.filename(split, "info"), info.astype(np.int32))
+    (raw / smallnorb.SOURCE_FILE).write_text(f"{smallnorb.SYNTH}\n")  # not the official files
     return tmp_path / "data"
 
 
@@ -160,6 +161,7 @@ def _trickle_server(content_length: int, interval: float):
 
     class Trickle(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            self.server.paths.append(self.path)
             self.send_response(200)
             self.send_header("Content-Length", str(content_length))
             self.end_headers()
@@ -176,6 +178,7 @@ def _trickle_server(content_length: int, interval: float):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
     server.daemon_threads = True
+    server.paths = []  # every path asked for, in order
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -198,6 +201,28 @@ def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, tally):
         server.shutdown()
     judge(tally, done, before={}, after=snapshot(root / "raw"), names=("deadline",))
     assert took < 60, took
+
+
+def test_a_mirror_slower_than_the_speed_floor_fails_naming_the_url(tmp_path, monkeypatch, tally):
+    """A byte every 0.2 s is far below a floor of 1 KiB/s over 1 s (the default window is
+    30 s): the transfer is given up after a window or two, once, naming the URL."""
+    from capsnet.data import mnist, sources
+
+    monkeypatch.setattr(sources, "SPEED_FLOOR", sources.SpeedFloor(1024, 1.0))
+    monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
+    monkeypatch.chdir(tmp_path)
+    server = _trickle_server(100_000, 0.2)
+    try:
+        mirror = f"http://127.0.0.1:{server.server_port}"
+        root = tmp_path / "data"
+        done = invoke_bounded(
+            "data", "download", "mnist", "--data-root", root, "--mirror", mirror, timeout=90
+        )
+    finally:
+        server.shutdown()
+    url = f"{mirror}/mnist/{server.paths[0].rsplit('/', 1)[-1]}"
+    judge(tally, done, before={}, after=snapshot(root / "raw"), names=(url, "slower than"))
+    assert len(server.paths) == 1, server.paths  # given up, not retried
 
 
 @pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo"])
@@ -295,3 +320,54 @@ def test_a_planted_old_copy_never_becomes_the_output(tmp_path, tally, mnist_mirr
     done = run_bounded(["data", "prepare", "mnist", "--data-root", root], env=NO_MIRROR)
     judge(tally, done, names=("train-labels-idx1-ubyte.gz",))
     assert not (root / "prepared" / "mnist").exists()
+
+
+@pytest.mark.parametrize("label", ["no SOURCE.txt", "smallnorb"])
+def test_smallnorb_files_that_are_not_the_official_ones_are_not_prepared_as_real(
+    tmp_path, monkeypatch, tally, label
+):
+    """Raw files that fail the official MD5s are refused unless SOURCE.txt labels them the
+    stand-in: neither a missing label nor one saying smallnorb makes them real."""
+    root = _norb_root(tmp_path)
+    marker = root / "raw" / "smallnorb" / smallnorb.SOURCE_FILE
+    if label == "no SOURCE.txt":
+        marker.unlink()
+    else:
+        marker.write_text(f"{label}\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("data:\n  smallnorb:\n    enabled: true\n")
+    done = invoke_bounded("data", "prepare", "smallnorb", "--data-root", root)
+    first = smallnorb.filename("train", "dat")
+    judge(
+        tally, done, before={}, after=snapshot(root / "prepared"), names=(first, "not the official")
+    )
+
+
+def test_auto_says_which_mirror_file_failed_before_using_the_stand_in(
+    tmp_path, monkeypatch, tally, capsys
+):
+    """One corrupt file in a mirror that holds all six (their MD5s taken as the official
+    ones here): ``source: auto`` renders the stand-in, and says why in one line."""
+    import gzip
+    import hashlib
+
+    from capsnet.config import SmallnorbParams
+
+    mirror = _norb_root(tmp_path / "mirror") / "raw"  # <mirror>/smallnorb/<file>
+    files = {key: mirror / "smallnorb" / smallnorb.filename(*key) for key in smallnorb.RAW_MD5}
+    digests = {
+        k: hashlib.md5(gzip.decompress(p.read_bytes())).hexdigest() for k, p in files.items()
+    }
+    monkeypatch.setattr(smallnorb, "RAW_MD5", digests)
+    monkeypatch.setattr(smallnorb, "RAW_SIZE", {"dat": 1 << 20, "cat": 1 << 20, "info": 1 << 20})
+    bad = files[("test", "info")]
+    bad.write_bytes(gzip.compress(b"not the file"))
+    rendered = []
+    used = smallnorb.obtain(
+        tmp_path / "raw", SmallnorbParams(), str(mirror), stand_in=lambda *a: rendered.append(a)
+    )
+    tally.inputs += 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert used == smallnorb.SYNTH and rendered
+    assert len(lines) == 1 and bad.name in lines[0] and "MD5 mismatch" in lines[0], lines
+    assert smallnorb.raw_source(tmp_path / "raw") == smallnorb.SYNTH

@@ -8,10 +8,11 @@ import dataclasses
 import os
 import types
 import typing
+from pathlib import Path
 
 import pytest
 import yaml
-from faulthelpers import invoke, judge
+from faulthelpers import invoke, invoke_bounded, judge, snapshot
 
 from capsnet.config import Params
 from capsnet.config.schema import Searched
@@ -121,18 +122,76 @@ def test_a_bad_params_file_is_one_line_for_every_command(tmp_path, tally, comman
 
 
 @pytest.mark.parametrize("command", sorted(PARAMS_COMMANDS))
-@pytest.mark.parametrize("kind", ["missing", "a-directory", "unreadable"])
+@pytest.mark.parametrize("kind", ["missing", "a-directory", "unreadable", "a-fifo"])
 def test_a_params_file_that_cannot_be_read(tmp_path, tally, command, kind):
     if command in ("sweep", "train-final", "publish"):
         pytest.importorskip("ray")
     params = tmp_path / "params-here.yaml"
     if kind == "a-directory":
         params.mkdir()
+    elif kind == "a-fifo":
+        os.mkfifo(params)  # opening it would wait for a writer forever
     elif kind == "unreadable":
         params.write_text("train: {}\n")
         params.chmod(0)
         if os.access(params, os.R_OK):
             pytest.skip("this user reads files whatever their mode (root)")
     extra = [a.format(tmp=tmp_path) for a in PARAMS_COMMANDS[command]]
-    done = invoke(*command.split(), *extra, "--params", params)
+    done = invoke_bounded(*command.split(), *extra, "--params", params, timeout=60)
     judge(tally, done, names=("params-here.yaml",))
+
+
+@pytest.fixture
+def profile_project(tmp_path, monkeypatch) -> Path:
+    """A working directory with params.yaml and profiles/empty-sweep.yaml, whose ``sweep: {}``
+    merges into the sweep section (changing nothing there) beside one real change."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "empty-sweep.yaml").write_text("sweep: {}\nevaluate:\n  limit: 8\n")
+    params = tmp_path / "params.yaml"
+    params.write_text("# the settings\nsweep:\n  epochs: 2\n  num_samples: 3\n")
+    return params
+
+
+def test_profile_apply_writes_exactly_the_merge_it_validated(tally, profile_project):
+    from capsnet import config
+    from pipeline import profile
+
+    _path, settings, validated = profile.load(profile_project, "empty-sweep")
+    assert settings == {"evaluate.limit": 8}
+    done = invoke("profile", "empty-sweep", "--params", profile_project, "--apply")
+    tally.inputs += 1
+    assert done.code == 0, done.stderr
+    assert config.load(profile_project) == validated
+    assert validated.sweep.epochs == 2 and validated.evaluate.limit == 8
+    assert profile_project.read_text().startswith("# the settings\nsweep:\n  epochs: 2\n")
+
+
+@pytest.mark.parametrize("kind", ["read-only", "symlink"])
+def test_profile_apply_refuses_a_params_file_it_would_replace(
+    tmp_path, tally, profile_project, kind
+):
+    params = profile_project
+    if kind == "read-only":
+        params.chmod(0o444)
+    else:
+        target = tmp_path / "real-params.yaml"
+        params.rename(target)
+        params.symlink_to(target)
+    before = snapshot(tmp_path)
+    done = invoke("profile", "empty-sweep", "--params", params, "--apply")
+    judge(tally, done, code=1, before=before, after=snapshot(tmp_path), names=(str(params),))
+    assert ("read-only" if kind == "read-only" else "symbolic link") in done.lines[0]
+    assert params.is_symlink() == (kind == "symlink")
+
+
+@pytest.mark.parametrize(
+    "name", ["../params", "profiles/../../etc/passwd", "/etc/passwd", "linked"]
+)
+def test_a_profile_name_never_leads_outside_profiles(tmp_path, tally, profile_project, name):
+    (tmp_path / "outside.yaml").write_text("evaluate:\n  limit: 9\n")
+    (tmp_path / "profiles" / "linked.yaml").symlink_to(tmp_path / "outside.yaml")
+    before = snapshot(tmp_path)
+    done = invoke("profile", name, "--params", profile_project, "--apply")
+    judge(tally, done, code=1, before=before, after=snapshot(tmp_path))
+    assert name in done.lines[0] and "profiles" in done.lines[0], done.lines[0]

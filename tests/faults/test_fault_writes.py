@@ -10,7 +10,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from faulthelpers import debris, invoke, judge, run_injected, snapshot, tmpfs
+from faulthelpers import (
+    debris,
+    file_size_limit,
+    invoke,
+    judge,
+    run_injected,
+    snapshot,
+    tmpfs,
+)
 
 from capsnet import checkpoint
 
@@ -53,6 +61,17 @@ def test_a_full_disk_fails_training_in_one_line_and_leaves_nothing(tally, prepar
     judge(tally, done, fault=True, before={}, after=snapshot(full_disk / "run"))
     assert "no space left on device" in done.lines[0] and f"(--out {out})" in done.lines[0]
     assert debris(full_disk) == []
+
+
+def test_a_file_size_limit_while_saving_the_checkpoint_is_one_line(tmp_path, tally, prepared_root):
+    """``ulimit -f`` below a lenet5 checkpoint (about 250 KB): the write fails inside the
+    save; the line names the limit and --out, and no run directory appears."""
+    out = tmp_path / "run"
+    with file_size_limit(64 * 1024):
+        done = invoke(*train_args(prepared_root, out))
+    judge(tally, done, fault=True, before={}, after=snapshot(out))
+    assert "file too large" in done.lines[0] and f"(--out {out})" in done.lines[0]
+    assert not out.exists() and debris(tmp_path) == []
 
 
 @pytest.mark.parametrize("what", ["eval-json", "figure"])
