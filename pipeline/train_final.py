@@ -326,7 +326,7 @@ class _Trainer:
         """{key: metrics} of every arm, trained and saved in order. Remote, every arm is
         submitted before the first result is taken: a cluster with N GPUs trains N at once
         (each split goes to the object store once)."""
-        if not self.runner.remote:
+        if not self.runner.remote or not arms:
             return {arm.key: self.fit_and_save(arm) for arm in arms}
         shared: dict[int, Any] = {}
         for arm in arms:
@@ -335,6 +335,8 @@ class _Trainer:
             self.runner.submit(fit_and_score, arm.spec, shared[id(arm.split)], arm.score, None)
             for arm in arms
         ]
+        self.log(f"{len(arms)} run(s) submitted together, one GPU worker each: "
+                 + ", ".join(arm.key for arm in arms))  # fmt: skip
         return {arm.key: self.fit_and_save(arm, task) for arm, task in zip(arms, pending)}
 
     def fit_and_save(self, arm: Arm, pending: Any = None) -> dict[str, Any]:

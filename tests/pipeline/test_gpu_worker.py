@@ -92,13 +92,15 @@ def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
              log_to_driver=False)  # fmt: skip
     try:
         runner = Runner(remote=True)
-        trainer = _Trainer(final, sweep, {"config": {}}, lambda _: None, tmp_path, runner)
+        lines: list[str] = []
+        trainer = _Trainer(final, sweep, {"config": {}}, lines.append, tmp_path, runner)
         results = train_arms(trainer, split, [spec], final, lambda _: {},
                              _meet(tmp_path / "met", 3))  # fmt: skip
     finally:
         ray.shutdown()
     assert list(results) == ["lenet5", "lenet5@seed1", "lenet5@seed2"]
     assert all(m["met"] for m in results.values())
+    assert "3 run(s) submitted together, one GPU worker each: lenet5, lenet5@seed1, " in lines[0]
     starts, ends = zip(*runner.spans)
     assert max(starts) < min(ends)  # every run started before any of them ended
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{k}.pt" for k in results]
