@@ -9,6 +9,8 @@ A training step is what ``fit`` runs: forward and margin + reconstruction loss (
 ceiling: the sum of its output) under the training precision (``--amp``, TrainConfig's
 policy: bf16 autocast on CUDA only), backward and an Adam step (fused on CUDA); with
 ``--compile`` the capsule model is compiled as training compiles it (``compile_routing``).
+``--cpu-bf16`` (CPU only) adds ``capsnet-cpu-bf16``: the capsnet model again under bf16
+autocast on the CPU, which training never uses, timed in the same rounds as the fp32 one.
 Peak memory of a training step is measured per implementation in a fresh subprocess: on
 CUDA the peak GPU memory (torch.cuda.max_memory_allocated), elsewhere the peak RSS (/proc
 VmHWM, else resource.getrusage).
@@ -50,6 +52,9 @@ TARGETS = {
 }
 #: What the targets were set for: the full CapsNet at these batch sizes.
 TARGET_MODEL, TARGET_BATCHES = "capsnet", (32, 128)
+#: The bench-only precision of ``--cpu-bf16``: bf16 autocast on the CPU.
+CPU_BF16 = "cpu-bf16"
+CPU_BF16_IMPL = f"capsnet-{CPU_BF16}"
 
 
 def targets_for(model: str, batch: int) -> dict[str, float]:
@@ -110,7 +115,7 @@ def make_steps(
     module: nn.Module, batch: int, config, device: torch.device, amp: str = TrainConfig.amp
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(train_step, infer_step) closures on fixed random data of ``batch`` images, under
-    the ``amp`` precision policy, with Adam fused where training fuses it."""
+    the ``amp`` precision policy (or ``CPU_BF16``), with Adam fused where training fuses it."""
     module.to(device)
     size = config.input_size
     images = torch.rand(batch, config.in_channels, size, size, device=device)  # (B, C, H, W)
@@ -122,7 +127,7 @@ def make_steps(
     def train_step() -> None:
         module.train()
         torch.compiler.cudagraph_mark_step_begin()
-        with autocast(device, amp):
+        with _precision(device, amp):
             loss = _loss(module(images, targets), images, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -131,10 +136,18 @@ def make_steps(
     def infer_step() -> None:
         module.eval()
         torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode(), autocast(device, amp):
+        with torch.inference_mode(), _precision(device, amp):
             module(images)
 
     return train_step, infer_step
+
+
+def _precision(device: torch.device, amp: str):
+    """Training's precision policy (``capsnet.evaluate.autocast``), or bf16 autocast on the
+    CPU for ``CPU_BF16``."""
+    if amp == CPU_BF16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return autocast(device, amp)
 
 
 def _sync(device: torch.device) -> None:
@@ -165,22 +178,28 @@ def measure(
     device: str = "cpu",
     compile: bool = False,
     amp: str = TrainConfig.amp,
+    cpu_bf16: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Median images/s per mode ("train", "infer"), implementation and batch size.
 
     Every round times ``steps`` steps of each (mode, implementation) in turn, so a load
-    change on a shared machine hits all implementations alike.
+    change on a shared machine hits all implementations alike. ``cpu_bf16`` adds
+    ``CPU_BF16_IMPL``: the capsnet model (same weights) under bf16 autocast on the CPU.
     """
     dev = torch.device(device)
     configure_backends(dev)
     modules = {name: build_impl(name, model).to(dev) for name in implementations}
+    precisions = dict.fromkeys(modules, amp)
+    if cpu_bf16:
+        modules[CPU_BF16_IMPL] = build_impl("capsnet", model).to(dev)
+        precisions[CPU_BF16_IMPL] = CPU_BF16
     config = modules["capsnet"].config if "capsnet" in modules else build_impl("capsnet").config
     results: dict[str, dict[str, dict[str, float]]] = {"train": {}, "infer": {}}
     for batch in batch_sizes:
         fns: dict[tuple[str, str], Callable[[], None]] = {}
         for name, module in modules.items():
             module = _maybe_compile(module, compile and name != "naive")
-            train_step, infer_step = make_steps(module, batch, config, dev, amp)
+            train_step, infer_step = make_steps(module, batch, config, dev, precisions[name])
             fns["train", name] = train_step
             fns["infer", name] = infer_step
         for fn in fns.values():  # warm-up (allocator, oneDNN primitives, compilation)
@@ -290,6 +309,9 @@ def ratios(result: dict) -> dict[str, dict[str, float]]:
             r["train_vs_conv"] = ours_t / train["conv"][key]
         if ours_i and "conv" in infer:
             r["infer_vs_conv"] = ours_i / infer["conv"][key]
+        if ours_t and CPU_BF16_IMPL in train:
+            r["cpu_bf16_train_speedup"] = train[CPU_BF16_IMPL][key] / ours_t
+            r["cpu_bf16_infer_speedup"] = infer[CPU_BF16_IMPL][key] / ours_i
         out[key] = r
     if "capsnet" in rss and "naive" in rss:
         ratio = "gpu_memory_vs_naive" if memory_key == "peak_gpu_mb" else "rss_vs_naive"
@@ -309,11 +331,14 @@ def run(
     rss: bool = True,
     compile: bool = False,
     amp: str = TrainConfig.amp,
+    cpu_bf16: bool = False,
 ) -> dict:
     """Measure everything; returns the dict that ``main`` prints as its JSON line."""
     unknown = sorted(set(implementations) - set(IMPLEMENTATIONS))
     if unknown:
         raise ValueError(f"unknown implementation(s) {', '.join(unknown)}")
+    if cpu_bf16 and ("capsnet" not in implementations or torch.device(device).type != "cpu"):
+        raise CapsnetError("--cpu-bf16 compares the capsnet implementation on --device cpu")
     result: dict = {
         "model": model,
         "device": device,
@@ -325,10 +350,14 @@ def run(
         "steps": steps,
         "compile": compile,
         "amp": amp,
+        "cpu_bf16": cpu_bf16,
+        "cpu_flags": cpu_flags(),
     }
     if torch.device(device).type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    result.update(measure(implementations, batch_sizes, rounds, steps, model, device, compile, amp))
+    result.update(
+        measure(implementations, batch_sizes, rounds, steps, model, device, compile, amp, cpu_bf16)
+    )
     if rss:
         result["rss_batch"] = max(batch_sizes)
         result[_memory_key(device)] = measure_memory(
@@ -339,6 +368,16 @@ def run(
         str(batch): targets_for(model, batch) for batch in batch_sizes if targets_for(model, batch)
     }
     return result
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's bf16 matrix features (avx512_bf16, amx_bf16) from /proc/cpuinfo: what CPU
+    bf16 autocast needs to be fast; [] elsewhere."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return []
+    flags = set(cpuinfo.read_text().split())
+    return sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 def format_table(result: dict) -> str:
@@ -448,9 +487,15 @@ def _implementations(ctx, param, value: str) -> list[str]:
     **train_default("amp"),
     help="Training precision (bf16: autocast on CUDA only, as in training).",
 )
+@click.option(
+    "--cpu-bf16",
+    is_flag=True,
+    help=f"Also time capsnet under bf16 autocast on the CPU ({CPU_BF16_IMPL}), alternating "
+    "with the fp32 one.",
+)
 @click.option("--quick", is_flag=True, help="Smoke run: capsnet-small, batch 4, one round.")
 def throughput_command(
-    batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp, quick
+    batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp, cpu_bf16, quick
 ) -> None:
     """Throughput of a capsule model against its naive reference and the conv ceiling.
 
@@ -459,7 +504,9 @@ def throughput_command(
         batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
     try:
         select_device(device)
-        result = run(batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp)
+        result = run(
+            batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp, cpu_bf16
+        )
     except CapsnetError as exc:  # e.g. an unknown --model: one line, also when run as a file
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(result))

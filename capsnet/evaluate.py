@@ -13,13 +13,19 @@ from capsnet.errors import NonFiniteOutputs
 EVAL_BATCH_SIZE = 500
 
 
-def autocast(device: torch.device, amp: str | None = None):
-    """The precision policy of training and evaluation (``TrainConfig.amp``, default when
-    None): bf16 autocast on CUDA for ``bf16``; fp32 everywhere else and for ``fp32``.
-    Under it squash, the routing softmax and the losses still compute in fp32."""
+def effective_precision(device: torch.device, amp: str | None = None) -> str:
+    """The precision a run with ``amp`` (``TrainConfig.amp``, default when None) really
+    computes in on ``device``: bf16 on CUDA for ``bf16``; fp32 everywhere else."""
     from capsnet.config.training import TrainConfig
 
-    if (amp or TrainConfig.amp) == "bf16" and device.type == "cuda":
+    return "bf16" if (amp or TrainConfig.amp) == "bf16" and device.type == "cuda" else "fp32"
+
+
+def autocast(device: torch.device, amp: str | None = None):
+    """The precision policy of training and evaluation (``effective_precision``): bf16
+    autocast on CUDA for ``bf16``; none elsewhere. Under it squash, the routing softmax and
+    the losses still compute in fp32."""
+    if effective_precision(device, amp) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()  # (torch.autocast refuses some devices, e.g. meta)
 

@@ -154,6 +154,7 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str):
             epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
             weight_decay=getattr(settings.weight_decay, role), seed=settings.seed,
             device=settings.device, compile=settings.compile,
+            amp=settings.amp or TrainConfig.amp,
         ),
         overrides=dict(getattr(settings.overrides, role)),
         dataset="smallnorb",

@@ -6,13 +6,15 @@ cluster is named (``$RAY_ADDRESS`` unset). When the driver has no GPU (a CPU-onl
 node) and the cluster named by ``$RAY_ADDRESS`` has one, each unit of work becomes a Ray
 task asking for one GPU (``num_gpus=1``): its arguments (the data) travel through the
 object store, so the worker needs no data directory, and it returns its results (models
-on the CPU) to the driver, which writes every output.
+on the CPU) to the driver, which writes every output. Work submitted together
+(``Runner.submit``) runs together: a cluster with N GPUs trains N runs at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,28 +28,63 @@ TASK_CPUS = 1
 @dataclass
 class Runner:
     """Calls ``fn(*args, **kwargs)`` in this process or, ``remote``, as a one-GPU Ray
-    task; ``nodes`` lists the Ray node id each remote call ran on, in order."""
+    task; ``nodes`` lists the Ray node id each remote call ran on and ``spans`` its (start,
+    end) on that node's clock (``time.time``), in the order their results were taken."""
 
     remote: bool = False
     reason: str = "in this process"
     nodes: list[str] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
 
     def __call__(self, fn: Callable, *args, **kwargs) -> Any:
+        return self.result(self.submit(fn, *args, **kwargs))
+
+    def submit(self, fn: Callable, *args, **kwargs) -> Any:
+        """Start ``fn(*args, **kwargs)``; ``result`` waits for its value. Remote: a Ray task
+        returning at once, so calls submitted before any result is taken run side by side,
+        one per free GPU. In this process: ``fn`` runs now."""
         if not self.remote:
-            return fn(*args, **kwargs)
+            return _Done(fn(*args, **kwargs))
         import ray
 
         task = ray.remote(num_gpus=1, num_cpus=TASK_CPUS, max_retries=0)(_on_node)
-        node, value = ray.get(task.remote(fn, args, kwargs))
+        return task.remote(fn, *args, **kwargs)
+
+    def result(self, pending: Any) -> Any:
+        """The value of a ``submit``ted call (waiting for its task)."""
+        if isinstance(pending, _Done):
+            return pending.value
+        import ray
+
+        node, start, end, value = ray.get(pending)
         self.nodes.append(node)
+        self.spans.append((start, end))
         return value
 
+    def share(self, value: Any) -> Any:
+        """``value`` as the argument of many submitted calls: remote, put into Ray's object
+        store once (each task reads that copy); in this process, ``value`` itself."""
+        if not self.remote:
+            return value
+        import ray
 
-def _on_node(fn: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
-    """(the Ray node id this task ran on, ``fn(*args, **kwargs)``)."""
+        return ray.put(value)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """The value of a call that ran in this process."""
+
+    value: Any
+
+
+def _on_node(fn: Callable, *args, **kwargs) -> tuple[str, float, float, Any]:
+    """(the Ray node id this task ran on, its start and end time, ``fn(*args, **kwargs)``)."""
     import ray
 
-    return ray.get_runtime_context().get_node_id(), fn(*args, **kwargs)
+    start = time.time()
+    value = fn(*args, **kwargs)
+    return ray.get_runtime_context().get_node_id(), start, time.time(), value
 
 
 def check_client(address: str) -> None:

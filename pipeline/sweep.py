@@ -201,6 +201,7 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
               "compile")  # fmt: skip
     for name in unread:
         settings.pop(name)
+    settings["amp"] = base.train.amp  # null and TrainConfig's default train alike
     blocks = {
         s: getattr(base.augment_params, s, None) for s in space_values(sweep.space, "augment")
     }

@@ -27,6 +27,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,26 +183,42 @@ def _key(model: str, tag: str, seed: int, first: int) -> str:
     return f"{model}@{suffix}" if suffix else model
 
 
+@dataclass
+class Arm:
+    """One final run: what it trains on, its checkpoint name (``key``) and what it records."""
+
+    spec: RunSpec
+    split: Split
+    key: str
+    fields: dict[str, Any]
+    role: str | None
+    score: Score | None = None
+    comparison: dict[str, Any] | None = None
+
+
 def train_arms(
     trainer, split: Split, specs: list[RunSpec], final, fields: Fields, score: Score | None
 ) -> dict[str, dict[str, Any]]:
     """The comparison on one split: every run with every seed (equal augmentation and
     epochs; the best run first, its mean time is the budget), then each baseline for that
-    budget (equal time) and with each of ``final.baseline_augments``."""
+    budget (equal time) and with each of ``final.baseline_augments``. The runs of each of
+    the two rounds are trained together (``_Trainer.fit_all``)."""
     seeds = [final.seed + i for i in range(final.seeds)]
     reference, baselines = specs[0].model, specs[1:]
-    results: dict[str, dict[str, Any]] = {}
 
-    def train(spec: RunSpec, tag: str, arm: dict[str, Any]) -> None:
-        for seed in seeds:
-            key = _key(spec.model, tag, seed, seeds[0])
-            results[key] = trainer.fit_and_save(
-                _seeded(spec, seed), split, key, fields(spec), _role(specs, spec), score,
-                comparison={**arm, "reference": reference},
-            )  # fmt: skip
+    def arms(spec: RunSpec, tag: str, arm: dict[str, Any]) -> list[Arm]:
+        comparison = {**arm, "reference": reference}
+        return [
+            Arm(_seeded(spec, seed), split, _key(spec.model, tag, seed, seeds[0]), fields(spec),
+                _role(specs, spec), score, comparison)
+            for seed in seeds
+        ]  # fmt: skip
 
-    for spec in specs:
-        train(spec, "", {"arm": "equal_augmentation", "label": spec.model})
+    results = trainer.fit_all(
+        [a for spec in specs for a in arms(spec, "", {"arm": "equal_augmentation",
+                                                      "label": spec.model})]
+    )  # fmt: skip
+    later: list[Arm] = []
     if final.equal_time and baselines:
         budget = statistics.fmean(results[_key(reference, "", s, seeds[0])]["train_seconds"]
                                   for s in seeds)  # fmt: skip
@@ -215,11 +232,12 @@ def train_arms(
                 spec.train, epochs=EQUAL_TIME_MAX_EPOCHS, time_budget=budget
             )
             arm = {"arm": "equal_time", "label": spec.model, "time_budget_seconds": budget}
-            train(dataclasses.replace(spec, train=timed), "equal-time", arm)
+            later += arms(dataclasses.replace(spec, train=timed), "equal-time", arm)
     for strategy in final.baseline_augments:
         for spec in baselines:
             arm = {"arm": "baseline_augmentation", "label": f"{spec.model} ({strategy})"}
-            train(dataclasses.replace(spec, augment=strategy), strategy, arm)
+            later += arms(dataclasses.replace(spec, augment=strategy), strategy, arm)
+    results.update(trainer.fit_all(later))
     return results
 
 
@@ -252,13 +270,12 @@ def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -
     from capsnet.run import load_split
 
     sizes = {"train_size": final.extra_train_size, "val_size": min(final.val_size, 1000)}
-    results = {}
+    arms = []
     for spec in specs:
         spec = dataclasses.replace(spec, dataset=dataset, augment="none", **sizes)
-        split = load_split(spec)
-        key = f"{spec.model}@{dataset}"
-        results[key] = trainer.fit_and_save(spec, split, key, {"dataset": dataset}, None)
-    return results
+        arms.append(Arm(spec, load_split(spec), f"{spec.model}@{dataset}", {"dataset": dataset},
+                        None))  # fmt: skip
+    return trainer.fit_all(arms)
 
 
 def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dict:
@@ -305,11 +322,30 @@ class _Trainer:
         self.runner = runner or Runner()
         self.mode = tracking.prepare_environment(sweep.wandb.mode)
 
-    def fit_and_save(
-        self, spec: RunSpec, split: Split, key: str, fields: dict, role: str | None,
-        score: Score | None = None, comparison: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    def fit_all(self, arms: list[Arm]) -> dict[str, dict[str, Any]]:
+        """{key: metrics} of every arm, trained and saved in order. Remote, every arm is
+        submitted before the first result is taken: a cluster with N GPUs trains N at once
+        (each split goes to the object store once)."""
+        if not self.runner.remote or not arms:
+            return {arm.key: self.fit_and_save(arm) for arm in arms}
+        shared: dict[int, Any] = {}
+        for arm in arms:
+            shared.setdefault(id(arm.split), self.runner.share(arm.split))
+        pending = [
+            self.runner.submit(fit_and_score, arm.spec, shared[id(arm.split)], arm.score, None)
+            for arm in arms
+        ]
+        self.log(f"{len(arms)} run(s) submitted together, one GPU worker each: "
+                 + ", ".join(arm.key for arm in arms))  # fmt: skip
+        return {arm.key: self.fit_and_save(arm, task) for arm, task in zip(arms, pending)}
+
+    def fit_and_save(self, arm: Arm, pending: Any = None) -> dict[str, Any]:
+        """Train ``arm`` (or take the result of its ``pending`` submitted run), log it and
+        write its checkpoint; its metrics."""
         from capsnet import checkpoint, models
+
+        spec, split, key, fields = arm.spec, arm.split, arm.key, arm.fields
+        role, score, comparison = arm.role, arm.score, arm.comparison
 
         run_config = {**self.best["config"], "model": spec.model}
         if "augment" in run_config:
@@ -330,7 +366,8 @@ class _Trainer:
         length = f"{budget:.1f} s" if budget is not None else f"{spec.train.epochs} epoch(s)"
         self.log(f"training {key} on {len(split.train)} images for {length}")
         try:
-            result, measured = self._train(spec, split, score, self._reporter(wandb_run, key))
+            report = self._reporter(wandb_run, key)
+            result, measured = self._train(spec, split, score, report, pending)
             metrics = {
                 "model": spec.model,
                 **fields,
@@ -358,11 +395,14 @@ class _Trainer:
         self.log(f"saved {key}.pt (into {self.out_dir} once every run is done)")
         return metrics
 
-    def _train(self, spec: RunSpec, split: Split, score: Score | None, report):
-        """(RunResult, its times, device, node and scores): trained through the runner;
-        ``report`` sees each epoch as it ends, or all of them when a remote run returns."""
+    def _train(self, spec: RunSpec, split: Split, score: Score | None, report, pending=None):
+        """(RunResult, its times, device, node and scores): trained through the runner (or
+        ``pending``, the run submitted for it); ``report`` sees each epoch as it ends, or all
+        of them when a remote run returns."""
         live = None if self.runner.remote else report
-        result, scores, device = self.runner(fit_and_score, spec, split, score, live)
+        if pending is None:
+            pending = self.runner.submit(fit_and_score, spec, split, score, live)
+        result, scores, device = self.runner.result(pending)
         if live is None:
             for record in result.history:
                 report(record)

@@ -95,6 +95,24 @@ def test_the_training_step_runs_under_the_training_precision(monkeypatch):
     assert entered == [("cpu", "fp32"), ("cpu", "fp32")]
 
 
+def test_cpu_bf16_times_the_same_model_under_cpu_autocast_beside_fp32():
+    result = bench.run([2], rounds=1, steps=1, implementations=["capsnet"],
+                       model="capsnet-small", rss=False, amp="fp32", cpu_bf16=True)  # fmt: skip
+    assert set(result["train"]) == set(result["infer"]) == {"capsnet", bench.CPU_BF16_IMPL}
+    speedup = result["ratios"]["2"]["cpu_bf16_train_speedup"]
+    assert speedup == result["train"][bench.CPU_BF16_IMPL]["2"] / result["train"]["capsnet"]["2"]
+    assert result["cpu_bf16"] is True and isinstance(result["cpu_flags"], list)
+    dtypes = []
+    module = bench.build_impl("capsnet", "capsnet-small")
+    module.conv1.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
+    for amp in (bench.CPU_BF16, "fp32"):
+        train_step, _ = bench.make_steps(module, 2, module.config, torch.device("cpu"), amp)
+        train_step()
+    assert dtypes == [torch.bfloat16, torch.float32]
+    done = CliRunner().invoke(bench.throughput_command, ["--quick", "--cpu-bf16", "--impl", "conv"])
+    assert done.exit_code == 1 and "--cpu-bf16 compares the capsnet implementation" in done.stderr
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -241,3 +241,31 @@ def test_a_stage_reading_a_key_it_does_not_list_is_named(tmp_path, repo_root):
     ]
     stages["train"]["params"].append("evaluate.limit")
     assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == []
+
+
+#: The training sections and the stage that reads each.
+TRAINING_SECTIONS = {
+    "sweep": "sweep",
+    "train": "train",
+    "smallnorb_sweep": "sweep_smallnorb",
+    "smallnorb_train": "train_smallnorb",
+    "viewpoints": "viewpoints",
+}
+
+
+def test_every_training_section_shows_its_precision_and_compile(repo_root, stages):
+    """params.yaml sets amp and compile in every training section, amp at the value in
+    force (TrainConfig's), so `dvc params diff` shows a change; each stage lists them."""
+    import yaml
+
+    from capsnet import config
+    from capsnet.config.training import TrainConfig
+
+    raw = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = config.load(repo_root / "params.yaml")
+    trace = ""
+    for section, stage in TRAINING_SECTIONS.items():
+        assert {"amp", "compile"} <= set(raw[section]), f"params.yaml {section}"
+        assert getattr(params, section).amp == TrainConfig.amp
+        trace += f"{stage}\t{section}.amp\n{stage}\t{section}.compile\n"
+    assert dvc_deps.unlisted_reads(trace, stages, raw) == []

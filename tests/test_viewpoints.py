@@ -16,6 +16,7 @@ from clihelpers import assert_one_line_error, run_cli
 from capsnet import checkpoint, config, viewpoints
 from capsnet import eval as evaluation
 from capsnet.cli import main
+from capsnet.config.training import TrainConfig
 from capsnet.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
@@ -127,12 +128,20 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  weight_decay: {capsules: -1}\n": "viewpoints.weight_decay.capsules",
         "viewpoints:\n  weight_decay: {rnn: 0}\n": "viewpoints.weight_decay.rnn: unknown key",
         "viewpoints:\n  overrides: {cnn: {num_classes: 3}}\n": "viewpoints.overrides.cnn",
+        "viewpoints:\n  amp: fp16\n": "viewpoints.amp: 'fp16' unknown",
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
             config.load(write_params(tmp_path / "p.yaml", text))
         message = str(info.value)
         assert fragment in message and "\n" not in message, (text, message)
+
+
+def test_both_models_train_at_the_sections_precision(tmp_path):
+    fp32 = config.load(write_params(tmp_path / "p.yaml", "viewpoints:\n  amp: fp32\n"))
+    for params, amp in ((config.Params(), TrainConfig.amp), (fp32, "fp32")):
+        for role in ("capsules", "cnn"):
+            assert viewpoints.kind_spec(params, tmp_path, "azimuth", role).train.amp == amp
 
 
 def test_unknown_model_or_override_fails_before_any_data(tmp_path):

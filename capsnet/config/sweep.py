@@ -221,8 +221,8 @@ class SweepConfig(Section):
     checkpoint: TrialCheckpointConfig = field(default_factory=TrialCheckpointConfig)
     reuse_actors: bool = True  # a finished trial's process runs the next one
     seed: int = 0
-    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
-    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's default
+    compile: bool = False  # torch.compile what the model compiles (TrainConfig.compile)
+    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self):
@@ -296,8 +296,8 @@ class FinalTrainConfig(Section):
     # Sabour affNIST protocol, scored on affNIST). Checkpoints: <model>@<dataset>.pt.
     extra_datasets: list[ExtraDataset] = field(default_factory=list)
     extra_train_size: int | None = 5000  # the first N training items of each extra set
-    compile: bool = False  # EM models: torch.compile their routing (TrainConfig.compile)
-    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's default
+    compile: bool = False  # torch.compile what the model compiles (TrainConfig.compile)
+    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
     # The comparison (docs/evaluation.md): every run below is trained with the seeds seed,
     # seed + 1, ..., seed + seeds - 1 (the extra sets with the first seed only).
     seeds: int = 3

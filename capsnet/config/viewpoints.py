@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from capsnet.config.schema import Invalid, above, at_least
+from capsnet.config.sweep import Precision
 
 Kind = Literal["azimuth", "elevation"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
@@ -68,6 +69,7 @@ class ViewpointsParams:
     out_dir: str = "models-viewpoints"
     device: str = "auto"
     compile: bool = False  # torch.compile the capsules' EM routing (TrainConfig.compile)
+    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
 
     def __post_init__(self):
         if not self.kinds:

@@ -44,6 +44,7 @@ def test_profile_packs_four_trials_per_gpu_and_uses_the_papers_models(paper):
     assert (em.A, em.B, em.C, em.D) == (32, 32, 32, 32)
     assert 300_000 < models.count_parameters(models.build("em-capsnet", (2, 32, 5))) < 330_000
     assert params.evaluate.device == "auto" and params.evaluate.limit is None
+    assert params.sweep.compile and params.train.compile  # CUDA graphs, not launch-bound
 
 
 def test_apply_writes_the_profile_into_the_params_file_keeping_its_comments(

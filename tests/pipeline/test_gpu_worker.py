@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from capsnet import checkpoint, config, viewpoints
 from capsnet.config import FinalTrainConfig, SweepConfig
@@ -53,6 +55,55 @@ def test_a_cluster_without_gpus_keeps_the_work_here_and_one_with_a_gpu_takes_it(
         assert pid != os.getpid() and gpus == [0]  # a Ray worker holding GPU 0
     finally:
         ray.shutdown()
+
+
+def _meet(folder: Path, count: int):
+    """A score that marks its arm as arrived, then waits (at most 120 s) until ``count``
+    arms have: {"met": whether all of them were running at once}."""
+
+    def score(_model, spec) -> dict:
+        (folder / f"seed{spec.train.seed}").touch()
+        deadline = time.monotonic() + 120
+        while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"met": len(list(folder.iterdir())) == count}
+
+    return score
+
+
+def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
+    """Three seeds of one arm on a loopback Ray instance with three logical GPUs: each run
+    waits in its score for the others to arrive, so all three met only if they ran at once."""
+    import ray
+
+    from capsnet.data import TensorImageDataset
+    from capsnet.run import RunSpec, Split
+    from capsnet.train import TrainConfig
+    from pipeline.train_final import _Trainer, train_arms
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (16, 28, 28), dtype=torch.uint8, generator=generator)
+    split = Split(TensorImageDataset(images, torch.arange(16) % 10, "tiny"), None)
+    spec = RunSpec(model="lenet5", train=TrainConfig(epochs=1, batch_size=8, progress=False))
+    final = FinalTrainConfig(seeds=3, equal_time=False)
+    sweep = SweepConfig.from_dict({"wandb": {"mode": "disabled"}})
+    (tmp_path / "met").mkdir()
+    ray.init(address="local", num_cpus=3, num_gpus=3, include_dashboard=False,
+             log_to_driver=False)  # fmt: skip
+    try:
+        runner = Runner(remote=True)
+        lines: list[str] = []
+        trainer = _Trainer(final, sweep, {"config": {}}, lines.append, tmp_path, runner)
+        results = train_arms(trainer, split, [spec], final, lambda _: {},
+                             _meet(tmp_path / "met", 3))  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert list(results) == ["lenet5", "lenet5@seed1", "lenet5@seed2"]
+    assert all(m["met"] for m in results.values())
+    assert "3 run(s) submitted together, one GPU worker each: lenet5, lenet5@seed1, " in lines[0]
+    starts, ends = zip(*runner.spans)
+    assert max(starts) < min(ends)  # every run started before any of them ended
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{k}.pt" for k in results]
 
 
 # --- on a two-node loopback cluster: a CPU-only head (this driver) and a GPU worker -------
