@@ -5,8 +5,9 @@ which records each op a CUDA run would pay for on the host: a read of a device v
 (``.item()``, ``.tolist()``, a copy to the CPU, a data-dependent shape such as
 ``nonzero``) and every copy of host data to the device (``torch.tensor(list,
 device=...)``, ``.to(device)`` of a CPU tensor, a CPU tensor mixed into a device op).
-What happens between the first and the last step marker of an epoch is per-step work:
-it must record nothing, on every registered training set under every augmentation.
+What happens between the second and the last step marker of an epoch (the first step may
+fill per-device caches) is per-step work: it must record nothing, on every registered
+training set under every augmentation.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from capsnet.config import STRATEGIES
 from capsnet.data.registry import TRAIN_DATASETS
 
 META = torch.device("meta")
-CPU = torch.device("cpu")
 aten = torch.ops.aten
 PACKAGE = str(Path(train.__file__).parent)
 #: ops that read a device value or a data-dependent size back to the host
@@ -35,7 +35,8 @@ SYNC_OPS = {
     aten.unique_dim, aten.unique_consecutive, aten._linalg_check_errors, aten.is_nonzero,
     aten.equal,
 }  # fmt: skip
-COPY_OPS = {aten._to_copy, aten.copy_}
+#: ops that index with a boolean mask: its count of True values is read on the host
+MASK_INDEX_OPS = {aten.index, aten.index_put, aten.index_put_}
 HOST_DATA_FACTORIES = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor}
 
 
@@ -108,7 +109,12 @@ class HostTraffic:
             return self._copy(func, source, target, args, kwargs, args[0])
         if packet is aten.copy_:
             return self._copy(func, args[1].device, args[0].device, args, kwargs, args[0])
-        if on_device and packet in SYNC_OPS:
+        if on_device and packet in MASK_INDEX_OPS and any(
+            t.dtype in (torch.bool, torch.uint8) for t in tree_leaves(args[1])
+            if isinstance(t, torch.Tensor)
+        ):  # fmt: skip
+            self.record("host sync", f"{packet} with a boolean mask")
+        elif on_device and packet in SYNC_OPS:
             self.record("host sync", packet)
             if packet is aten._local_scalar_dense and args[0].device == META:
                 return True if args[0].dtype == torch.bool else 1
