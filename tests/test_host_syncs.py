@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from capsnet import train
+from capsnet import models, train
 from capsnet.config import STRATEGIES
 from capsnet.data.registry import TRAIN_DATASETS
 
@@ -218,9 +218,15 @@ CASES = sorted({(d, "none") for d in TRAIN_DATASETS} | {("multimnist", s) for s 
 def test_a_training_step_neither_syncs_nor_copies_from_the_host(
     on_meta, tmp_path, dataset, strategy
 ):
+    model, overrides = MODEL.get(dataset, DEFAULT_MODEL)
+    _assert_no_host_traffic(on_meta, tmp_path, dataset, strategy, model, overrides)
+
+
+def _assert_no_host_traffic(traffic, tmp_path, dataset, strategy, model, overrides) -> None:
+    """Train ``model`` on ``STEPS`` batches of ``dataset`` through ``train_run`` on the meta
+    device; nothing recorded between the second and the last step marker."""
     from capsnet.run import RunSpec, train_run
 
-    model, overrides = MODEL.get(dataset, DEFAULT_MODEL)
     config = train.TrainConfig(
         epochs=1, batch_size=BATCH, progress=False, amp="fp32", compile=False
     )
@@ -228,11 +234,26 @@ def test_a_training_step_neither_syncs_nor_copies_from_the_host(
         model, config, overrides, dataset, train_size=None, val_size=0,
         augment=strategy, data_root=_data_root(tmp_path, STEPS * BATCH),
     )  # fmt: skip
-    with on_meta:
+    with traffic:
         result = train_run(spec, to_cpu=False)
     assert next(result.model.parameters()).device == META
-    assert on_meta.step == STEPS
-    per_step = on_meta.between_steps(2, STEPS)  # the first step may fill device caches
+    assert traffic.step == STEPS
+    per_step = traffic.between_steps(2, STEPS)  # the first step may fill device caches
     assert not per_step, "per training step:\n" + "\n".join(
         f"  {kind}: {op} at {where} ({n}x)" for (kind, op, where), n in Counter(per_step).items()
     )
+
+
+def _other_model_classes() -> list[str]:
+    """One registered model of each class the training sets above do not train."""
+    covered = {models.spec(name).model_cls for name, _ in [*MODEL.values(), DEFAULT_MODEL]}
+    first = {}
+    for name in models.names():
+        first.setdefault(models.spec(name).model_cls, name)
+    return [name for cls, name in first.items() if cls not in covered]
+
+
+@pytest.mark.parametrize("name", _other_model_classes())
+def test_no_other_model_syncs_or_copies_from_the_host_in_a_training_step(on_meta, tmp_path, name):
+    """The other model classes (the conv-net baselines), trained on MNIST with shifts."""
+    _assert_no_host_traffic(on_meta, tmp_path, "mnist", "shift", name, {})
