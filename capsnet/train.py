@@ -338,8 +338,9 @@ def fit(
     state = resume or TrainState()
     optimizer, scheduler = _optimiser(model, config, state)
     generators = _generators(config, device, state)
-    # CUDA graphs replay one batch shape: a compiled CUDA run drops the last partial batch
-    batches = _Batches(train_data, config, device, drop_last=compiled and device.type == "cuda")
+    # a compiled model trains on one batch shape (no recompile for an epoch's partial last
+    # batch; CUDA graphs replay one shape): a compiled run drops that batch
+    batches = _Batches(train_data, config, device, drop_last=compiled)
 
     fit_started = clock()
     while state.epoch < config.epochs:

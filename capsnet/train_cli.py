@@ -109,7 +109,8 @@ PRECISIONS = ("bf16", "fp32")
     "compile_routing",
     **train_default("compile"),
     help="torch.compile models that offer it: CapsNet's whole forward (CUDA graphs on "
-    "CUDA), the EM routing (a one-off compilation, then several times faster steps).",
+    "CUDA), the EM routing (a one-off compilation, then several times faster steps); "
+    "a compiled run drops each epoch's partial last batch.",
 )
 @click.option(
     "--amp",

@@ -239,6 +239,52 @@ def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch
     assert any(not torch.equal(before[k], v) for k, v in lenet.state_dict().items())  # trained
 
 
+def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_second_epoch(
+    monkeypatch,
+):
+    """CapsNet compiled whole (mode "default" on the CPU) through fit: the partial last
+    batch is dropped (one training shape), every step passes its marker, the validation
+    compiles its own graph in the first epoch, and the second epoch compiles nothing."""
+    from torch._dynamo.utils import counters
+
+    from capsnet import train
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)  # no worker pool
+    tiny = {"conv_channels": 4, "conv_kernel": 3, "primary_types": 2, "primary_dim": 4,
+            "primary_kernel": 3, "class_dim": 4, "decoder_hidden": (8,),
+            "routing_iterations": 1}  # fmt: skip
+    torch.manual_seed(0)
+    model = models.build("capsnet-small", (1, 10, 3), **tiny)
+    data = TensorImageDataset(torch.randint(0, 256, (7, 1, 10, 10), dtype=torch.uint8),
+                              torch.arange(7) % 3)  # fmt: skip
+    steps, seen = [], []  # step markers; (markers, graphs compiled) around each validation
+
+    def scored(*args, **kwargs):
+        seen.append((len(steps), counters["stats"]["unique_graphs"]))
+        result = train_accuracy(*args, **kwargs)
+        seen.append((len(steps), counters["stats"]["unique_graphs"]))
+        return result
+
+    train_accuracy = train.accuracy
+    monkeypatch.setattr(train, "accuracy", scored)
+    marker = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(
+        torch.compiler, "cudagraph_mark_step_begin", lambda: (steps.append(1), marker())
+    )
+    config = TrainConfig(epochs=2, batch_size=3, compile=True, progress=False, amp="fp32")
+    history = fit(model, data, data, config)
+    # 7 images in batches of 3: 2 training steps an epoch (the partial batch dropped), then
+    # 1 validation batch, each behind its step marker
+    assert [markers for markers, _ in seen] == [2, 3, 5, 6]
+    first_train, after_val, second_train, second_val = [graphs for _, graphs in seen]
+    assert first_train > 0  # the training step ran compiled
+    assert after_val > first_train  # eval mode and no_grad: the validation's own graph
+    assert second_train == second_val == after_val  # the second epoch: no recompile
+    assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in history)
+
+
 def test_time_budget_ends_training_early_but_never_before_one_epoch(mnist_small):
     train, test = mnist_small
     histories = {}

@@ -40,7 +40,8 @@ class TrainConfig:
     eval_batch_size: int = 500
     num_workers: int = 0
     # Models with compile_routing() (CapsNet: the whole forward; EM: the routing) are
-    # torch.compiled; on CUDA with CUDA graphs, so the last partial batch is dropped.
+    # torch.compiled (on CUDA with CUDA graphs); a compiled run trains on one batch shape,
+    # so it drops the last partial batch of each epoch.
     compile: bool = False
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     # Seconds of fit's clock (capsnet.run.budget_clock: CPU or GPU time): stop after the

@@ -265,10 +265,11 @@ def jitter(images: torch.Tensor, brightness: float, contrast: float, generator) 
     scaled about its own mean (torchvision's adjust_brightness / adjust_contrast on each
     channel as a grey image); factors 1 + brightness * U(-1, 1), 1 + contrast * U(-1, 1)."""
     draws = torch.rand(images.shape[0], 2, generator=generator, device=images.device)  # (B, 2)
-    factors = 1.0 + (2.0 * draws - 1.0) * torch.tensor([brightness, contrast], device=images.device)
-    bright = (images * factors[:, :1, None, None]).clamp_(0.0, 1.0)  # (B, C, H, W)
+    spread = (2.0 * draws - 1.0)[:, :, None, None]  # (B, 2, 1, 1) in [-1, 1)
+    b = 1.0 + brightness * spread[:, :1]  # (B, 1, 1, 1)
+    bright = (images * b).clamp_(0.0, 1.0)  # (B, C, H, W)
     mean = bright.mean((-2, -1), keepdim=True)  # (B, C, 1, 1)
-    c = factors[:, 1:, None, None]  # (B, 1, 1, 1)
+    c = 1.0 + contrast * spread[:, 1:]  # (B, 1, 1, 1)
     return (c * bright + (1.0 - c) * mean).clamp_(0.0, 1.0)  # (B, C, H, W)
 
 
