@@ -243,6 +243,65 @@ class _Batches:
             yield tuple(torch.as_tensor(t).to(self.device, non_blocking=True) for t in batch)
 
 
+#: Timed steps per model (after one untimed warm-up step) when step costs are measured.
+STEP_SAMPLES = 20
+
+
+def step_clock(device: torch.device) -> Callable[[], float]:
+    """The clock one training step's cost is read by: the calling thread's CPU time on a CPU
+    (``fastest_steps`` trains on that one thread, so a core another job holds neither counts
+    nor makes threads spin), the GPU time between CUDA events on CUDA (``CudaEventClock``),
+    the wall clock elsewhere."""
+    if device.type == "cuda":
+        from capsnet.run import CudaEventClock
+
+        return CudaEventClock(device)
+    if device.type == "cpu":
+        return time.thread_time
+    return time.perf_counter
+
+
+def fastest_steps(
+    runs: list[tuple[nn.Module, Dataset, TrainConfig]], steps: int = STEP_SAMPLES
+) -> list[float]:
+    """Seconds of one training step (augmentation, forward, loss, backward, optimiser) of
+    each (model, training data, config) in ``runs``: the fastest of ``steps`` timed steps on
+    one batch of its data, the models taken in turn (one step of each, then again) so that
+    all of them meet the same load. The least time is the one least stretched by other jobs
+    (a cost, not a duration). On a CPU the steps run on one thread (``step_clock``)."""
+    prepared = []
+    for model, data, config in runs:
+        device = select_device(config.device)
+        configure_backends(device)
+        _seed_everything(config.seed)
+        model.to(device).train()
+        if config.compile and hasattr(model, "compile_routing"):
+            model.compile_routing()
+        state = TrainState()
+        optimizer, scheduler = _optimiser(model, config, state)
+        generators = _generators(config, device, state)
+        batches = _Batches(data, config, device, drop_last=False)
+        batch = next(iter(batches.epoch(0, *generators)))
+        prepared.append((model, batch, config, generators[0], optimizer, scheduler, device))
+    threads = torch.get_num_threads()
+    best = [math.inf] * len(prepared)
+    try:
+        torch.set_num_threads(1)
+        for sample in range(steps + 1):  # sample 0 warms up (allocations, kernel choice)
+            for i, (model, batch, config, generator, optimizer, scheduler, device) in enumerate(
+                prepared
+            ):
+                clock = step_clock(device)
+                started = clock()
+                train_step(model, augment(batch, config, generator), optimizer, scheduler, config)
+                seconds = clock() - started
+                if sample:
+                    best[i] = min(best[i], seconds)
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
 def _train_epoch(model, batches, config, generators, state, optimizer, scheduler):
     """One pass over ``batches``; returns (images seen, summed loss, correct count), the
     two sums still on the device."""
