@@ -304,10 +304,12 @@ def _new_tuner(
             metric=sweep.metric,
             mode="max",
             scheduler=scheduler,
-            # sampled dimensions drawn from the sweep's seed: the same trials on every run
-            search_alg=BasicVariantGenerator(random_state=sweep.seed),
+            # sampled dimensions drawn from the sweep's seed: the same trials on every run;
+            # the generator holds the cap (Tune ignores max_concurrent_trials beside one)
+            search_alg=BasicVariantGenerator(
+                random_state=sweep.seed, max_concurrent=sweep.resources.max_concurrent_trials or 0
+            ),
             num_samples=sweep.num_samples,
-            max_concurrent_trials=sweep.resources.max_concurrent_trials,
             reuse_actors=sweep.reuse_actors,
             trial_dirname_creator=trial_dirname,
         ),
