@@ -12,9 +12,11 @@ from capsnet.cli_options import (
     FiniteFloat,
     count,
     data_root_option,
+    known_model,
     mirror_option,
     output_option_check,
     train_default,
+    usage_check,
 )
 from capsnet.data.registry import TRAIN_DATASETS
 
@@ -38,7 +40,10 @@ PRECISIONS = ("bf16", "fp32")
 
 
 @click.command("train")
-@click.option("--model", "model_name", required=True, help="Registered model name.")
+@click.option(
+    "--model", "model_name", required=True, callback=usage_check(known_model),
+    help="Registered model name.",
+)  # fmt: skip
 @click.option(
     "--dataset",
     type=click.Choice(TRAIN_DATASETS),
