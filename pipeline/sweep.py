@@ -35,7 +35,7 @@ from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import locked
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import results, tracking
-from pipeline.gpu_worker import check_client as _check_client
+from pipeline.gpu_worker import connect
 
 
 class SweepError(CapsnetError):
@@ -248,8 +248,7 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     if address == "local":
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
     else:
-        _check_client(address)
-        ray.init(address=address, **options)
+        connect(address, **options)
     return True
 
 
