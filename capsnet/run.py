@@ -151,6 +151,15 @@ def budget_clock(device: torch.device) -> tuple[str, Callable[[], float]]:
     return "process-cpu", time.process_time
 
 
+def step_clock(device: torch.device) -> Callable[[], float]:
+    """The clock one training step's cost is read by: the calling thread's CPU time on a CPU
+    (``fastest_steps`` trains on that one thread, so a core another job holds neither counts
+    nor makes threads spin), the GPU time between CUDA events on CUDA, else the wall clock."""
+    if device.type == "cuda":
+        return CudaEventClock(device)
+    return time.thread_time if device.type == "cpu" else time.perf_counter
+
+
 def step_costs(specs: list[RunSpec], split: Split) -> list[float]:
     """Seconds of one training step of each spec's model on ``split``'s training items, with
     its augmentation and batch size (``capsnet.train.fastest_steps``: all measured here,
@@ -160,7 +169,7 @@ def step_costs(specs: list[RunSpec], split: Split) -> list[float]:
 
     shape = shape_of(split.train)
     runs = [(build_model(spec, shape), split.train, _fit_config(spec)) for spec in specs]
-    return fastest_steps(runs)
+    return fastest_steps(runs, step_clock)
 
 
 def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float, float],

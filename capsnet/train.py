@@ -243,46 +243,43 @@ class _Batches:
             yield tuple(torch.as_tensor(t).to(self.device, non_blocking=True) for t in batch)
 
 
+def _prepare(model: nn.Module, data: Dataset, config: TrainConfig, state: TrainState):
+    """(batches, generators, optimiser, scheduler) of a run of ``model`` on ``data``, the
+    model moved to the run's device (and compiled where ``config.compile`` asks)."""
+    device = select_device(config.device)
+    configure_backends(device)
+    _seed_everything(config.seed)
+    model.to(device)
+    compiled = config.compile and hasattr(model, "compile_routing")
+    if compiled:
+        model.compile_routing()
+    optimizer, scheduler = _optimiser(model, config, state)
+    generators = _generators(config, device, state)
+    # CUDA graphs replay one batch shape: a compiled CUDA run drops the last partial batch
+    batches = _Batches(data, config, device, drop_last=compiled and device.type == "cuda")
+    return batches, generators, optimizer, scheduler
+
+
 #: Timed steps per model (after one untimed warm-up step) when step costs are measured.
 STEP_SAMPLES = 20
 
 
-def step_clock(device: torch.device) -> Callable[[], float]:
-    """The clock one training step's cost is read by: the calling thread's CPU time on a CPU
-    (``fastest_steps`` trains on that one thread, so a core another job holds neither counts
-    nor makes threads spin), the GPU time between CUDA events on CUDA (``CudaEventClock``),
-    the wall clock elsewhere."""
-    if device.type == "cuda":
-        from capsnet.run import CudaEventClock
-
-        return CudaEventClock(device)
-    if device.type == "cpu":
-        return time.thread_time
-    return time.perf_counter
-
-
 def fastest_steps(
-    runs: list[tuple[nn.Module, Dataset, TrainConfig]], steps: int = STEP_SAMPLES
+    runs: list[tuple[nn.Module, Dataset, TrainConfig]],
+    clock_for: Callable[[torch.device], Callable[[], float]],
+    steps: int = STEP_SAMPLES,
 ) -> list[float]:
     """Seconds of one training step (augmentation, forward, loss, backward, optimiser) of
-    each (model, training data, config) in ``runs``: the fastest of ``steps`` timed steps on
-    one batch of its data, the models taken in turn (one step of each, then again) so that
-    all of them meet the same load. The least time is the one least stretched by other jobs
-    (a cost, not a duration). On a CPU the steps run on one thread (``step_clock``)."""
+    each (model, training data, config) in ``runs``: the fastest of ``steps`` steps on one
+    batch of its data, each timed by a new ``clock_for(device)``, the models taken in turn
+    (one step of each, then again) so that all of them meet the same load. The least time
+    is the one least stretched by other jobs. The steps run on one CPU thread."""
     prepared = []
     for model, data, config in runs:
-        device = select_device(config.device)
-        configure_backends(device)
-        _seed_everything(config.seed)
-        model.to(device).train()
-        if config.compile and hasattr(model, "compile_routing"):
-            model.compile_routing()
-        state = TrainState()
-        optimizer, scheduler = _optimiser(model, config, state)
-        generators = _generators(config, device, state)
-        batches = _Batches(data, config, device, drop_last=False)
+        batches, generators, optimizer, scheduler = _prepare(model, data, config, TrainState())
         batch = next(iter(batches.epoch(0, *generators)))
-        prepared.append((model, batch, config, generators[0], optimizer, scheduler, device))
+        model.train()
+        prepared.append((model, batch, config, generators[0], optimizer, scheduler, batches.device))
     threads = torch.get_num_threads()
     best = [math.inf] * len(prepared)
     try:
@@ -291,7 +288,7 @@ def fastest_steps(
             for i, (model, batch, config, generator, optimizer, scheduler, device) in enumerate(
                 prepared
             ):
-                clock = step_clock(device)
+                clock = clock_for(device)
                 started = clock()
                 train_step(model, augment(batch, config, generator), optimizer, scheduler, config)
                 seconds = clock() - started
@@ -387,18 +384,8 @@ def fit(
     the weights stop being finite. ``clock`` (seconds) measures ``config.time_budget``.
     """
     config = config or TrainConfig()
-    device = select_device(config.device)
-    configure_backends(device)
-    _seed_everything(config.seed)
-    model.to(device)
-    compiled = config.compile and hasattr(model, "compile_routing")
-    if compiled:
-        model.compile_routing()
     state = resume or TrainState()
-    optimizer, scheduler = _optimiser(model, config, state)
-    generators = _generators(config, device, state)
-    # CUDA graphs replay one batch shape: a compiled CUDA run drops the last partial batch
-    batches = _Batches(train_data, config, device, drop_last=compiled and device.type == "cuda")
+    batches, generators, optimizer, scheduler = _prepare(model, train_data, config, state)
 
     fit_started = clock()
     while state.epoch < config.epochs:
@@ -411,7 +398,7 @@ def fit(
         state.optimizer = optimizer.state_dict()
         state.scheduler = scheduler.state_dict()
         state.rng = generators[1].get_state()
-        state.device_rng = None if device.type == "cpu" else generators[0].get_state()
+        state.device_rng = None if batches.device.type == "cpu" else generators[0].get_state()
         if on_epoch is not None:
             on_epoch(record, state)
         if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):
