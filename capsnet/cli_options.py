@@ -315,10 +315,3 @@ def usage_check(check):
         return value
 
     return callback
-
-
-def known_model(name: str) -> None:
-    """ConfigError unless ``name`` is a registered model."""
-    from capsnet import models
-
-    models.spec(name)

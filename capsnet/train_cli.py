@@ -12,13 +12,19 @@ from capsnet.cli_options import (
     FiniteFloat,
     count,
     data_root_option,
-    known_model,
     mirror_option,
     output_option_check,
     train_default,
     usage_check,
 )
 from capsnet.data.registry import TRAIN_DATASETS
+
+
+def known_model(name: str) -> None:
+    """ConfigError unless ``name`` is a registered model."""
+    from capsnet import models
+
+    models.spec(name)
 
 
 @click.command("models")
