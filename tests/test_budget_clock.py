@@ -15,7 +15,16 @@ import torch
 from capsnet import models
 from capsnet.config.training import TrainConfig
 from capsnet.data.datasets import TensorImageDataset
-from capsnet.run import RunSpec, Split, budget_clock, equal_time_epochs, step_costs, train_run
+from capsnet.run import (
+    CudaEventClock,
+    RunSpec,
+    Split,
+    budget_clock,
+    equal_time_epochs,
+    step_clock,
+    step_costs,
+    train_run,
+)
 from capsnet.train import _budget_spent, fit
 
 
@@ -143,3 +152,11 @@ def test_equal_time_epochs_count_the_reference_steps_in_the_baseline_steps():
     assert equal_time_epochs(reference, baseline, (0.2, 0.01), 1000) == 30
     assert equal_time_epochs(reference, reference, (0.2, 0.2), 1000) == 3
     assert equal_time_epochs(baseline, reference, (0.01, 1.0), 1000) == 1  # never 0
+
+
+def test_a_step_cost_is_read_by_the_thread_cpu_clock_on_a_cpu_and_gpu_time_on_cuda(monkeypatch):
+    assert step_clock(torch.device("cpu")) is time.thread_time
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "stream")
+    monkeypatch.setattr(CudaEventClock, "__init__", lambda self, device: None)
+    assert isinstance(step_clock(torch.device("cuda")), CudaEventClock)
