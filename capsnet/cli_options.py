@@ -300,3 +300,18 @@ def output_option_check(kind: str = "root"):
         return value
 
     return callback
+
+
+def usage_check(check):
+    """A click callback that runs ``check(value)`` on a parameter's value (None passes); the
+    ConfigError it raises becomes a usage error naming the parameter (exit 2)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value is not None:
+            try:
+                check(value)
+            except ConfigError as exc:
+                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        return value
+
+    return callback

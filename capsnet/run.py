@@ -9,6 +9,7 @@ go; all of them train through ``train_run`` (the only caller of ``fit``). The da
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,6 +160,38 @@ def budget_clock(device: torch.device) -> tuple[str, Callable[[], float]]:
     return "process-cpu", time.process_time
 
 
+def step_clock(device: torch.device) -> Callable[[], float]:
+    """The clock one training step's cost is read by: the calling thread's CPU time on a CPU
+    (``fastest_steps`` trains on that one thread, so a core another job holds neither counts
+    nor makes threads spin), the GPU time between CUDA events on CUDA, else the wall clock."""
+    if device.type == "cuda":
+        return CudaEventClock(device)
+    return time.thread_time if device.type == "cpu" else time.perf_counter
+
+
+def step_costs(specs: list[RunSpec], split: Split) -> list[float]:
+    """Seconds of one training step of each spec's model on ``split``'s training items, with
+    its augmentation and batch size (``capsnet.train.fastest_steps``: all measured here,
+    each by its fastest steps)."""
+    from capsnet.data.datasets import shape_of
+    from capsnet.train import fastest_steps
+
+    shape = shape_of(split.train)
+    runs = [(build_model(spec, shape), split.train, _fit_config(spec)) for spec in specs]
+    return fastest_steps(runs, step_clock)
+
+
+def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float, float],
+                      train_items: int) -> int:  # fmt: skip
+    """The epochs ``baseline`` trains for the training time of ``reference``'s
+    ``reference.train.epochs`` epochs of ``train_items`` items, counted in steps of their
+    costs ``costs`` = (reference's, baseline's) seconds per step (``step_costs``): the
+    nearest whole number, at least 1."""
+    reference_steps = reference.train.epochs * math.ceil(train_items / reference.train.batch_size)
+    per_epoch = math.ceil(train_items / baseline.train.batch_size)
+    return max(1, round(reference_steps * costs[0] / (costs[1] * per_epoch)))
+
+
 def load_split(spec: RunSpec, progress: bool = False) -> Split:
     """The training and validation items of ``spec``: validation is the last
     ``val_size`` training items (centre crops for smallNORB), training the first
@@ -257,6 +290,11 @@ def check(spec: RunSpec) -> None:
         )
 
 
+def _fit_config(spec: RunSpec) -> TrainConfig:
+    """The TrainConfig ``fit`` reads for ``spec``: its training settings and augmentation."""
+    return dataclasses.replace(spec.train, augment=spec.augment, augment_params=spec.augment_params)
+
+
 OnEpoch = Callable[[dict, TrainState, nn.Module], None]
 
 
@@ -280,9 +318,7 @@ def train_run(
     split = split if split is not None else load_split(spec, progress)
     if len(split.train) == 0:
         raise DataError(f"{spec.dataset}: no training items left")
-    config = dataclasses.replace(
-        spec.train, augment=spec.augment, augment_params=spec.augment_params
-    )
+    config = _fit_config(spec)
     model = build_model(spec, shape_of(split.train))
     state = None
     if resume is not None:

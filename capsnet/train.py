@@ -243,6 +243,63 @@ class _Batches:
             yield tuple(torch.as_tensor(t).to(self.device, non_blocking=True) for t in batch)
 
 
+def _prepare(model: nn.Module, data: Dataset, config: TrainConfig, state: TrainState):
+    """(batches, generators, optimiser, scheduler) of a run of ``model`` on ``data``, the
+    model moved to the run's device (and compiled where ``config.compile`` asks)."""
+    device = select_device(config.device)
+    configure_backends(device)
+    _seed_everything(config.seed)
+    model.to(device)
+    compiled = config.compile and hasattr(model, "compile_routing")
+    if compiled:
+        model.compile_routing()
+    optimizer, scheduler = _optimiser(model, config, state)
+    generators = _generators(config, device, state)
+    # a compiled model trains on one batch shape (no recompile for an epoch's partial last
+    # batch; CUDA graphs replay one shape): a compiled run drops that batch
+    batches = _Batches(data, config, device, drop_last=compiled)
+    return batches, generators, optimizer, scheduler
+
+
+#: Timed steps per model (after one untimed warm-up step) when step costs are measured.
+STEP_SAMPLES = 20
+
+
+def fastest_steps(
+    runs: list[tuple[nn.Module, Dataset, TrainConfig]],
+    clock_for: Callable[[torch.device], Callable[[], float]],
+    steps: int = STEP_SAMPLES,
+) -> list[float]:
+    """Seconds of one training step (augmentation, forward, loss, backward, optimiser) of
+    each (model, training data, config) in ``runs``: the fastest of ``steps`` steps on one
+    batch of its data, each timed by a new ``clock_for(device)``, the models taken in turn
+    (one step of each, then again) so that all of them meet the same load. The least time
+    is the one least stretched by other jobs. The steps run on one CPU thread."""
+    prepared = []
+    for model, data, config in runs:
+        batches, generators, optimizer, scheduler = _prepare(model, data, config, TrainState())
+        batch = next(iter(batches.epoch(0, *generators)))
+        model.train()
+        prepared.append((model, batch, config, generators[0], optimizer, scheduler, batches.device))
+    threads = torch.get_num_threads()
+    best = [math.inf] * len(prepared)
+    try:
+        torch.set_num_threads(1)
+        for sample in range(steps + 1):  # sample 0 warms up (allocations, kernel choice)
+            for i, (model, batch, config, generator, optimizer, scheduler, device) in enumerate(
+                prepared
+            ):
+                clock = clock_for(device)
+                started = clock()
+                train_step(model, augment(batch, config, generator), optimizer, scheduler, config)
+                seconds = clock() - started
+                if sample:
+                    best[i] = min(best[i], seconds)
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
 def _train_epoch(model, batches, config, generators, state, optimizer, scheduler):
     """One pass over ``batches``; returns (images seen, summed loss, correct count), the
     two sums still on the device."""
@@ -328,19 +385,8 @@ def fit(
     the weights stop being finite. ``clock`` (seconds) measures ``config.time_budget``.
     """
     config = config or TrainConfig()
-    device = select_device(config.device)
-    configure_backends(device)
-    _seed_everything(config.seed)
-    model.to(device)
-    compiled = config.compile and hasattr(model, "compile_routing")
-    if compiled:
-        model.compile_routing()
     state = resume or TrainState()
-    optimizer, scheduler = _optimiser(model, config, state)
-    generators = _generators(config, device, state)
-    # a compiled model trains on one batch shape (no recompile for an epoch's partial last
-    # batch; CUDA graphs replay one shape): a compiled run drops that batch
-    batches = _Batches(train_data, config, device, drop_last=compiled)
+    batches, generators, optimizer, scheduler = _prepare(model, train_data, config, state)
 
     fit_started = clock()
     while state.epoch < config.epochs:
@@ -353,7 +399,7 @@ def fit(
         state.optimizer = optimizer.state_dict()
         state.scheduler = scheduler.state_dict()
         state.rng = generators[1].get_state()
-        state.device_rng = None if device.type == "cpu" else generators[0].get_state()
+        state.device_rng = None if batches.device.type == "cpu" else generators[0].get_state()
         if on_epoch is not None:
             on_epoch(record, state)
         if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):

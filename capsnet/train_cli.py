@@ -15,8 +15,16 @@ from capsnet.cli_options import (
     mirror_option,
     output_option_check,
     train_default,
+    usage_check,
 )
 from capsnet.data.registry import TRAIN_DATASETS
+
+
+def known_model(name: str) -> None:
+    """ConfigError unless ``name`` is a registered model."""
+    from capsnet import models
+
+    models.spec(name)
 
 
 @click.command("models")
@@ -38,7 +46,10 @@ PRECISIONS = ("bf16", "fp32")
 
 
 @click.command("train")
-@click.option("--model", "model_name", required=True, help="Registered model name.")
+@click.option(
+    "--model", "model_name", required=True, callback=usage_check(known_model),
+    help="Registered model name.",
+)  # fmt: skip
 @click.option(
     "--dataset",
     type=click.Choice(TRAIN_DATASETS),

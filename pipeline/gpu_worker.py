@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from capsnet.cli_errors import error_cause
 from capsnet.errors import ConfigError
 
 #: CPUs a GPU task asks for besides its GPU (data batching and the Python loop).
@@ -99,6 +100,25 @@ def check_client(address: str) -> None:
             ) from None
 
 
+def connect(address: str, **options) -> None:
+    """``ray.init`` at ``address``: a cluster that cannot be reached (down, a wrong address,
+    or a head that wants an authentication token, which Ray reports only in its log) is a
+    ConfigError naming the address and what to check."""
+    import ray
+
+    check_client(address)
+    try:
+        ray.init(address=address, **options)
+    except ConnectionError as exc:
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        raise ConfigError(
+            f"Ray cluster at {address}: {error_cause(exc)}; check that its head runs at that "
+            f"address (--address, RAY_ADDRESS); a head started with RAY_AUTH_MODE=token also "
+            f"needs RAY_AUTH_MODE=token (here: {mode}) and its token (RAY_AUTH_TOKEN or "
+            f"~/.ray/auth_token) in this shell"
+        ) from None
+
+
 def cluster_gpus() -> float:
     """GPUs of the alive nodes of the Ray cluster this process is connected to."""
     import ray
@@ -127,8 +147,7 @@ def placement(address: str | None = None, log: Callable[[str], None] | None = No
 
     owns = not ray.is_initialized()
     if owns:
-        check_client(address)
-        ray.init(address=address, log_to_driver=True)
+        connect(address, log_to_driver=True)
     try:
         gpus = cluster_gpus()
         if gpus > 0:

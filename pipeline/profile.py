@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from capsnet.cli_options import params_option
+from capsnet.cli_options import params_option, usage_check
 from capsnet.config.schema import DISTRIBUTIONS
 from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import check_input
@@ -201,7 +201,7 @@ def _shown(value: Any) -> str:
 
 
 @click.command("profile")
-@click.argument("name")
+@click.argument("name", callback=usage_check(profile_path))
 @params_option("the file the profile is laid over")
 @click.option(
     "--apply", "write", is_flag=True, help="Write the profile's settings into the params file."

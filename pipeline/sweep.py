@@ -37,7 +37,7 @@ from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import locked
 from capsnet.run import RunSpec, Split, section_spec
 from pipeline import ray_reaper, results, tracking
-from pipeline.gpu_worker import check_client as _check_client
+from pipeline.gpu_worker import connect
 
 
 class SweepError(CapsnetError):
@@ -259,8 +259,7 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
         ray_reaper.watch()  # its agents end with this process, even a SIGKILLed one
     else:
-        _check_client(address)
-        ray.init(address=address, **options)
+        connect(address, **options)
     return True
 
 
@@ -315,10 +314,12 @@ def _new_tuner(
             metric=sweep.metric,
             mode="max",
             scheduler=scheduler,
-            # sampled dimensions drawn from the sweep's seed: the same trials on every run
-            search_alg=BasicVariantGenerator(random_state=sweep.seed),
+            # sampled dimensions drawn from the sweep's seed: the same trials on every run;
+            # the generator holds the cap (Tune ignores max_concurrent_trials beside one)
+            search_alg=BasicVariantGenerator(
+                random_state=sweep.seed, max_concurrent=sweep.resources.max_concurrent_trials or 0
+            ),
             num_samples=sweep.num_samples,
-            max_concurrent_trials=sweep.resources.max_concurrent_trials,
             reuse_actors=sweep.reuse_actors,
             trial_dirname_creator=trial_dirname,
         ),

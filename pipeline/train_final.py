@@ -10,10 +10,12 @@ angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 
 The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
 with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
-baseline again for the best model's mean training time by ``capsnet.run.budget_clock``
-(the process's CPU time, or GPU time on CUDA: ``<baseline>@equal-time[-seed<k>].pt``) and
-with each extra strategy (``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
-``extra["comparison"]`` (arm, label, reference model, time budget) for the evaluation.
+baseline again for the best model's training time, in epochs by the cost of each model's
+fastest training steps (``capsnet.run.equal_time_epochs``:
+``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
+(``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
+``extra["comparison"]`` (arm, label, reference model, measured time, step costs) for the
+evaluation.
 
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
 (``capsnet.io.atomic_directory``), metrics.json included when it lies inside: a failed or
@@ -34,16 +36,13 @@ from typing import Any
 from capsnet.config import FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
 from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
-from capsnet.run import RunSpec, Split, section_spec
+from capsnet.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
 from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
 from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
-
-#: The most epochs of an equal-time run: its time budget ends it long before.
-EQUAL_TIME_MAX_EPOCHS = 10_000
 
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
@@ -223,15 +222,15 @@ def train_arms(
         budget = statistics.fmean(results[_key(reference, "", s, seeds[0])]["train_seconds"]
                                   for s in seeds)  # fmt: skip
         clock = results[_key(reference, "", seeds[0], seeds[0])]["time_clock"]
-        trainer.log(
-            f"equal time: each baseline trains for {budget:.1f} s of {clock} time "
-            f"({reference}'s mean)"
-        )
-        for spec in baselines:
-            timed = dataclasses.replace(
-                spec.train, epochs=EQUAL_TIME_MAX_EPOCHS, time_budget=budget
-            )
-            arm = {"arm": "equal_time", "label": spec.model, "time_budget_seconds": budget}
+        trainer.log(f"equal time: {reference}'s mean training time {budget:.1f} s of {clock} time")
+        costs = trainer.runner(step_costs, specs, split)
+        for spec, cost in zip(baselines, costs[1:], strict=True):
+            epochs = equal_time_epochs(specs[0], spec, (costs[0], cost), len(split.train))
+            trainer.log(f"equal time: {spec.model} trains {epochs} epochs (step costs "
+                        f"{costs[0] * 1000:.2f} ms and {cost * 1000:.2f} ms)")  # fmt: skip
+            timed = dataclasses.replace(spec.train, epochs=epochs)
+            arm = {"arm": "equal_time", "label": spec.model, "time_budget_seconds": budget,
+                   "step_seconds": [costs[0], cost]}  # fmt: skip
             later += arms(dataclasses.replace(spec, train=timed), "equal-time", arm)
     for strategy in final.baseline_augments:
         for spec in baselines:

@@ -1,9 +1,12 @@
-"""Equal time: the budget is spent in the run's own clock (the process's CPU time on a CPU,
-GPU time between CUDA events on CUDA), so other load on the machine moves neither the
-budget a capsule run sets nor the epochs a baseline gets for it."""
+"""Equal time: a baseline's epochs come from the cost of each model's fastest training steps,
+measured in one process, so other load on the machine does not move them; a run with a time
+budget spends it in the run's own clock (the process's CPU time on a CPU, GPU time between
+CUDA events on CUDA)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +15,16 @@ import torch
 from capsnet import models
 from capsnet.config.training import TrainConfig
 from capsnet.data.datasets import TensorImageDataset
-from capsnet.run import RunSpec, Split, budget_clock, train_run
+from capsnet.run import (
+    CudaEventClock,
+    RunSpec,
+    Split,
+    budget_clock,
+    equal_time_epochs,
+    step_clock,
+    step_costs,
+    train_run,
+)
 from capsnet.train import _budget_spent, fit
 
 
@@ -105,3 +117,46 @@ def test_on_cuda_the_clock_reads_gpu_time_between_events(monkeypatch):
     assert name == "cuda-events"
     gpu["now"] = 7.5  # 2.5 s of queued GPU work later
     assert clock() == pytest.approx(2.5) and gpu["synced"] == 1  # each reading waits for it
+
+
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` processes that only spin: load competing for this machine's cores."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def test_equal_time_epochs_from_the_fastest_steps_do_not_move_beside_a_busy_process():
+    split = Split(tiny_data(64), None)
+    train = TrainConfig(epochs=3, batch_size=32, device="cpu", progress=False)
+    specs = [RunSpec(model=m, train=train, augment="shift") for m in ("capsnet-small", "lenet5")]
+
+    def epochs() -> int:
+        costs = step_costs(specs, split)
+        return equal_time_epochs(specs[0], specs[1], (costs[0], costs[1]), 20_000)
+
+    idle = epochs()
+    loops = busy_loops(2)
+    try:
+        loaded = epochs()
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert idle > 3  # lenet5's step is cheaper: more epochs for the same time
+    assert abs(loaded - idle) <= 0.1 * idle, (idle, loaded)
+
+
+def test_equal_time_epochs_count_the_reference_steps_in_the_baseline_steps():
+    reference = RunSpec(model="capsnet-small", train=TrainConfig(epochs=3, batch_size=100))
+    baseline = RunSpec(model="lenet5", train=TrainConfig(epochs=1, batch_size=50))
+    # 3 epochs x 10 steps x 0.2 s = 6 s; lenet5 at 0.01 s x 20 steps = 0.2 s an epoch
+    assert equal_time_epochs(reference, baseline, (0.2, 0.01), 1000) == 30
+    assert equal_time_epochs(reference, reference, (0.2, 0.2), 1000) == 3
+    assert equal_time_epochs(baseline, reference, (0.01, 1.0), 1000) == 1  # never 0
+
+
+def test_a_step_cost_is_read_by_the_thread_cpu_clock_on_a_cpu_and_gpu_time_on_cuda(monkeypatch):
+    assert step_clock(torch.device("cpu")) is time.thread_time
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "stream")
+    monkeypatch.setattr(CudaEventClock, "__init__", lambda self, device: None)
+    assert isinstance(step_clock(torch.device("cuda")), CudaEventClock)

@@ -111,6 +111,20 @@ def test_unknown_model(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_unknown_model_or_profile_is_a_usage_error(tmp_path):
+    cases = [
+        (["train", "--model", "capsnett", "--out", str(tmp_path / "o")], "'--model'",
+         "unknown model 'capsnett'; choose one of: "),
+        (["profile", "nope"], "'NAME'", "profile 'nope' unknown; choose one of "),
+    ]  # fmt: skip
+    for args, option, fragment in cases:
+        done = CliRunner().invoke(cli.main, args)
+        assert done.exit_code == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and option in lines[0] and fragment in lines[0], lines
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_checkpoint(tmp_path):
     assert_one_line_error(
         run_cli("eval", str(tmp_path / "none.pt")), "none.pt", "checkpoint not found"

@@ -7,6 +7,7 @@ that exist, each `python -m` names an importable module. Commands with placehold
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -162,3 +163,37 @@ def test_the_docs_name_at_least_the_main_commands():
     programs = {words[0] for _, words in CASES}
     assert {"capsnet", "dvc"} <= programs
     assert any(words[:3] == ["dvc", "exp", "show"] for _, words in CASES)
+
+
+def _stage_outputs(root: Path) -> set[str]:
+    """Every path a dvc.yaml stage writes (outs, metrics, plots)."""
+    found = set()
+    for stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []):
+                found.add(next(iter(entry)) if isinstance(entry, dict) else entry)
+    return found
+
+
+def test_documented_commands_write_only_where_git_ignores_or_a_stage_writes():
+    """A reader who runs a documented command leaves no untracked file in the checkout."""
+    import subprocess
+
+    outputs = _stage_outputs(ROOT)
+    written = []
+    for where, words in CASES:
+        if words[0] != "capsnet" or any("<" in w for w in words):
+            continue
+        for option, value in itertools.pairwise(words):
+            if option in ("--out", "--figures", "--metrics") and not value.startswith("/"):
+                written.append((where, value))
+    assert written
+    for where, value in written:
+        path = Path(value)
+        if any(path in (Path(out), *Path(out).parents) or Path(out) in path.parents
+               for out in outputs):  # fmt: skip
+            continue  # a stage's output, inside one or the folder that holds them
+        ignored = subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, check=False
+        )
+        assert ignored.returncode == 0, f"{where}: {value} is neither ignored nor a stage output"

@@ -46,3 +46,16 @@ def test_a_long_function_is_reported(tmp_path):
     path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
     expected = f"long.py:5 long: {MAX_FUNCTION_LINES + 1} lines"
     assert long_functions(path, tmp_path) == [expected]
+
+
+def test_the_project_metadata_builds_without_setuptools_deprecations(monkeypatch):
+    """`.ci/setup` installs the project: its pyproject.toml draws no deprecation box."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(ROOT)  # the metadata names README.md relative to the project
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_configuration(Distribution(), "pyproject.toml")

@@ -22,6 +22,7 @@ import yaml
 from capsnet.config import SweepConfig
 from capsnet.errors import ConfigError
 from pipeline import results, sweep
+from pipeline.gpu_worker import check_client
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "pipeline" / "cluster"
@@ -325,9 +326,27 @@ def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
 def test_a_ray_client_address_without_ray_client_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
     with pytest.raises(ConfigError, match=r"ray://head:10001: .*\.\[cluster\]"):
-        sweep._check_client("ray://head:10001")
-    sweep._check_client("auto")  # other address forms need no client
-    sweep._check_client("10.0.0.1:6379")
+        check_client("ray://head:10001")
+    check_client("auto")  # other address forms need no client
+    check_client("10.0.0.1:6379")
+
+
+def test_a_cluster_that_refuses_the_connection_is_named_with_the_token_hint(monkeypatch):
+    """A head started with RAY_AUTH_MODE=token refuses a driver without the token; Ray
+    raises only "Failed to connect" (the reason is in its log): no params-file problem."""
+    import ray
+
+    def refuse(address, **options):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        sweep._init_ray("10.0.0.1:6379", None, "offline")
+    line = str(raised.value)
+    assert line.startswith("Ray cluster at 10.0.0.1:6379: ConnectionError: Failed to connect")
+    assert "RAY_AUTH_MODE=token (here: unset)" in line and "params" not in line
 
 
 def test_ray_client_and_ray_up_come_with_the_cluster_extra():
@@ -337,7 +356,7 @@ def test_ray_client_and_ray_up_come_with_the_cluster_extra():
     pytest.importorskip("boto3", reason="the cluster extra is not installed")
     import grpc  # noqa: F401  (Ray Client's transport)
 
-    sweep._check_client("ray://head:10001")
+    check_client("ray://head:10001")
 
 
 # -- results.csv -------------------------------------------------------------------------

@@ -164,6 +164,31 @@ def test_trial_larger_than_every_node_fails_fast(local_ray, tiny_sweep, sweep_da
         run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
 
 
+def test_at_most_max_concurrent_trials_run_at_once(local_ray, tiny_sweep, sweep_data, tmp_path):
+    """Two CPUs and trials of one: only the cap keeps the second trial waiting."""
+    from ray.tune import Callback
+
+    running: list[int] = []
+
+    class Watch(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            running.append(sum(t.status == "RUNNING" for t in trials))
+
+    sweep = tiny_sweep(
+        space={
+            "model": "lenet5",
+            "routing_iterations": 1,
+            "augment": "none",
+            "lr": {"grid": [0.001, 0.002, 0.003]},
+        },
+        resources={"cpus_per_trial": 1, "max_concurrent_trials": 1},
+        wandb={"mode": "disabled"},
+    )
+    run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data, callbacks=[Watch()])
+    assert running and max(running) == 1, running
+    assert len(read_csv(tmp_path / "sweep" / "results.csv")) == 3
+
+
 def test_unknown_augmentation_fails_before_ray(tiny_sweep, sweep_data, tmp_path):
     sweep = tiny_sweep(space={"augment": {"grid": ["none", "wobble"]}})
     with pytest.raises(ConfigError, match=r"sweep\.space: augment\.strategy 'wobble' unknown"):

@@ -178,14 +178,19 @@ def test_comparison_trains_seeds_equal_time_and_augmented_baselines(tmp_path, mn
         "arm": "equal_augmentation", "label": "capsnet-small", "reference": "capsnet-small",
     }  # fmt: skip
     assert arms["lenet5"] == {**arms["capsnet-small"], "label": "lenet5"}
+    costs = arms["lenet5@equal-time"].pop("step_seconds")
+    assert arms["lenet5@equal-time-seed5"].pop("step_seconds") == costs
     assert arms["lenet5@equal-time-seed5"] == {
         "arm": "equal_time", "label": "lenet5", "reference": "capsnet-small",
         "time_budget_seconds": pytest.approx(budget),
     }  # fmt: skip
+    assert costs[0] > costs[1] > 0  # a capsnet-small step costs more than a lenet5 step
     assert arms["lenet5@rotate"]["arm"] == "baseline_augmentation"
     assert arms["lenet5@rotate"]["label"] == "lenet5 (rotate)"
     timed = metas["lenet5@equal-time"]["train_config"]
-    assert timed["time_budget"] == pytest.approx(budget) and timed["epochs"] > 1000
+    # 1 epoch of 2 steps at capsnet-small's cost, in lenet5's steps: no time budget
+    assert timed["time_budget"] is None
+    assert timed["epochs"] == max(1, round(costs[0] / costs[1])) > 1
     assert results["lenet5@equal-time"]["epochs"] == len(
         metas["lenet5@equal-time"]["metrics"]["history"]
     )
