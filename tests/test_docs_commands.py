@@ -10,6 +10,7 @@ import importlib.util
 import itertools
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import click
@@ -145,6 +146,7 @@ def test_documented_command_is_valid(where, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     program = words[0]
     if program == "capsnet":
+        shutil.copytree(ROOT / "profiles", tmp_path / "profiles")  # run from the repository
         check_capsnet(words, tmp_path)
     elif program == "dvc":
         check_dvc(words, ROOT)

@@ -4,6 +4,7 @@ lines, no function over 60 lines (docstring included, decorators not)."""
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,43 @@ def test_the_limits_see_every_module():
     assert {"capsnet/run.py", "capsnet/cli.py", "pipeline/sweep.py"} <= names
 
 
-@pytest.mark.parametrize("path", sources(), ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_module_and_function_sizes(path):
+class SizeGuidance(UserWarning):
+    """A module or function past its size guide: a reason to look for a seam, not a cut."""
+
+
+def oversized(path: Path, root: Path = ROOT) -> list[str]:
+    """What in ``path`` is past the size guides, each with the seam to look for."""
+    found = []
     lines = path.read_text().count("\n")
-    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)}: {lines} lines"
-    assert long_functions(path) == []
+    if lines > MAX_MODULE_LINES:
+        found.append(
+            f"{path.relative_to(root)}: {lines} lines (guide {MAX_MODULE_LINES}): look for a "
+            "concern of its own (a dataset, a stage, a file format, a figure) to give a module"
+        )
+    found += [
+        f"{where} (guide {MAX_FUNCTION_LINES}): look for a step with a name of its own"
+        for where in long_functions(path, root)
+    ]
+    return found
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_module_and_function_sizes_are_guidance(path):
+    """Sizes past the guides are reported as warnings (pytest's summary lists them): a
+    module is split along a seam, never only to pass a limit."""
+    for finding in oversized(path):
+        warnings.warn(finding, SizeGuidance, stacklevel=1)
+
+
+def test_an_oversized_module_is_reported_with_its_seam(tmp_path):
+    path = tmp_path / "big.py"
+    path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (finding,) = oversized(path, tmp_path)
+    assert finding.startswith(f"big.py: {MAX_MODULE_LINES + 1} lines")
+    assert "look for a concern of its own" in finding
+    with pytest.warns(SizeGuidance, match="big.py"):
+        for finding in oversized(path, tmp_path):
+            warnings.warn(finding, SizeGuidance, stacklevel=1)
 
 
 def test_a_long_function_is_reported(tmp_path):
