@@ -93,8 +93,8 @@ def conv_caps_reference(layer, poses: torch.Tensor, activations: torch.Tensor):
         for x in range(w_out):
             votes, a = _window_votes(layer, poses, activations, y, x)  # (B, KKT, J, 16)
             pose, act, _, _ = em_routing_reference(
-                votes, a, layer.beta_v, layer.beta_a, layer.iterations, layer.final_lambda,
-                layer.min_var,
+                votes, a, layer.beta_v, layer.activation_bias(), layer.iterations,
+                layer.final_lambda, layer.min_var,
             )  # fmt: skip
             out_poses[y][x], out_acts[y][x] = pose, act
     return _stack_grid(out_poses), _stack_grid(out_acts)  # (B,H',W',J,16), (B,H',W',J)
@@ -128,8 +128,9 @@ def conv_caps_global_reference(layer, poses, activations, eps: float = 1e-6):
             r[w][:, first : first + t_in] = 1.0 / (len(parents) * n_out)
     for it in range(layer.iterations):
         lam = layer.final_lambda * (1.0 - 0.95 ** (it + 1))
+        beta_a = layer.activation_bias()  # (J,)
         fit = {
-            w: _m_step(votes[w], acts[w], r[w], layer.beta_v, layer.beta_a, lam, layer.min_var, eps)
+            w: _m_step(votes[w], acts[w], r[w], layer.beta_v, beta_a, lam, layer.min_var, eps)
             for w in windows
         }  # window -> (mu (B, J, 16), var (B, J, 16), activation (B, J))
         if it == layer.iterations - 1:
@@ -165,8 +166,8 @@ def class_caps_reference(layer, poses: torch.Tensor, activations: torch.Tensor, 
             all_votes.append(votes)
     votes = torch.cat(all_votes, dim=1)  # (B, HWT, E, 16): position-major like the fast layer
     pose, act, _, _ = em_routing_reference(
-        votes, activations.reshape(batch, -1), layer.beta_v, layer.beta_a, layer.iterations,
-        layer.final_lambda, layer.min_var,
+        votes, activations.reshape(batch, -1), layer.beta_v, layer.activation_bias(),
+        layer.iterations, layer.final_lambda, layer.min_var,
     )  # fmt: skip
     return pose, act
 

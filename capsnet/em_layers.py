@@ -42,16 +42,25 @@ class _EMRoutingLayer(nn.Module):
     """Routing settings shared by the capsule layers that route with EM, and the compiled
     routing with its fallback to eager."""
 
-    def __init__(self, iterations: int, final_lambda: float, min_var: float):
+    def __init__(
+        self, iterations: int, final_lambda: float, min_var: float, beta_a_scale: float = 1.0
+    ):
         super().__init__()
         self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
+        self.beta_a_scale = beta_a_scale
         self.compiled = False  # torch.compile the routing steps (EMCapsNet.compile_routing)
 
+    def activation_bias(self) -> torch.Tensor:
+        """(J,) the beta_a of the routing, ``beta_a_scale * beta_a``: the activation logit
+        is ``lambda (beta_a - cost)`` with lambda about 1e-3, so an unscaled beta_a moves an
+        activation by about 1e-3 per unit and learns a thousand times slower than the rest."""
+        return self.beta_a * self.beta_a_scale
+
     def route(self, children, activations, weight, vote_bias=None, scope=None):
-        """``em_routing`` with this layer's settings and parameters beta_v, beta_a; compiled
+        """``em_routing`` with this layer's settings, beta_v and ``activation_bias``; compiled
         when ``compiled``, eager (with a warning, ``compiled`` switched off) where
         torch.compile cannot build kernels here (no C++ compiler)."""
-        args = (children, activations, weight, self.beta_v, self.beta_a, self.iterations,
+        args = (children, activations, weight, self.beta_v, self.activation_bias(), self.iterations,
                 self.final_lambda, self.min_var)  # fmt: skip
         if self.compiled:
             try:
@@ -111,8 +120,9 @@ class ConvMatrixCaps(_EMRoutingLayer):
         min_var: float = EM_MIN_VAR,
         pose: str = "matrix",
         routing_scope: str = "global",
+        beta_a_scale: float = 1.0,
     ):
-        super().__init__(iterations, final_lambda, min_var)
+        super().__init__(iterations, final_lambda, min_var, beta_a_scale)
         if routing_scope not in ROUTING_SCOPES:
             raise ValueError(
                 f"routing_scope must be one of {', '.join(ROUTING_SCOPES)}, got {routing_scope!r}"
@@ -200,8 +210,9 @@ class ClassCaps(_EMRoutingLayer):
         coordinate_addition: bool = True,
         pose: str = "matrix",
         coordinate_entries: tuple[int, int] = COORDINATE_ENTRIES["paper"],
+        beta_a_scale: float = 1.0,
     ):
-        super().__init__(iterations, final_lambda, min_var)
+        super().__init__(iterations, final_lambda, min_var, beta_a_scale)
         self.coordinate_addition = coordinate_addition
         self.coordinate_entries = tuple(coordinate_entries)
         self.rows, cols = pose_shape(pose)

@@ -426,22 +426,42 @@ def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatc
     assert not compiled.caps1.compiled and not compiled.caps2.compiled
 
 
+def test_beta_a_moves_class_activations_as_much_as_the_cost_does():
+    """beta_a enters the activation logit as lambda (beta_a_scale beta_a - cost): with lambda
+    about 1e-3 an unscaled beta_a (1e-3 logit per unit) never moved an activation in a
+    training run; scaled, one unit moves a class activation logit by about one."""
+    torch.manual_seed(0)
+    model = models.build("em-capsnet-small", routing_iterations=2, **TINY)
+    scores = model(torch.rand(2, 1, 24, 24)).scores  # (2, 5)
+    (grad,) = torch.autograd.grad(scores.sum(), model.classes.beta_a)  # (5,)
+    slope = (scores * (1 - scores)).sum(0).detach()  # (5,) d a / d logit over the 2 images
+    lam = em_inverse_temperatures(2)[-1]
+    assert model.config.beta_a_scale * lam > 0.5
+    assert (grad / slope).abs().min() > 0.5  # logit per unit of beta_a
+
+
 def test_checkpoint_without_new_fields_loads_with_what_it_trained_with(tmp_path):
-    """A config saved before routing_scope and coordinate_form existed was trained per window
-    with the coordinates (pixel centre / image size) on vote entries 0 and 1: it loads so,
+    """A config saved before routing_scope, coordinate_form and beta_a_scale existed was
+    trained per window with the coordinates (pixel centre / image size) on vote entries 0 and
+    1 and an unscaled beta_a: it loads so,
     and its outputs are the reference's with exactly that coordinate addition."""
     torch.manual_seed(0)
     model = models.build(
-        "em-capsnet-small", routing_scope="window", coordinate_form="first-entries", **TINY
-    )
+        "em-capsnet-small", routing_scope="window", coordinate_form="first-entries",
+        beta_a_scale=1.0, **TINY,
+    )  # fmt: skip
+    with torch.no_grad():
+        for layer in (model.caps1, model.caps2, model.classes):
+            layer.beta_a.normal_()  # a trained beta_a: its scale changes the outputs
     path = tmp_path / "old.pt"
     checkpoint.save(path, model)
     payload = torch.load(path, weights_only=False)
-    del payload["model_config"]["routing_scope"]
-    del payload["model_config"]["coordinate_form"]
+    for name in ("routing_scope", "coordinate_form", "beta_a_scale"):
+        del payload["model_config"][name]
     torch.save(payload, path)
     loaded, meta = checkpoint.load(path)
     assert loaded.config.routing_scope == "window" == loaded.caps1.routing_scope
+    assert loaded.config.beta_a_scale == 1.0 == loaded.classes.beta_a_scale
     assert loaded.config.coordinate_form == "first-entries"
     assert meta["model_config"]["coordinate_form"] == "first-entries"
     assert loaded.classes.coordinate_entries == (0, 1)

@@ -32,6 +32,9 @@ def _check_positive(config, names: tuple[str, ...]) -> None:
             raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
 
 
+BETA_A_SCALE = 1000.0  # about 1 / lambda: beta_a moves an activation logit by ~1 per unit
+
+
 def _out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 
@@ -57,11 +60,15 @@ class EMCapsNetConfig:
     # (the first two of the right-hand column, SPEC 1.3); first-entries: the receptive-field
     # centre in input pixels, (pixel + 0.5) / image size, added to entries 0 and 1
     coordinate_form: str = "paper"
+    # beta_a enters the activation logit lambda (beta_a_scale * beta_a - cost): with lambda
+    # about 1e-3 an unscaled beta_a barely moves an activation (docs/em.md, "Learning")
+    beta_a_scale: float = BETA_A_SCALE
 
     # Saved configs without a field were trained with this value (capsnet.checkpoint.load).
-    missing_field_defaults: ClassVar[dict[str, str]] = {
+    missing_field_defaults: ClassVar[dict[str, object]] = {
         "routing_scope": "window",
         "coordinate_form": "first-entries",
+        "beta_a_scale": 1.0,
     }
 
     def __post_init__(self):
@@ -81,8 +88,8 @@ class EMCapsNetConfig:
                 f"coordinate_form must be one of {', '.join(COORDINATE_ENTRIES)}, "
                 f"got {self.coordinate_form!r}"
             )
-        if self.final_lambda <= 0 or self.min_var <= 0:
-            raise ValueError("final_lambda and min_var must be > 0")
+        if self.final_lambda <= 0 or self.min_var <= 0 or self.beta_a_scale <= 0:
+            raise ValueError("final_lambda, min_var and beta_a_scale must be > 0")
         if self.grid_sizes[-1] < 1:
             raise ValueError(f"input_size {self.input_size} is too small (needs >= 19)")
 
@@ -128,6 +135,7 @@ class EMCapsNet(nn.Module):
             "final_lambda": config.final_lambda,
             "min_var": config.min_var,
             "pose": config.pose,
+            "beta_a_scale": config.beta_a_scale,
         }
         scope = {"routing_scope": config.routing_scope}
         self.conv1 = nn.Conv2d(config.in_channels, config.A, kernel_size=5, stride=2)
