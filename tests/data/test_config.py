@@ -115,7 +115,7 @@ def test_optional_and_none(tmp_path):
 def test_invalid_yaml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"params.yaml: line \d+ not valid YAML"):
         config.load(write(tmp_path, "data: [\n"))
-    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: not found"):
         config.load(tmp_path / "nope.yaml")
 
 
