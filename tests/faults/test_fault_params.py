@@ -193,5 +193,5 @@ def test_a_profile_name_never_leads_outside_profiles(tmp_path, tally, profile_pr
     (tmp_path / "profiles" / "linked.yaml").symlink_to(tmp_path / "outside.yaml")
     before = snapshot(tmp_path)
     done = invoke("profile", name, "--params", profile_project, "--apply")
-    judge(tally, done, code=1, before=before, after=snapshot(tmp_path))
+    judge(tally, done, code=2, before=before, after=snapshot(tmp_path))  # a usage error
     assert name in done.lines[0] and "profiles" in done.lines[0], done.lines[0]
