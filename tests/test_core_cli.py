@@ -336,7 +336,7 @@ def test_eval_defaults_are_the_evaluate_sections():
 def test_data_root_and_mirror_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("CAPSNET_DATA", "/elsewhere")
     monkeypatch.setenv("CAPSNET_MIRROR", "/a/mirror")
-    for name, args in [("train", ["--model", "x", "--out", "o"]), ("eval", ["m.pt"])]:
+    for name, args in [("train", ["--model", "lenet5", "--out", "o"]), ("eval", ["m.pt"])]:
         params = _resolved(name, args)
         assert (str(params["data_root"]), params["mirror"]) == ("/elsewhere", "/a/mirror")
     monkeypatch.delenv("CAPSNET_DATA")
