@@ -86,7 +86,7 @@ elif fault == "after-exchange":  # the old run is still beside the new one
 else:  # no exchange on this system: two renames, killed after the first or the second
     io.exchange = lambda a, b: False
     os.replace = replace_then_die
-_save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig()),
+_save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig(), data={}),
       {"run": label})
 """
 
@@ -94,7 +94,7 @@ _save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfi
 def _save_run(out: Path, label: str) -> None:
     from capsnet.train_cli import _save
 
-    result = SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig())
+    result = SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig(), data={})
     _save(out, result, {"run": label})
 
 
@@ -167,7 +167,7 @@ def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
     history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
     return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
                            history=history, train_images=len(split.train), train_seconds=0.1,
-                           clock_seconds=0.1, clock="process CPU time")
+                           clock_seconds=0.1, clock="process CPU time", data={})
 
 capsnet.run.train_run = fake_train_run
 final = FinalTrainConfig.from_dict(json.loads(sys.argv[4]))
