@@ -235,6 +235,7 @@ def _eval_params(tmp_path: Path, models_dir: Path):
 def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
     from capsnet.eval import stage
 
+    monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
     models_dir.mkdir()
     (models_dir / "a.pt").write_text("checkpoint")
@@ -279,6 +280,7 @@ def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
     figures, rotation.csv and metrics.json: nothing is swapped in before all is written."""
     from capsnet.eval import outputs, stage
 
+    monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
     models_dir.mkdir()
     (models_dir / "a.pt").write_text("checkpoint")
