@@ -291,7 +291,8 @@ def _save(out: Path, result, metrics: dict) -> None:
     """OUT/model.pt and OUT/metrics.json, published together: built in a temporary sibling
     and swapped in for OUT in one step, so a kill leaves the old run or the new one."""
     from capsnet import checkpoint
-    from capsnet.io import atomic_directory, atomic_write_json
+    from capsnet.io import atomic_write_json
+    from capsnet.outputset import atomic_directory
 
     check_run_dir(out)
     with atomic_directory(out) as tmp:
