@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from capsnet import outputset
-from capsnet.config import FinalTrainConfig, Params, SweepConfig
+from capsnet.config import SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
 from capsnet.io import atomic_write_json, read_json
 from capsnet.outputset import atomic_directory
 from capsnet.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
 from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
-from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec, used_settings
+from pipeline.trainable import device_label, run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -65,8 +65,7 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
 
 def config_value_problem(key: str, value: Any) -> str | None:
     """Why ``value`` cannot be trial-config ``key`` (see pipeline.trainable), or None."""
-    names = ("model", "augment", "loss")
-    kind = MODEL_KEYS.get(key, float if key in TRAIN_KEYS else str if key in names else None)
+    kind = SEARCHABLE_TYPES.get(key)
     if value is None or kind is None:
         return None
     if kind is bool:
