@@ -208,6 +208,7 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
                    train_size: int) -> dict[str, Any]:  # fmt: skip
     """Load the selected epoch's weights, save ``<kind>/<model>.pt``; return its entry."""
     from capsnet import checkpoint
+    from capsnet.config import to_dict
 
     model, chosen = trained["model"], selection["models"][role]
     name = settings.model_name(role)
@@ -227,19 +228,11 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
     return {
         "model": name,
         "checkpoint": relative,
-        "config": _plain(vars(model.config)),
+        "config": to_dict(model.config),
         "train_config": trained["config"].to_dict(),
         "epochs": settings.epochs,
         "history": trained["history"],
     }
-
-
-def _plain(value):
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 # --- outputs ------------------------------------------------------------------------------------
