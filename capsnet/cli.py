@@ -2,7 +2,7 @@
 
 Commands are named by ``"module:attribute"`` strings, so ``capsnet --help`` and shell
 completion import neither torch nor the pipeline's libraries, and nothing in capsnet/
-imports pipeline/: the strings below are its only mention.
+imports pipeline/: the strings in ``DECLARED`` are its only mention.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,37 +24,62 @@ from capsnet.lifetime import die_with_dvc
 
 DEBUG_ENV = "CAPSNET_DEBUG"
 
-COMMANDS: dict[str, str] = {
-    "bench": "benchmarks.throughput:throughput_command",
-    "data": "capsnet.data.cli:data_group",
-    "eval": "capsnet.eval_cli:eval_command",
-    "evaluate-stage": "capsnet.eval_cli:evaluate_stage_command",
-    "models": "capsnet.train_cli:models_command",
-    "profile": "pipeline.profile:profile_command",
-    "publish": "pipeline.publish:publish_command",
-    "sweep": "pipeline.sweep_cli:sweep_command",
-    "train": "capsnet.train_cli:train_command",
-    "train-final": "pipeline.train_final_cli:train_final_command",
-    "viewpoints": "pipeline.viewpoints_cli:viewpoints_command",
-}
 
-#: What ``capsnet --help`` lists; tests/test_walls.py holds each to its command's short help.
-SHORT_HELP: dict[str, str] = {
-    "bench": "Throughput of a capsule model against its naive reference and the conv ceiling.",
-    "data": "Download, prepare and look at datasets (the DVC data stages).",
-    "eval": "Evaluate CHECKPOINT(s) side by side on the chosen test sets.",
-    "evaluate-stage": "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
-    "evaluate.out_dir.",
-    "models": "List the registered models with their parameter counts.",
-    "profile": "Check a params profile (profiles/NAME.yaml) against the params file; --apply "
-    "writes it.",
-    "publish": "report.html, results.md and W&B eval runs; with --readme the README's table.",
-    "sweep": "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
-    "train": "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",
-    "train-final": "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",
-    "viewpoints": "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on "
-    "novel viewpoints at matched familiar error -> viewpoints.out_dir.",
-}
+@dataclass(frozen=True)
+class Command:
+    """One ``capsnet`` command: its name, its click command as ``"module:attribute"``
+    (imported on use), the line ``capsnet --help`` lists (tests/test_walls.py holds it to the
+    command's short help), and for a DVC stage command the params sections it reads and
+    the dvc.yaml stages that run it (the data stages are the dataset registry's)."""
+
+    name: str
+    target: str
+    help: str
+    sections: tuple[str, ...] = ()
+    stages: tuple[str, ...] = ()
+    torch_free_help: bool = True  # ``capsnet NAME --help`` imports no torch
+
+
+#: Every command, declared once: the group, its help, tests/test_walls.py,
+#: pipeline/dvc_deps.py (which reads this literal without importing) and the docs test
+#: read it. A new stage adds one entry here (docs/pipeline.md, "Adding a stage").
+DECLARED: tuple[Command, ...] = (
+    Command("bench", "benchmarks.throughput:throughput_command",
+            "Throughput of a capsule model against its naive reference and the conv ceiling.",
+            torch_free_help=False),
+    Command("data", "capsnet.data.cli:data_group",
+            "Download, prepare and look at datasets (the DVC data stages).",
+            sections=("data",), torch_free_help=False),
+    Command("eval", "capsnet.eval_cli:eval_command",
+            "Evaluate CHECKPOINT(s) side by side on the chosen test sets."),
+    Command("evaluate-stage", "capsnet.eval_cli:evaluate_stage_command",
+            "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
+            "evaluate.out_dir.", sections=("evaluate",), stages=("evaluate",)),
+    Command("models", "capsnet.train_cli:models_command",
+            "List the registered models with their parameter counts."),
+    Command("profile", "pipeline.profile:profile_command",
+            "Check a params profile (profiles/NAME.yaml) against the params file; --apply "
+            "writes it."),
+    Command("publish", "pipeline.publish:publish_command",
+            "report.html, results.md and W&B eval runs; with --readme the README's table.",
+            sections=("publish",), stages=("publish",)),
+    Command("sweep", "pipeline.sweep_cli:sweep_command",
+            "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
+            sections=("sweep", "smallnorb_sweep"), stages=("sweep", "sweep_smallnorb")),
+    Command("train", "capsnet.train_cli:train_command",
+            "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included)."),
+    Command("train-final", "pipeline.train_final_cli:train_final_command",
+            "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",
+            sections=("train", "smallnorb_train"), stages=("train", "train_smallnorb")),
+    Command("viewpoints", "pipeline.viewpoints_cli:viewpoints_command",
+            "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on "
+            "novel viewpoints at matched familiar error -> viewpoints.out_dir.",
+            sections=("viewpoints",), stages=("viewpoints",)),
+)  # fmt: skip
+
+#: Command name -> ``"module:attribute"`` and -> its help line, from ``DECLARED``.
+COMMANDS: dict[str, str] = {c.name: c.target for c in DECLARED}
+SHORT_HELP: dict[str, str] = {c.name: c.help for c in DECLARED}
 
 #: Optional modules -> the extra that installs them.
 EXTRAS = {

@@ -1,7 +1,7 @@
 """The headline numbers of an evaluation: which entry fills a model's cell for a test set
 (the checkpoint trained for that set, a seed mean over a single checkpoint), its number and
 deviation. Shared by the evaluate stage's summary metrics (``capsnet.eval.outputs``), the
-report and the README table (``pipeline.cells``)."""
+report and the README table (``capsnet.metrics``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Atomic files and directories, stale temporaries, a per-directory lock, the DISABLED marker.
+"""Atomic files, stale temporaries, a per-directory lock, reading the DISABLED marker.
 
 A file is written to a temporary sibling ``.<name>.<host>-<pid>-<random>.tmp``, flushed,
 fsynced and renamed over the target, so a reader sees the old bytes or the new ones, never a
@@ -13,7 +13,8 @@ one). The host and pid in the names keep a live writer's temporaries safe. A dev
 FIFO or socket is never replaced. ``locked`` serialises the writers of one directory.
 
 A stage whose input is switched off in params still has to produce its DVC outputs; its
-output directory then holds ``DISABLED.txt`` saying why.
+output directory then holds ``DISABLED.txt`` saying why (``capsnet.outputset.write_disabled``
+writes it, ``read_disabled`` reads it). Directories are published by ``capsnet.outputset``.
 """
 
 from __future__ import annotations
@@ -268,29 +269,6 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a fresh temporary directory that replaces ``path`` when the block succeeds.
-
-    The swap holds the lock of ``path``'s parent (``locked``) and is one exchange of the
-    two names where the system has one; otherwise the old ``path`` is renamed aside, the
-    new one renamed in (the old one put back if that fails) and the old one removed. On
-    any error in the block the temporary directory is removed and ``path`` is left as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    refuse_special(path)
-    remove_stale(path)
-    staging = new_temp_dir(path)
-    try:
-        yield staging
-        with locked(path.parent):
-            remove_stale(path)
-            staging = _swap_in(staging, path)
-    finally:
-        _remove(staging)
-
-
 def _swap_in(staging: Path, path: Path) -> Path:
     """Put ``staging`` at ``path`` atomically; return where the replaced content now is."""
     if not os.path.lexists(path):
@@ -433,30 +411,12 @@ def _holder(lock_path: Path) -> str:
     return f" (pid {pid})" if pid.isdigit() else ""
 
 
-def write_marker(directory: str | os.PathLike, reason: str) -> Path:
-    """Write ``<directory>/DISABLED.txt`` holding ``reason`` (atomically); return its path."""
-    return atomic_write_text(Path(directory) / DISABLED_MARKER, reason.rstrip() + "\n")
-
-
-def write_disabled(path: str | os.PathLike, reason: str) -> Path:
-    """Make ``path`` a directory holding only DISABLED.txt with ``reason``, swapped in
-    atomically (DVC needs every stage output to exist, even for data switched off)."""
-    with atomic_directory(path) as tmp:
-        write_marker(tmp, reason)
-    return Path(path)
-
-
 def read_disabled(path: str | os.PathLike) -> str | None:
     """The reason in ``<path>/DISABLED.txt``, or None when ``path`` is not marked disabled."""
     marker = Path(path) / DISABLED_MARKER
     if not marker.is_file():
         return None
     return marker.read_text(encoding="utf-8").strip()
-
-
-def is_disabled(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory marked with DISABLED.txt."""
-    return (Path(path) / DISABLED_MARKER).is_file()
 
 
 def clear_disabled(path: str | os.PathLike) -> None:

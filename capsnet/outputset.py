@@ -1,11 +1,15 @@
 """Outputs published as one unit: every file and directory of a stage written to
 temporaries first, then renamed into place together (``OutputSet``), and targets a rename
 would silently replace or could not replace refused (``refuse_read_only``,
-``refuse_target``). Built on capsnet/io.py."""
+``refuse_target``). ``atomic_directory`` (one directory) and ``write_disabled`` (the
+outputs of a stage whose input is switched off) are OutputSets. Built on capsnet/io.py."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from capsnet import io  # through the module, so its helpers are one implementation
@@ -117,3 +121,44 @@ class OutputSet:
             self.commit()
         else:
             self.discard()
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary directory that replaces ``path`` when the block succeeds
+    (an ``OutputSet`` of one directory); on any error ``path`` is left as it was."""
+    with OutputSet() as outputs:
+        yield outputs.directory(path)
+
+
+def write_disabled(
+    directory: str | os.PathLike,
+    reason: str,
+    json_files: Iterable[str | os.PathLike] = (),
+    files: Mapping[str | os.PathLike, str] | None = None,
+    replace: bool = True,
+) -> Path:
+    """The one DISABLED writer: publish, as one unit, ``directory`` holding
+    ``DISABLED.txt`` with ``reason``, each of ``json_files`` holding ``{"disabled":
+    reason}`` and ``files`` ({path: text}); a path inside ``directory`` goes into it.
+    ``replace``: the directory is swapped in holding only these; else they are added to it
+    in place. DVC needs every stage output to exist, even for data switched off."""
+    directory = Path(directory)
+    texts = {directory / io.DISABLED_MARKER: reason.rstrip() + "\n"}
+    texts |= {Path(p): json.dumps({"disabled": reason}, indent=2) + "\n" for p in json_files}
+    texts |= {Path(p): text for p, text in (files or {}).items()}
+    with OutputSet() as outputs:
+        staging = outputs.directory(directory) if replace else None
+        for path, text in texts.items():
+            relative = inside(path, directory)
+            if staging is not None and relative is not None:
+                io.atomic_write_text(staging / relative, text)
+            else:
+                outputs.file(path, text)
+    return directory
+
+
+def inside(path: str | os.PathLike, directory: str | os.PathLike) -> Path | None:
+    """``path`` relative to ``directory`` when it lies inside, else None."""
+    path, directory = Path(path).resolve(), Path(directory).resolve()
+    return path.relative_to(directory) if path.is_relative_to(directory) else None

@@ -192,15 +192,16 @@ def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float,
     return max(1, round(reference_steps * costs[0] / (costs[1] * per_epoch)))
 
 
-def load_split(spec: RunSpec, progress: bool = False) -> Split:
+def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) -> Split:
     """The training and validation items of ``spec``: validation is the last
     ``val_size`` training items (centre crops for smallNORB), training the first
-    ``train_size`` of the rest (random crops with brightness and contrast for smallNORB)."""
+    ``train_size`` of the rest (random crops with brightness and contrast for smallNORB).
+    ``model_config``: the run's (``check``), when the caller has it."""
     from capsnet.data.datasets import load, split_tail
 
     if spec.dataset == "smallnorb":
         return _smallnorb_split(spec)
-    options = {"components": True} if reconstructs_digits(spec) else {}
+    options = {"components": True} if reconstructs_digits(spec, model_config) else {}
     full = load(
         spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
     )
@@ -210,14 +211,12 @@ def load_split(spec: RunSpec, progress: bool = False) -> Split:
     return Split(train, val)
 
 
-def reconstructs_digits(spec: RunSpec) -> bool:
+def reconstructs_digits(spec: RunSpec, model_config: Any = None) -> bool:
     """Whether ``spec`` trains a decoder on MultiMNIST: then each digit is reconstructed from
     its own true-label capsule against its own image (paper section 6)."""
-    from capsnet import models
-
     if spec.dataset != "multimnist":
         return False
-    return bool(getattr(models.make_config(spec.model, **spec.overrides), "decoder", False))
+    return bool(getattr(model_config or check(spec), "decoder", False))
 
 
 def _smallnorb_split(spec: RunSpec) -> Split:
@@ -268,26 +267,31 @@ def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None
     return test.subset(limit) if hasattr(test, "subset") else Slice(test, 0, limit)
 
 
-def build_model(spec: RunSpec, shape) -> nn.Module:
-    """``spec.model`` for data of ``shape``, seeded by ``spec.train.seed``."""
+def build_model(spec: RunSpec, shape, model_config: Any = None) -> nn.Module:
+    """``spec.model`` for data of ``shape``, seeded by ``spec.train.seed``, from the run's
+    model config (``check``; built here when not given)."""
     from capsnet import models
 
     torch.manual_seed(spec.train.seed)
-    return models.build(spec.model, shape, **spec.overrides)
+    config = models.with_shape(spec.model, model_config or check(spec), shape)
+    return models.from_config(spec.model, config)
 
 
-def check(spec: RunSpec) -> None:
-    """Fail before any data is read on an unknown model, override or augmentation."""
+def check(spec: RunSpec) -> Any:
+    """Fail before any data is read on an unknown model, override or augmentation; return
+    the run's model config (without the data's shape: ``build_model`` adds it)."""
     from capsnet import models
     from capsnet.data.augment import check_strategy
 
-    models.make_config(spec.model, **spec.overrides)
+    model_config = models.make_config(spec.model, **spec.overrides)
+    models.check_shape_overrides(spec.model, spec.overrides)
     check_strategy(spec.augment)
     if spec.dataset == "smallnorb" and spec.augment != "none":
         raise ConfigError(
             f"augment {spec.augment!r}: smallnorb augments itself (random crops, brightness "
             f"and contrast: data.smallnorb); use none"
         )
+    return model_config
 
 
 def _fit_config(spec: RunSpec) -> TrainConfig:
@@ -314,12 +318,12 @@ def train_run(
     from capsnet.data.datasets import shape_of
     from capsnet.train import select_device
 
-    check(spec)
-    split = split if split is not None else load_split(spec, progress)
+    model_config = check(spec)
+    split = split if split is not None else load_split(spec, progress, model_config)
     if len(split.train) == 0:
         raise DataError(f"{spec.dataset}: no training items left")
     config = _fit_config(spec)
-    model = build_model(spec, shape_of(split.train))
+    model = build_model(spec, shape_of(split.train), model_config)
     state = None
     if resume is not None:
         weights, state = resume

@@ -17,6 +17,7 @@ from capsnet.cli_options import (
     train_default,
     usage_check,
 )
+from capsnet.config.sweep import LOSSES
 from capsnet.data.registry import TRAIN_DATASETS
 
 
@@ -69,7 +70,7 @@ PRECISIONS = ("bf16", "fp32")
 @click.option("--weight-decay", type=FiniteFloat(0), **train_default("weight_decay"))
 @click.option(
     "--loss",
-    type=click.Choice(["auto", "margin", "cross-entropy", "spread"]),
+    type=click.Choice(LOSSES),
     **train_default("loss"),
     help="auto: margin for dynamic-routing capsules, spread for EM, cross-entropy for CNNs.",
 )
@@ -291,7 +292,8 @@ def _save(out: Path, result, metrics: dict) -> None:
     """OUT/model.pt and OUT/metrics.json, published together: built in a temporary sibling
     and swapped in for OUT in one step, so a kill leaves the old run or the new one."""
     from capsnet import checkpoint
-    from capsnet.io import atomic_directory, atomic_write_json
+    from capsnet.io import atomic_write_json
+    from capsnet.outputset import atomic_directory
 
     check_run_dir(out)
     with atomic_directory(out) as tmp:

@@ -1,6 +1,6 @@
 """What ``capsnet sweep`` (pipeline/sweep_cli.py) and ``capsnet train-final``
 (pipeline/train_final_cli.py) share: the params option, the sections and where each sweep
-writes, and why a smallNORB section cannot run. Each command lives in its own module, so a
+writes. Each command lives in its own module, so a
 DVC stage depends only on the code its command imports.
 
 ``--section`` picks the params section: ``sweep`` / ``train`` (MNIST, the defaults) or
@@ -33,20 +33,6 @@ def load_params(params_path: Path):
     from capsnet import config
 
     return config.load(params_path)
-
-
-def disabled_reason(params, sweep, data_root) -> str | None:
-    """Why the sweep's dataset cannot be used (smallNORB switched off in params, or its
-    prepared directory holding only DISABLED.txt), or None (MNIST is always on)."""
-    from capsnet.io import read_disabled
-
-    if sweep.dataset != "smallnorb":
-        return None
-    if not params.data.smallnorb.enabled:
-        return "data.smallnorb.enabled is false in params.yaml"
-    prepared = Path(data_root or "data") / "prepared" / "smallnorb"
-    why = read_disabled(prepared)
-    return None if why is None else f"{prepared} is switched off ({why})"
 
 
 def check_sweep_outputs(params_path: Path, section: str, sweep) -> None:

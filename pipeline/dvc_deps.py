@@ -2,10 +2,10 @@
 
 A stage's ``cmd`` is ``python -m capsnet COMMAND ...``: a console script of this project
 run as a package (pyproject.toml's ``[project.scripts]``), so the stage imports the code of
-the repository DVC runs it in. The script's module maps command names to ``"module:attr"``
-in ``COMMANDS``. The closure starts from the package's ``__main__``, the script's module
-and the command's module and follows, in every
-module reached, every import statement at every level (inside functions and ``if
+the repository DVC runs it in. The script's module declares each command's
+``"module:attr"`` in ``DECLARED`` (``capsnet.cli``). The closure starts from the package's
+``__main__``, the script's module and the command's module and follows, in every module
+reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
 module's dotted name (the model registry imports its families by name). Importing
 ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
@@ -168,7 +168,7 @@ def import_closure(
 
 
 def command_target(root: Path, script_module: str, command: str) -> str:
-    """``"module:attr"`` of ``command`` from the ``COMMANDS`` dict of ``script_module``."""
+    """``"module:attr"`` of ``command`` as ``script_module`` declares it (``_static_commands``)."""
     path = module_file(root, script_module)
     if path is None:
         raise ConfigError(f"console script module {script_module} is not in {root}")
@@ -179,17 +179,34 @@ def command_target(root: Path, script_module: str, command: str) -> str:
 
 
 def _static_commands(path: Path) -> dict[str, str]:
-    """The literal ``COMMANDS = {"name": "module:attr", ...}`` of a CLI module."""
+    """The commands a CLI module declares without running it: its literal ``DECLARED``
+    tuple of ``Command("name", "module:attr", ...)`` or literal ``COMMANDS`` dict."""
     for node in ast.parse(path.read_text(), filename=str(path)).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id == "COMMANDS":
+        if not isinstance(target, ast.Name) or node.value is None:
+            continue
+        if target.id == "DECLARED" and isinstance(node.value, (ast.Tuple, ast.List)):
+            declared = [_declared(e) for e in node.value.elts]
+            if declared and None not in declared:
+                return dict(declared)
+        if target.id == "COMMANDS":
             try:
                 commands = ast.literal_eval(node.value)
             except ValueError:
-                break
+                continue
             if isinstance(commands, dict):
                 return {str(k): str(v) for k, v in commands.items()}
     raise ConfigError(f"{path}: no literal COMMANDS dict mapping command names to module:attr")
+
+
+def _declared(node: ast.expr) -> tuple[str, str] | None:
+    """(name, target) of a ``Command("name", "module:attr", ...)`` call, else None."""
+    if not isinstance(node, ast.Call) or len(node.args) < 2:
+        return None
+    name, target = node.args[:2]
+    if not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (name, target)):
+        return None
+    return name.value, target.value
 
 
 #: The interpreters a stage may name: ``python``, ``python3``, ``python3.11``.

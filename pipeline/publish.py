@@ -3,12 +3,13 @@ copies) and eval/published.json, one W&B eval run per evaluated checkpoint (job_
 "eval"), one "comparison" run with the seeds' comparison as a table, and a W&B Report
 when online.
 
-Publishing is one unit: metrics.json is read through the typed loader (``cells.
-load_results``, which refuses an empty or malformed result), the README's markers and
-every target's permissions are checked, and every text is rendered before anything is
-written; the W&B runs are logged next, and the files last, together (``OutputSet``). W&B
-is offline unless an API key is configured (pipeline.tracking.resolve_mode); nothing here
-touches the network in offline mode. ``capsnet publish`` is the stage's command.
+Publishing is one unit: metrics.json is read through the typed loader
+(``capsnet.metrics.load_results``, which refuses an empty or malformed result), the
+README's markers and every target's permissions are checked, and every text is rendered
+before anything is written; the W&B runs are logged next, and the files last, together
+(``OutputSet``). W&B is offline unless an API key is configured
+(pipeline.tracking.resolve_mode); nothing here touches the network in offline mode.
+``capsnet publish`` is the stage's command.
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ from typing import Any
 import click
 
 from capsnet.cli_options import check_output, params_option
+from capsnet.metrics import (
+    COMPARISON_KEY,
+    Comparison,
+    EvalResults,
+    load_results,
+    parse_results,
+)
 from capsnet.outputset import OutputSet, refuse_read_only
 from pipeline import comparison_text, provenance, readme, report, tracking
-from pipeline.cells import COMPARISON_KEY, Comparison, EvalResults, load_results, parse_results
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.

@@ -16,20 +16,18 @@ from pathlib import Path
 
 from capsnet.errors import CapsnetError
 from capsnet.io import atomic_write_text, check_input
-from capsnet.outputset import refuse_read_only
-from pipeline import comparison_text
-from pipeline.cells import (
+from capsnet.metrics import (
     Entry,
     EvalResults,
     Viewpoints,
-    column_title,
     load_results,
     model_picks,
-    paper_metric,
     parse_results,
-    percent,
     table_columns,
 )
+from capsnet.outputset import refuse_read_only
+from pipeline import comparison_text
+from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import SOURCES_LINE, paper_number
 
 BEGIN = "<!-- results:begin -->"

@@ -15,20 +15,18 @@ from typing import Any
 
 from capsnet.headline import count_text
 from capsnet.io import atomic_write_text
-from pipeline import comparison_text
-from pipeline.cells import (
+from capsnet.metrics import (
     Comparison,
     Entry,
     EvalResults,
     Viewpoints,
-    column_title,
     load_results,
     model_picks,
-    paper_metric,
     parse_results,
-    percent,
     table_columns,
 )
+from pipeline import comparison_text
+from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import paper_number
 
 # --- HTML ---------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ from typing import Any
 
 from capsnet.cli_errors import error_cause
 from capsnet.config import SweepConfig
-from capsnet.io import atomic_directory, atomic_write_text, clear_disabled, write_marker
+from capsnet.io import DISABLED_MARKER, atomic_write_text, clear_disabled
+from capsnet.outputset import atomic_directory
+from capsnet.outputset import write_disabled as write_disabled_outputs
 from pipeline.tracking import trial_number
 from pipeline.trainable import applies
 
@@ -218,16 +220,14 @@ def write_disabled(out_dir, sweep: SweepConfig, reason: str) -> dict[str, str]:
     ``{"disabled": reason}``, results.csv and the plot files with their header and no
     rows."""
     paths = output_paths(out_dir, sweep)
-    marker = write_marker(out_dir, reason)
-    atomic_write_text(paths["best"], json.dumps({"disabled": reason}, indent=2) + "\n")
-    atomic_write_text(paths["results"], _csv([], result_columns(sweep)))
     metrics = list(sweep.metrics())
     headers = {
+        "results": result_columns(sweep),
         "by_routing": ["routing_iterations", *metrics],
         "by_augment": ["augment", *metrics],
         "ablation": ABLATION_COLUMNS,
     }
-    for name, columns in headers.items():
-        if name in paths:
-            atomic_write_text(paths[name], _csv([], columns))
+    empty = {paths[name]: _csv([], columns) for name, columns in headers.items() if name in paths}
+    write_disabled_outputs(out_dir, reason, [paths["best"]], empty, replace=False)
+    marker = Path(out_dir) / DISABLED_MARKER
     return {"disabled": str(marker), **{k: str(v) for k, v in paths.items()}}

@@ -15,7 +15,6 @@ from pipeline.cli import (
     SWEEP_SECTIONS,
     check_ray_address,
     check_sweep_outputs,
-    disabled_reason,
     load_params,
     sigint_seen,
 )
@@ -56,6 +55,7 @@ from pipeline.cli import (
 @mirror_option
 def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
     """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
+    from capsnet.data.stages import why_off
     from pipeline.results import write_disabled
     from pipeline.sweep import SweepInterrupted, base_spec, run_sweep
 
@@ -63,7 +63,7 @@ def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, m
     sweep = getattr(params, section)
     out_dir = out_dir or SWEEP_OUT[section]
     check_output(out_dir, "--out")
-    reason = disabled_reason(params, sweep, data_root)
+    reason = why_off(params, sweep.dataset, data_root)
     if reason is not None:
         outputs = write_disabled(out_dir, sweep, reason)
         click.echo(f"{section}: not run, {reason}")

@@ -18,7 +18,7 @@ fastest training steps (``capsnet.run.equal_time_epochs``:
 evaluation.
 
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
-(``capsnet.io.atomic_directory``), metrics.json included when it lies inside: a failed or
+(``capsnet.outputset.atomic_directory``), metrics.json included when it lies inside: a failed or
 killed stage leaves the earlier directory, never a mix of old and new checkpoints.
 """
 
@@ -33,13 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capsnet.config import FinalTrainConfig, Params, SweepConfig
+from capsnet import outputset
+from capsnet.config import SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
-from capsnet.io import atomic_directory, atomic_write_json, read_json, write_marker
+from capsnet.io import atomic_write_json, read_json
+from capsnet.outputset import atomic_directory
 from capsnet.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
 from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
-from pipeline.trainable import MODEL_KEYS, TRAIN_KEYS, device_label, run_spec, used_settings
+from pipeline.trainable import device_label, run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -63,8 +65,7 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
 
 def config_value_problem(key: str, value: Any) -> str | None:
     """Why ``value`` cannot be trial-config ``key`` (see pipeline.trainable), or None."""
-    names = ("model", "augment", "loss")
-    kind = MODEL_KEYS.get(key, float if key in TRAIN_KEYS else str if key in names else None)
+    kind = SEARCHABLE_TYPES.get(key)
     if value is None or kind is None:
         return None
     if kind is bool:
@@ -99,29 +100,6 @@ def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, 
     return runs
 
 
-def write_disabled(out_dir, reason: str, metrics_path=None) -> Path:
-    """A final-training output directory for a dataset switched off, swapped in whole:
-    DISABLED.txt saying why and, with ``metrics_path``, metrics ``{"disabled": reason}``;
-    no checkpoint (none from an earlier run with the data on is kept, so none looks current)."""
-    out = Path(out_dir)
-    inside = _inside(metrics_path, out)
-    with atomic_directory(out) as tmp:
-        write_marker(tmp, reason)
-        if inside is not None:
-            atomic_write_json(tmp / inside, {"disabled": reason})
-    if metrics_path is not None and inside is None:
-        atomic_write_json(Path(metrics_path), {"disabled": reason})
-    return out
-
-
-def _inside(path, directory: Path) -> Path | None:
-    """``path`` relative to ``directory`` when it lies inside, else None."""
-    if path is None:
-        return None
-    path, directory = Path(path).resolve(), directory.resolve()
-    return path.relative_to(directory) if path.is_relative_to(directory) else None
-
-
 def train_final(
     final: FinalTrainConfig,
     sweep: SweepConfig,
@@ -149,7 +127,7 @@ def train_final(
     specs = [run_spec(run, base) for run in final_runs(best, final)]
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
-    inside = _inside(metrics_path, Path(final.out_dir))
+    inside = None if metrics_path is None else outputset.inside(metrics_path, final.out_dir)
     with placement(log=log) as runner, atomic_directory(final.out_dir) as staging:
         trainer = _Trainer(final, sweep, best, log, staging, runner)
         if sweep.dataset == "smallnorb":

@@ -13,7 +13,6 @@ from pipeline.cli import (
     SWEEP_OUT,
     SWEEP_SECTIONS,
     TRAIN_SECTIONS,
-    disabled_reason,
     load_params,
 )
 
@@ -55,7 +54,9 @@ def train_final_command(
     params_path, section, sweep_section, best_path, metrics_path, data_root, mirror
 ):
     """Train the best sweep config and the baselines; write <out_dir>/<model>.pt."""
-    from pipeline.train_final import train_final, write_disabled
+    from capsnet.data.stages import why_off
+    from capsnet.outputset import write_disabled
+    from pipeline.train_final import train_final
 
     params = load_params(params_path)
     final = getattr(params, section)
@@ -67,9 +68,9 @@ def train_final_command(
     if metrics_path is not None:
         check_output(metrics_path, "--metrics", "file")
     metrics_path = metrics_path or Path(final.out_dir) / "metrics.json"
-    reason = disabled_reason(params, sweep, data_root)
+    reason = why_off(params, sweep.dataset, data_root)
     if reason is not None:
-        out = write_disabled(final.out_dir, reason, metrics_path)
+        out = write_disabled(final.out_dir, reason, [metrics_path])
         click.echo(f"{section}: not run, {reason}")
         click.echo(f"wrote {out / 'DISABLED.txt'}, {metrics_path} (marked disabled)")
         return

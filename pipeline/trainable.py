@@ -20,18 +20,16 @@ from typing import Any
 
 import torch
 
+from capsnet.config import SEARCHABLE_TYPES
+from capsnet.config.training import TrainConfig
 from capsnet.run import RunSpec, Split
 
-#: Trial-config keys that are fields of TrainConfig (numbers).
-TRAIN_KEYS = ("lr", "m_plus", "m_minus", "lam", "recon_weight", "weight_decay")
+_RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)}  # model, augment
+_TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - _RUN_FIELDS
+#: Trial-config keys that are fields of TrainConfig -> their value type (SearchSpace's).
+TRAIN_KEYS = {k: t for k, t in SEARCHABLE_TYPES.items() if k in _TRAIN_FIELDS}
 #: Trial-config keys that are model config fields, applied to models that have them.
-MODEL_KEYS = {
-    "routing_iterations": int,
-    "pose": str,
-    "coordinate_addition": bool,
-    "detach_inner": bool,
-    "routing_scope": str,
-}
+MODEL_KEYS = {k: t for k, t in SEARCHABLE_TYPES.items() if k not in _RUN_FIELDS | _TRAIN_FIELDS}
 CHECKPOINT_FILE = "trial.pt"
 
 
@@ -73,9 +71,9 @@ def run_spec(config: dict[str, Any], base: RunSpec) -> RunSpec:
         for key, convert in MODEL_KEYS.items()
         if config.get(key) is not None and applies(name, key)
     }
-    values: dict[str, Any] = {k: float(config[k]) for k in TRAIN_KEYS if config.get(k) is not None}
-    if config.get("loss") is not None:
-        values["loss"] = str(config["loss"])
+    values = {
+        k: convert(config[k]) for k, convert in TRAIN_KEYS.items() if config.get(k) is not None
+    }
     return dataclasses.replace(
         base,
         model=name,

@@ -1,5 +1,5 @@
 """``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage),
-``capsnet.viewpoints`` run in this process or, when this machine has no GPU and the Ray
+``pipeline.viewpoints`` run in this process or, when this machine has no GPU and the Ray
 cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``).
 capsnet/cli.py attaches it."""
 
@@ -20,14 +20,16 @@ def _stderr_log(line: str) -> None:
 def viewpoints_command(params_path, data_root):
     """Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel
     viewpoints at matched familiar error -> viewpoints.out_dir."""
-    from capsnet import config, viewpoints
+    from capsnet import config
+    from capsnet.data.stages import why_off
+    from pipeline import viewpoints
     from pipeline.gpu_worker import placement
 
     params = config.load(params_path)
     where = f"{params_path.name}: viewpoints.out_dir"
     check_output(params.viewpoints.out_dir, where)
     check_output(f"{params.viewpoints.out_dir}.csv", where, "file")
-    if viewpoints.disabled_reason(params, data_root) is not None:
+    if why_off(params, "smallnorb", data_root) is not None:
         result = viewpoints.run(params, data_root, log=_stderr_log)
     else:
         with placement(log=_stderr_log) as runner:

@@ -1,4 +1,4 @@
-"""The typed reading of eval/metrics.json (pipeline/cells.py): what the report, the README
+"""The typed reading of eval/metrics.json (capsnet/metrics.py): what the report, the README
 table and the W&B eval runs get from an entry and from the viewpoint section, and the
 schema errors."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from capsnet.errors import CapsnetError
-from pipeline.cells import ViewpointKind, ViewpointModel, model_picks, parse_results
+from capsnet.metrics import ViewpointKind, ViewpointModel, model_picks, parse_results
 
 CAPS = {
     "model": "capsnet-small",
@@ -151,3 +151,17 @@ def test_comparison_is_typed_for_the_sentences_and_tables():
     assert group.within_tolerance is True and group.train_seconds_std is None
     assert group.accuracy == {"0": 0.97, "35": None} and group.std == {"0": 0.01}
     assert comparison.canonical() == section and comparison.canonical() is not section
+
+
+def test_the_committed_metrics_json_round_trips_byte_for_byte():
+    """One contract: the file the evaluate stage wrote, read into the types and written
+    back through the same module, is the same bytes."""
+    from pathlib import Path
+
+    from capsnet import metrics
+
+    path = Path(__file__).resolve().parents[1] / "eval" / "metrics.json"
+    text = path.read_text()
+    results = metrics.load_results(path)
+    assert results.to_json() == text
+    assert metrics.metrics_json(results.to_dict()) == text

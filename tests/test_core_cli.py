@@ -490,3 +490,12 @@ def test_a_device_torch_knows_but_cannot_run_is_refused():
         with pytest.raises(ConfigError, match=f"--device {name}"):
             select_device(name)
     assert select_device("cpu") == torch.device("cpu")
+
+
+def test_train_loss_choices_are_the_config_s_losses():
+    """One home for the loss names: capsnet.config's Loss, which params.yaml is checked against."""
+    from capsnet import config
+
+    command = cli.load_command("train")
+    loss = next(p for p in command.params if p.name == "loss")
+    assert tuple(loss.type.choices) == config.LOSSES

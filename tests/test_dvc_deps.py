@@ -191,6 +191,14 @@ def test_a_stage_must_run_a_project_command(repo_root):
     assert {"capsnet/__main__.py", "capsnet/cli.py", "capsnet/train_cli.py"} <= closure["ok"]
 
 
+def test_the_command_targets_are_read_from_the_cli_declaration(repo_root):
+    """dvc_deps reads ``capsnet.cli.DECLARED`` without importing it: the same targets."""
+    from capsnet import cli
+
+    for name, target in cli.COMMANDS.items():
+        assert dvc_deps.command_target(repo_root, "capsnet.cli", name) == target
+
+
 def test_stage_params_exist_in_params_yaml(repo_root, stages):
     import yaml
 

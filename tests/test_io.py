@@ -1,4 +1,5 @@
-"""capsnet.io: atomic files and directories, stale temporaries, the lock, the DISABLED marker."""
+"""capsnet.io and capsnet.outputset: atomic files and directories, stale temporaries, the
+lock, the DISABLED marker."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capsnet import io
+from capsnet import io, outputset
 from capsnet.errors import CapsnetError
 
 
@@ -57,7 +58,7 @@ def test_file_mode_follows_umask(tmp_path, umask_027):
 
 
 def test_directory_mode_follows_umask(tmp_path, umask_027):
-    with io.atomic_directory(tmp_path / "d") as tmp:
+    with outputset.atomic_directory(tmp_path / "d") as tmp:
         (tmp / "x").write_text("1")
     assert _mode(tmp_path / "d") == 0o750
 
@@ -91,7 +92,7 @@ def test_directory_publish_replaces_old_one(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "stale.txt").write_text("stale")
-    with io.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target) as tmp:
         assert tmp.parent == tmp_path and tmp.name.startswith(".out.")
         assert (target / "stale.txt").exists()  # the old one stays until the block succeeds
         (tmp / "new.txt").write_text("new")
@@ -103,7 +104,7 @@ def test_failed_directory_publish_keeps_old_one(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    with pytest.raises(ValueError), io.atomic_directory(target) as tmp:
+    with pytest.raises(ValueError), outputset.atomic_directory(target) as tmp:
         (tmp / "half.txt").write_text("half")
         raise ValueError("stage failed")
     assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
@@ -113,7 +114,7 @@ def test_failed_directory_publish_keeps_old_one(tmp_path):
 def test_directory_publish_replaces_a_file(tmp_path):
     target = tmp_path / "out"
     target.write_text("a file where the directory goes")
-    with io.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target) as tmp:
         (tmp / "x").write_text("1")
     assert target.is_dir() and (target / "x").read_text() == "1"
 
@@ -122,23 +123,43 @@ def test_disabled_marker_round_trip(tmp_path):
     out = tmp_path / "stage"
     out.mkdir()
     (out / "result.csv").write_text("old result")
-    assert io.read_disabled(out) is None and not io.is_disabled(out)
-    io.write_disabled(out, "data.smallnorb.enabled is false\n\n")
+    assert io.read_disabled(out) is None
+    outputset.write_disabled(out, "data.smallnorb.enabled is false\n\n")
     assert sorted(p.name for p in out.iterdir()) == [io.DISABLED_MARKER]
     assert (out / "DISABLED.txt").read_text() == "data.smallnorb.enabled is false\n"
-    assert io.is_disabled(out)
     assert io.read_disabled(out) == "data.smallnorb.enabled is false"
     io.clear_disabled(out)
     assert io.read_disabled(out) is None
     io.clear_disabled(out)  # nothing to remove is fine
 
 
-def test_write_marker_keeps_other_files(tmp_path):
-    (tmp_path / "best.json").write_text("{}")
-    path = io.write_marker(tmp_path, "switched off")
-    assert path == tmp_path / "DISABLED.txt"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["DISABLED.txt", "best.json"]
+def test_write_disabled_in_place_keeps_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("kept")
+    outputset.write_disabled(tmp_path, "switched off", [tmp_path / "best.json"], replace=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DISABLED.txt", "best.json", "notes.txt"]
     assert io.read_disabled(tmp_path) == "switched off"
+    assert json.loads((tmp_path / "best.json").read_text()) == {"disabled": "switched off"}
+
+
+def test_write_disabled_publishes_files_inside_and_beside_as_one_unit(tmp_path):
+    out, beside = tmp_path / "out", tmp_path / "out.csv"
+    outputset.write_disabled(out, "off", [out / "r.json", tmp_path / "m.json"], {beside: "h\n"})
+    assert sorted(p.name for p in out.iterdir()) == ["DISABLED.txt", "r.json"]
+    assert (tmp_path / "m.json").read_text() == '{\n  "disabled": "off"\n}\n'
+    assert beside.read_text() == "h\n"
+
+
+def test_write_disabled_changes_nothing_when_one_target_cannot_be_replaced(tmp_path):
+    """A target refused (a directory where a file goes) leaves every output as it was: no
+    DISABLED directory beside an old CSV that would look current."""
+    out = tmp_path / "out"
+    (out / "model.pt").parent.mkdir()
+    (out / "model.pt").write_text("weights")
+    (tmp_path / "out.csv").mkdir()
+    with pytest.raises(CapsnetError, match=r"out\.csv: is a directory"):
+        outputset.write_disabled(out, "off", files={tmp_path / "out.csv": "h\n"})
+    assert sorted(p.name for p in out.iterdir()) == ["model.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.csv"]
 
 
 def _dead_pid() -> int:
@@ -159,7 +180,7 @@ def test_modes_under_common_umasks(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
         io.atomic_write_text(tmp_path / "a.txt", "x")
-        with io.atomic_directory(tmp_path / "d") as tmp:
+        with outputset.atomic_directory(tmp_path / "d") as tmp:
             io.atomic_write_text(tmp / "inner.txt", "y")
             (tmp / "sub").mkdir()
         with io.locked(tmp_path / "root") as lock_path:
@@ -211,7 +232,7 @@ def test_a_failed_writer_leaves_no_planted_old_copy_as_the_output(tmp_path):
     planted = _temp_of(target, _dead_pid(), ".old")
     planted.mkdir()
     (planted / "model.pt").write_text("planted")
-    with pytest.raises(RuntimeError), io.atomic_directory(target) as tmp:
+    with pytest.raises(RuntimeError), outputset.atomic_directory(target) as tmp:
         (tmp / "model.pt").write_text("half")
         raise RuntimeError("the writer fails")
     assert not target.exists() and sorted(tmp_path.iterdir()) == []
@@ -228,7 +249,7 @@ def test_a_special_file_is_refused_not_replaced(tmp_path, make):
     with pytest.raises(CapsnetError, match="not a regular file"):
         io.atomic_write_text(target, "x")
     with pytest.raises(CapsnetError, match="not a regular file"):
-        with io.atomic_directory(target):
+        with outputset.atomic_directory(target):
             pass
     after = os.stat(target)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (
@@ -257,7 +278,7 @@ def test_old_copy_beside_a_new_directory_is_removed(tmp_path):
     old = _temp_of(target, _dead_pid(), ".old")
     old.mkdir()
     (old / "old.txt").write_text("old")
-    with io.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target) as tmp:
         (tmp / "newer.txt").write_text("newer")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert sorted(p.name for p in target.iterdir()) == ["newer.txt"]
@@ -279,7 +300,7 @@ def test_directory_swap_with_and_without_exchange(tmp_path, monkeypatch, can_exc
         monkeypatch.setattr(io, "exchange", lambda a, b: False)
     target = tmp_path / "out"
     for content in ("first", "second", "third"):
-        with io.atomic_directory(target) as tmp:
+        with outputset.atomic_directory(target) as tmp:
             (tmp / "f").write_text(content)
         assert (target / "f").read_text() == content
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -296,7 +317,7 @@ def test_exchange_swaps_two_paths(tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from capsnet import io
+from capsnet import io, outputset
 with io.locked(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -350,7 +371,9 @@ def test_lock_timeout_is_one_clear_error(tmp_path, monkeypatch):
 
 def test_lock_is_reentrant_and_serialises_swaps(tmp_path):
     with io.locked(tmp_path), io.locked(tmp_path):
-        with io.atomic_directory(tmp_path / "out") as tmp:  # locks tmp_path again: no deadlock
+        with outputset.atomic_directory(
+            tmp_path / "out"
+        ) as tmp:  # locks tmp_path again: no deadlock
             (tmp / "x").write_text("1")
         assert (tmp_path / ".capsnet.lock").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -207,8 +207,8 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     import sys
     import types
 
+    from capsnet.metrics import parse_results
     from pipeline import publish as publishing
-    from pipeline.cells import parse_results
 
     class Block:
         def __init__(self, kind, *args, **kwargs):

@@ -40,6 +40,18 @@ def test_shape_fields_may_not_be_overridden():
         train_run(spec(overrides={"input_size": 32}), tiny_split())
 
 
+def test_a_run_builds_its_model_config_once(monkeypatch):
+    """check, the data loader and the model all use the one config ``check`` built."""
+    built = []
+    make_config = models.make_config
+    monkeypatch.setattr(
+        models, "make_config", lambda *a, **k: built.append(a) or make_config(*a, **k)
+    )
+    result = train_run(spec(), tiny_split(size=40))
+    assert len(built) == 1
+    assert result.model.config.input_size == 40
+
+
 def test_the_strategy_and_its_params_reach_the_training_config():
     split = tiny_split()
     params = AugmentParams(shift=ShiftAugment(pixels=3))

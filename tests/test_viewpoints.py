@@ -18,6 +18,7 @@ from capsnet import eval as evaluation
 from capsnet.cli import main
 from capsnet.config.training import TrainConfig
 from capsnet.errors import ConfigError
+from pipeline import viewpoints as stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
 from datahelpers import write_smallnorb_raw
@@ -141,7 +142,7 @@ def test_both_models_train_at_the_sections_precision(tmp_path):
     fp32 = config.load(write_params(tmp_path / "p.yaml", "viewpoints:\n  amp: fp32\n"))
     for params, amp in ((config.Params(), TrainConfig.amp), (fp32, "fp32")):
         for role in ("capsules", "cnn"):
-            assert viewpoints.kind_spec(params, tmp_path, "azimuth", role).train.amp == amp
+            assert stage.kind_spec(params, tmp_path, "azimuth", role).train.amp == amp
 
 
 def test_unknown_model_or_override_fails_before_any_data(tmp_path):

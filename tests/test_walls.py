@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 
-from capsnet import cli
+from capsnet import cli, config
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("pipeline", "ray", "wandb", "dvc")
@@ -104,9 +106,7 @@ def test_help_lists_every_command_without_importing_any():
         assert name in listed
 
 
-@pytest.mark.parametrize(
-    "name", ["train", "eval", "evaluate-stage", "viewpoints", "models", "sweep", "publish"]
-)
+@pytest.mark.parametrize("name", [c.name for c in cli.DECLARED if c.torch_free_help])
 def test_a_command_s_help_imports_no_torch_and_no_pipeline_library(name):
     """Defaults come from torch-free dataclasses (capsnet.config), so --help stays fast."""
     loaded = _loaded_after(_run_group([name, "--help"]))["loaded"]
@@ -131,3 +131,29 @@ def test_every_command_target_imports_and_is_a_click_command(name):
 def test_the_help_table_and_the_commands_name_the_same_commands():
     assert set(cli.SHORT_HELP) == set(cli.COMMANDS)
     assert all(target.count(":") == 1 for target in cli.COMMANDS.values())
+
+
+def _dvc_stages() -> dict[str, str]:
+    """dvc.yaml's stage name -> its command (the word after ``-m capsnet``)."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    return {
+        name: stage["cmd"].split("-m capsnet", 1)[1].split()[0] for name, stage in stages.items()
+    }
+
+
+def test_every_dvc_stage_is_declared_by_the_command_it_runs():
+    """``cli.DECLARED`` names each pipeline stage once, beside the command dvc.yaml runs for
+    it and the params sections it reads; the data stages are the dataset registry's."""
+    declared = {stage: c.name for c in cli.DECLARED for stage in c.stages}
+    ran = {stage: command for stage, command in _dvc_stages().items() if command != "data"}
+    assert declared == ran
+    sections = {f.name for f in dataclasses.fields(config.Params)}
+    for command in cli.DECLARED:
+        assert set(command.sections) <= sections, command.name
+
+
+def test_the_pipeline_doc_lists_every_declared_stage():
+    table = (ROOT / "docs" / "pipeline.md").read_text()
+    for command in cli.DECLARED:
+        for stage in command.stages:
+            assert f"| `{stage}` | `capsnet {command.name}" in table, stage

@@ -50,23 +50,6 @@ EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
 #: Training and evaluation precisions (TrainConfig.amp; docs/gpu.md).
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
-#: The parameters a sweep may search: the model, its routing, the loss and the data.
-SEARCHABLE = (
-    "model",
-    "routing_iterations",
-    "m_plus",
-    "m_minus",
-    "lam",
-    "augment",
-    "lr",
-    "recon_weight",
-    "pose",
-    "coordinate_addition",
-    "loss",
-    "weight_decay",
-    "detach_inner",
-    "routing_scope",
-)
 #: The ablation axes and their neutral values: the matrix-capsule axes of the EM paper
 #: (SPEC 1.3; ``routing_scope``: EM assignments normalised over all windows a child feeds,
 #: or per window) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
@@ -132,6 +115,20 @@ class SearchSpace:
     def searched(self) -> list[str]:
         """Names of the parameters drawn from a grid or distribution."""
         return [n for n in SEARCHABLE if isinstance(getattr(self, n), dict)]
+
+
+def _value_type(hint: Any) -> type:
+    """The type of one value of ``Searched[T]``: T, or str for a Literal of names."""
+    (inner,) = typing.get_args(hint)
+    return str if typing.get_origin(inner) is Literal else inner
+
+
+#: The parameters a sweep may search (the model, its routing, the loss and the data), each
+#: with the type of one of its values: read from ``SearchSpace``, their one home.
+SEARCHABLE_TYPES: dict[str, type] = {
+    name: _value_type(hint) for name, hint in typing.get_type_hints(SearchSpace).items()
+}
+SEARCHABLE: tuple[str, ...] = tuple(SEARCHABLE_TYPES)
 
 
 @dataclass

@@ -81,7 +81,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse the extracted test batches into ``out_dir/test.pt`` (and ``test-centered.pt``
     from just_centered/test.mat when present)."""
     from capsnet.data.store import save_prepared
-    from capsnet.io import atomic_directory
+    from capsnet.outputset import atomic_directory
 
     raw_dir = Path(raw_dir)
     batches = _mat_files(raw_dir / "test_batches")
@@ -268,7 +268,7 @@ def build_synth(
     """Write ``out_dir/test.pt``: affnist-synth from the MNIST test split under ``root``."""
     from capsnet.data import mnist
     from capsnet.data.store import save_prepared
-    from capsnet.io import atomic_directory
+    from capsnet.outputset import atomic_directory
 
     images, labels = mnist.load_tensors(root, "test", download_missing=False)
     if limit is not None:
@@ -376,7 +376,7 @@ def load_synth_dataset(request):
 def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
     """The download stage: the archives (data.affnist.source real or auto), a DISABLED.txt
     when synth, or when auto and the real files are unreachable."""
-    from capsnet.io import write_disabled
+    from capsnet.outputset import write_disabled
 
     if section.source == "synth":
         return write_disabled(out, "data.affnist.source is synth: the real files are not used")

@@ -201,7 +201,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
     and in meta the source (smallnorb or smallnorb-synth)."""
     from capsnet.data.store import save_prepared
-    from capsnet.io import atomic_directory
+    from capsnet.outputset import atomic_directory
 
     source = raw_source(raw_dir)
     splits = {split: read_split(raw_dir, split) for split in PREFIX}
@@ -378,10 +378,10 @@ def load(
     ``augment``, default for train) or centre-cropped test items; ``source`` attribute:
     smallnorb or smallnorb-synth."""
     from capsnet.data.store import load_prepared
-    from capsnet.io import is_disabled
+    from capsnet.io import read_disabled
 
     prepared = Path(root) / "prepared" / "smallnorb"
-    if is_disabled(prepared):
+    if read_disabled(prepared) is not None:
         raise DatasetDisabled(
             f"{prepared}: smallnorb is switched off (data.smallnorb.enabled in params.yaml)"
         )

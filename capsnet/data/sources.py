@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.errors import DataError
-from capsnet.io import atomic_directory, fsync_dir, new_temp_file, remove_stale
+from capsnet.io import fsync_dir, new_temp_file, remove_stale
+from capsnet.outputset import atomic_directory
 
 MIRROR_ENV = "CAPSNET_MIRROR"
 DEADLINE_ENV = "CAPSNET_DOWNLOAD_DEADLINE"
@@ -369,7 +370,7 @@ def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike)
     drive letters, symlinks).
 
     Members are extracted into a temporary sibling of ``target`` that is swapped in only
-    when all succeeded (``capsnet.io.atomic_directory``), so a refused, corrupt or killed
+    when all succeeded (``capsnet.outputset.atomic_directory``), so a refused, corrupt or killed
     extraction leaves the earlier ``target`` as it was, and its debris is removed next time.
     """
     archive_path, target = Path(archive_path), Path(target)

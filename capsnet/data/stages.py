@@ -15,9 +15,10 @@ from pathlib import Path
 
 from capsnet.config import Params
 from capsnet.data.registry import DOWNLOADS, PREPARES, get, resolve
-from capsnet.io import clear_disabled, locked, read_disabled, remove_stale_in, write_disabled
+from capsnet.io import clear_disabled, locked, read_disabled, remove_stale_in
+from capsnet.outputset import write_disabled
 
-__all__ = ["DOWNLOADS", "PREPARES", "download", "prepare"]
+__all__ = ["DOWNLOADS", "PREPARES", "download", "prepare", "why_off"]
 
 
 def _root(root: str | Path | None) -> Path:
@@ -36,7 +37,7 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
         remove_stale_in(out)
         section = getattr(params.data, spec.section)
         if not section.enabled:
-            return write_disabled(out, f"data.{spec.section}.enabled is false in params.yaml")
+            return write_disabled(out, _switched_off(spec))
         clear_disabled(out)
         stand_in = resolve(spec.stand_in) if spec.stand_in else None
         return resolve(spec.download)(out, section, mirror, progress, stand_in)
@@ -51,9 +52,26 @@ def prepare(name: str, params: Params, root=None) -> Path:
         out = root / "prepared" / name
         section = getattr(params.data, spec.section)
         if not section.enabled:
-            return write_disabled(out, f"data.{spec.section}.enabled is false in params.yaml")
+            return write_disabled(out, _switched_off(spec))
         if spec.download:
             reason = read_disabled(root / "raw" / name)
             if reason is not None:
                 return write_disabled(out, reason)
         return resolve(spec.prepare)(root, out, section)
+
+
+def _switched_off(spec) -> str:
+    return f"data.{spec.section}.enabled is false in params.yaml ({spec.name} is switched off)"
+
+
+def why_off(params: Params, name: str, root=None) -> str | None:
+    """Why dataset ``name`` cannot be used: its params section switched off, or its
+    prepared folder under ``root`` holding DISABLED.txt; None when it can."""
+    spec = get(name)
+    if not getattr(params.data, spec.section).enabled:
+        return _switched_off(spec)
+    prepared = _root(root) / "prepared" / name
+    reason = read_disabled(prepared)
+    if reason is None:
+        return None
+    return f"{prepared} is switched off ({reason}); run `dvc repro prepare_{name}`"

@@ -15,23 +15,8 @@ from capsnet import evaluate
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
 from capsnet.headline import cell_value, main_entries, model_picks, std_value
+from capsnet.metrics import metrics_json
 from capsnet.outputset import OutputSet, refuse_target
-
-
-def _finite(value):
-    """JSON-safe: NaN and infinities become null (DVC and browsers reject NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def metrics_json(results: dict) -> str:
-    """metrics.json's text: ``results`` indented, NaN and infinities as null."""
-    return json.dumps(_finite(results), indent=2) + "\n"
 
 
 def rotation_rows(results: dict) -> list[tuple[float, str, float, float | None, str, str]]:

@@ -101,11 +101,7 @@ def make_config(name: str, shape: Shape | tuple[int, ...] | None = None, **overr
         )
     shaped = {}
     if shape is not None:
-        clash = sorted(set(overrides) & set(SHAPE_FIELDS))
-        if clash:
-            raise ConfigError(
-                f"model {name!r}: {', '.join(clash)} follow(s) the data; do not override"
-            )
+        check_shape_overrides(name, overrides)
         shaped = {k: v for k, v in zip(SHAPE_FIELDS, shape) if k in fields}
     values = {**model_spec.defaults, **shaped, **overrides}
     try:
@@ -114,11 +110,33 @@ def make_config(name: str, shape: Shape | tuple[int, ...] | None = None, **overr
         raise ConfigError(f"model {name!r}: {exc}") from None
 
 
+def check_shape_overrides(name: str, overrides: dict[str, Any]) -> None:
+    """ConfigError when ``overrides`` name a field the data sets (``SHAPE_FIELDS``)."""
+    clash = sorted(set(overrides) & set(SHAPE_FIELDS))
+    if clash:
+        raise ConfigError(f"model {name!r}: {', '.join(clash)} follow(s) the data; do not override")
+
+
+def with_shape(name: str, config: Any, shape: Shape | tuple[int, ...]) -> Any:
+    """``config`` (``make_config`` without a shape) with the ``shape`` fields it has."""
+    fields = config_fields(name)
+    try:
+        return dataclasses.replace(
+            config, **{k: v for k, v in zip(SHAPE_FIELDS, shape) if k in fields}
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model {name!r}: {exc}") from None
+
+
 def build(
     name: str, shape: Shape | tuple[int, int, int] | None = None, **overrides: Any
 ) -> nn.Module:
     """Build model ``name`` for data of ``shape``; keyword overrides replace config fields."""
-    config = make_config(name, shape, **overrides)
+    return from_config(name, make_config(name, shape, **overrides))
+
+
+def from_config(name: str, config: Any) -> nn.Module:
+    """Model ``name`` built from its config dataclass."""
     model = spec(name).model_cls(config)
     model.model_name = name
     return model

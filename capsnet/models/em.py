@@ -24,6 +24,7 @@ from capsnet.em_layers import (
     coordinate_offsets,
 )
 from capsnet.models import ModelOutput, register
+from capsnet.routing.em import EM_FINAL_LAMBDA, EM_MIN_VAR
 
 
 def _check_positive(config, names: tuple[str, ...]) -> None:
@@ -49,8 +50,8 @@ class EMCapsNetConfig:
     C: int = 32  # ConvCaps1 types (3x3, stride 2)
     D: int = 32  # ConvCaps2 types (3x3, stride 1)
     routing_iterations: int = 3
-    final_lambda: float = 0.01
-    min_var: float = 0.0005
+    final_lambda: float = EM_FINAL_LAMBDA
+    min_var: float = EM_MIN_VAR
     coordinate_addition: bool = True
     pose: str = "matrix"  # matrix (4x4) | vector (16, with 16x16 transforms): paper ablation
     # global: a child's assignments sum to 1 over all parents of all windows it feeds (paper);

@@ -18,7 +18,7 @@ import torch
 from faulthelpers import invoke, invoke_bounded, judge, snapshot
 
 from capsnet.data.store import load_prepared, save_prepared
-from capsnet.io import write_disabled
+from capsnet.outputset import write_disabled
 
 NO_MIRROR = {"CAPSNET_MIRROR": ""}
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet import checkpoint, config, viewpoints
+from capsnet import checkpoint, config
 from capsnet.config import FinalTrainConfig, SweepConfig
+from pipeline import viewpoints
 from pipeline.gpu_worker import Runner, placement
 from pipeline.train_final import train_final
 

@@ -378,7 +378,7 @@ def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root):
 
 
 def test_disabled_prepared_data_writes_marked_outputs(tmp_path):
-    from capsnet.io import write_disabled
+    from capsnet.outputset import write_disabled
 
     root = tmp_path / "data"
     write_disabled(

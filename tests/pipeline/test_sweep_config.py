@@ -247,3 +247,15 @@ def test_the_sweep_stages_are_run_cacheable(repo_root):
             assert not settings.get(path, {}).get("persist"), path
         plain = [next(iter(e)) if isinstance(e, dict) else e for e in stage.get("outs", [])]
         assert all(settings.get(path, {}).get("cache", True) for path in plain), name
+
+
+def test_the_trainable_s_key_tables_are_the_search_space_s():
+    """Every searchable key lands in one table with SearchSpace's value type."""
+    from capsnet.config import SEARCHABLE_TYPES
+    from pipeline import trainable
+
+    tables = {**trainable.TRAIN_KEYS, **trainable.MODEL_KEYS}
+    assert set(tables) | {"model", "augment"} == set(SEARCHABLE_TYPES)
+    assert not set(trainable.TRAIN_KEYS) & set(trainable.MODEL_KEYS)
+    assert trainable.TRAIN_KEYS["loss"] is str and trainable.TRAIN_KEYS["lr"] is float
+    assert trainable.MODEL_KEYS["routing_iterations"] is int

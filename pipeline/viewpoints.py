@@ -1,0 +1,306 @@
+"""The DVC ``viewpoints`` stage: the novel-viewpoint experiment (SPEC 2.3) for the params
+section ``viewpoints``; the matching rule and the results' format are ``capsnet.viewpoints``.
+
+For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
+familiar viewpoints of the smallNORB training set with ``capsnet.run.train_run``; after
+every epoch each model's error is measured on the familiar and the novel test viewpoints,
+and ``select_matched`` picks the epochs compared.
+
+``run(params, data_root)`` writes ``viewpoints.out_dir`` as one atomic directory, then
+``<out_dir>.csv``; with smallNORB switched off, DISABLED.txt, viewpoints.json
+``{"disabled": reason}`` and the CSV's header (``capsnet.outputset.write_disabled``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsnet import outputset
+from capsnet.errors import ConfigError, DataError
+from capsnet.io import atomic_write_text
+from capsnet.viewpoints import (
+    CSV_COLUMNS,
+    PAPER_NOTE,
+    PAPER_NOVEL_ERROR,
+    RESULTS_FILE,
+    RULE,
+    csv_path,
+    select_matched,
+)
+
+Log = Callable[[str], None]
+#: Calls ``fn(*args)`` somewhere and returns its value (the caller's choice of device).
+Runner = Callable[..., Any]
+
+
+def _here(fn: Callable, *args):
+    return fn(*args)
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def kind_spec(params, data_root: str | Path, kind: str, role: str):
+    """The RunSpec of ``role`` (capsules or cnn) on the familiar viewpoints of ``kind``:
+    random crops of the familiar training subset (first ``train_limit``), no validation."""
+    from capsnet.run import RunSpec
+    from capsnet.train import TrainConfig
+
+    settings = params.viewpoints
+    return RunSpec(
+        model=settings.model_name(role),
+        train=TrainConfig(
+            epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+            weight_decay=getattr(settings.weight_decay, role), seed=settings.seed,
+            device=settings.device, compile=settings.compile,
+            amp=settings.amp or TrainConfig.amp,
+        ),
+        overrides=dict(getattr(settings.overrides, role)),
+        dataset="smallnorb",
+        subset=f"{kind}-familiar",
+        channels=settings.channels,
+        train_size=settings.train_limit,
+        val_size=0,
+        smallnorb=params.data.smallnorb,
+        data_root=data_root,
+    )  # fmt: skip
+
+
+def load_tests(spec, kind: str, limit: int | None) -> dict[str, Any]:
+    """{"familiar", "novel"}: the first ``limit`` familiar and novel test items of ``kind``."""
+    from capsnet.run import load_test
+
+    tests = {w: load_test(spec, limit, subset=f"{kind}-{w}") for w in ("familiar", "novel")}
+    for which, dataset in tests.items():
+        if len(dataset) == 0:
+            raise DataError(f"smallnorb {kind}: the {which} viewpoint subset is empty")
+    return tests
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def check_models(settings) -> None:
+    """Fail early, naming the params key, on an unknown model or a bad override."""
+    from capsnet import models
+
+    for role in ("capsules", "cnn"):
+        name = settings.model_name(role)
+        try:
+            models.spec(name)
+        except ConfigError as exc:
+            raise ConfigError(f"params: viewpoints.{role}: {exc}") from None
+        try:
+            models.make_config(name, (1, 32, 5), **getattr(settings.overrides, role))
+        except ConfigError as exc:
+            raise ConfigError(f"params: viewpoints.overrides.{role}: {exc}") from None
+
+
+def _error(model, dataset, batch_size: int, device) -> float:
+    from capsnet.evaluate import accuracy
+
+    return 1.0 - accuracy(model, dataset, batch_size, device)["accuracy"]
+
+
+def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
+    """Train ``spec`` through ``capsnet.run``; after each epoch measure the error on
+    tests["familiar"] and tests["novel"]. Returns (RunResult, history, {epoch: CPU
+    state_dict}) keeping the weights of every epoch ``select_matched`` could choose
+    (``candidate_epochs``)."""
+    from capsnet.run import train_run
+    from capsnet.train import select_device
+
+    config = spec.train
+    device = select_device(config.device)
+    history: list[dict[str, Any]] = []
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    best = math.inf
+
+    def on_epoch(record: dict, state, model) -> None:
+        nonlocal best
+        started = time.perf_counter()
+        familiar = _error(model, tests["familiar"], config.eval_batch_size, device)
+        novel = _error(model, tests["novel"], config.eval_batch_size, device)
+        epoch = int(record["epoch"])
+        history.append(
+            {
+                "epoch": epoch,
+                "familiar_error": familiar,
+                "novel_error": novel,
+                "train_loss": float(record["train_loss"]),
+                "train_accuracy": float(record["train_accuracy"]),
+                "seconds": float(record["seconds"]),
+                "eval_seconds": time.perf_counter() - started,
+            }
+        )
+        if familiar < best:  # a candidate for the match: keep a CPU copy of the weights
+            best = familiar
+            states[epoch] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        log(
+            f"{label} epoch {epoch}/{config.epochs}: familiar error {familiar:.4f}, "
+            f"novel error {novel:.4f} ({record['seconds']:.1f} s)"
+        )
+
+    result = train_run(spec, split, on_epoch=on_epoch)
+    return result, history, states
+
+
+def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
+             runner: Runner | None = None) -> dict:  # fmt: skip
+    """Train both models on ``kind`` (each through ``runner``: in this process, or where
+    the caller sends it, e.g. a GPU worker), select the matched epochs, save both
+    checkpoints under ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
+    from capsnet.run import load_split
+
+    settings = params.viewpoints
+    specs = {role: kind_spec(params, data_root, kind, role) for role in ("capsules", "cnn")}
+    split = load_split(specs["capsules"])  # the same familiar images for both models
+    tests = load_tests(specs["capsules"], kind, settings.test_limit)
+    data = {"train": split.train, **tests}
+    log(
+        f"[{kind}] {len(data['train'])} familiar training images; test: "
+        f"{len(data['familiar'])} familiar, {len(data['novel'])} novel"
+    )
+    trained: dict[str, dict[str, Any]] = {}
+    for role, spec in specs.items():
+        label = f"[{kind}] {spec.model}"
+        result, history, states = (runner or _here)(train_tracked, spec, split, tests, log, label)
+        trained[role] = {
+            "model": result.model, "config": result.train_config, "history": history,
+            "states": states, "data": result.data,
+        }  # fmt: skip
+
+    selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
+    models_entry = {
+        role: _save_selected(t, role, selection, kind, settings, out_dir, len(split.train))
+        for role, t in trained.items()
+    }
+    caps, cnn = selection["models"]["capsules"], selection["models"]["cnn"]
+    log(
+        f"[{kind}] matched at familiar error {selection['target_familiar_error']:.4f} "
+        f"(gap {selection['gap']:.4f}, {'within' if selection['matched'] else 'outside'} "
+        f"tolerance {settings.tolerance:g}): novel error capsules {caps['novel_error']:.4f} "
+        f"(epoch {caps['epoch']}), CNN {cnn['novel_error']:.4f} (epoch {cnn['epoch']})"
+    )
+    return {
+        "train_subset": f"{kind}-familiar",
+        "familiar_subset": f"{kind}-familiar",
+        "novel_subset": f"{kind}-novel",
+        "train_size": len(data["train"]),
+        "familiar_test_size": len(data["familiar"]),
+        "novel_test_size": len(data["novel"]),
+        "models": models_entry,
+        "selection": selection,
+        "paper_novel_error": PAPER_NOVEL_ERROR[kind],
+    }
+
+
+def _save_selected(trained: dict, role: str, selection: dict, kind: str, settings, out_dir,
+                   train_size: int) -> dict[str, Any]:  # fmt: skip
+    """Load the selected epoch's weights, save ``<kind>/<model>.pt``; return its entry."""
+    from capsnet import checkpoint
+    from capsnet.config import to_dict
+
+    model, chosen = trained["model"], selection["models"][role]
+    name = settings.model_name(role)
+    model.load_state_dict(trained["states"][chosen["epoch"]])
+    relative = f"{kind}/{name}.pt"
+    metrics = {
+        "experiment": "viewpoints", "kind": kind, "role": role, "epoch": chosen["epoch"],
+        "familiar_error": chosen["familiar_error"], "novel_error": chosen["novel_error"],
+        "history": trained["history"], "selection": selection,
+    }  # fmt: skip
+    extra = {"train_subset": f"{kind}-familiar", "channels": settings.channels}
+    extra |= {"data": trained["data"]}
+    checkpoint.save(
+        out_dir / relative, model, train_config=trained["config"].to_dict(), metrics=metrics,
+        extra={**extra, "train_size": train_size},
+    )  # fmt: skip
+    return {
+        "model": name,
+        "checkpoint": relative,
+        "config": to_dict(model.config),
+        "train_config": trained["config"].to_dict(),
+        "epochs": settings.epochs,
+        "history": trained["history"],
+    }
+
+
+# --- outputs ------------------------------------------------------------------------------------
+
+
+def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """The CSV of ``csv_path``: one row per (kind, model, epoch); only the header without
+    results."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for kind, entry in kinds.items():
+        for model in entry["models"].values():
+            for record in model["history"]:
+                writer.writerow(
+                    [
+                        kind,
+                        model["model"],
+                        record["epoch"],
+                        f"{record['familiar_error']:.6f}",
+                        f"{record['novel_error']:.6f}",
+                    ]
+                )
+    return buffer.getvalue()
+
+
+def write_disabled(out_dir: str | Path, reason: str) -> Path:
+    """``out_dir`` holding only DISABLED.txt and viewpoints.json {"disabled": reason}, and
+    the header of ``<out_dir>.csv`` (DVC needs the outputs to exist), published as one unit."""
+    out = Path(out_dir)
+    header = {csv_path(out): csv_text({})}
+    return outputset.write_disabled(out, reason, [out / RESULTS_FILE], header)
+
+
+def run(params, data_root: str | Path = "data", log: Log | None = None,
+        runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
+    """The experiment for a ``config.Params`` (section ``viewpoints``); writes
+    ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content.
+    ``runner(fn, *args)`` runs each model's training (default: in this process)."""
+    from capsnet.config import to_dict
+    from capsnet.data.stages import why_off
+
+    say = log or (lambda line: None)
+    settings = params.viewpoints
+    reason = why_off(params, "smallnorb", data_root)
+    if reason is not None:
+        write_disabled(settings.out_dir, reason)
+        return {"disabled": reason}
+    check_models(settings)
+    started = time.perf_counter()
+    with outputset.atomic_directory(settings.out_dir) as tmp:
+        kinds = {
+            kind: run_kind(params, data_root, kind, tmp, say, runner) for kind in settings.kinds
+        }
+        payload = {
+            "experiment": "novel viewpoints (smallNORB; Hinton et al. 2018, section 5.2)",
+            "rule": RULE,
+            "settings": to_dict(settings),
+            "data": {
+                "crop": params.data.smallnorb.crop,
+                "brightness": params.data.smallnorb.brightness,
+                "contrast": params.data.smallnorb.contrast,
+            },
+            "paper": {"note": PAPER_NOTE, "novel_error": PAPER_NOVEL_ERROR},
+            "kinds": kinds,
+            "seconds": time.perf_counter() - started,
+        }
+        atomic_write_text(tmp / RESULTS_FILE, json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(csv_path(settings.out_dir), csv_text(kinds))
+    say(f"viewpoints: wrote {settings.out_dir}")
+    return payload
