@@ -2,9 +2,9 @@
 
 One implementation, ``em_routing``: EM iterations as steps over blocks of routing groups,
 with the votes V_ij = M_i W_ij (+ a fixed bias, e.g. the coordinate addition) made from the
-child poses (inside the steps when compiled, once per block when eager). It runs on any
-device, eagerly or compiled with torch.compile; ``benchmarks/em_reference.py`` holds the
-readable loop version it is tested against.
+child poses (inside the steps when compiled, as one batched matmul per layer call when
+eager). It runs on any device, eagerly or compiled with torch.compile;
+``benchmarks/em_reference.py`` holds the readable loop version it is tested against.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def compiled_steps(device_type: str) -> tuple:
 def _eager_steps() -> tuple:
     """The steps run eagerly on each block's votes; with autograd on, each call is
     recomputed in the backward pass (activation checkpointing), so only its inputs are kept
-    (the votes, made once per block), never its vote-sized temporaries."""
+    (the block's votes), never its vote-sized temporaries."""
     if not torch.is_grad_enabled():
         return step_from_votes, last_step_from_votes
     options = {"use_reentrant": False, "preserve_rng_state": False}
