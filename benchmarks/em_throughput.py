@@ -20,6 +20,16 @@ waits for a descheduled thread).
     python benchmarks/em_throughput.py --batch-size 32 --in-channels 2 --threads 1 \
         --steps 2 --warmup 1 --rounds 3 --impls compiled,eager,reference
 
+``--against REV`` also times each implementation as the git revision REV has it (its
+source tree exported to a temporary folder; rows ``<impl>@REV``), alternating with this
+tree's in every round, and prints each implementation's throughput as a multiple of its
+REV counterpart's: a before / after measured in one run. The shapes of the default
+smallNORB run (params.yaml ``smallnorb_sweep``, ``smallnorb_train``, ``viewpoints``):
+
+    python benchmarks/em_throughput.py --model em-capsnet-small --in-channels 2 \
+        --batch-size 32 --iterations 2 --threads 1 --impls compiled,eager \
+        --against e8ec4ce --steps 3 --warmup 1 --rounds 3
+
 ``--device cuda`` runs the steps on a GPU and adds each implementation's peak GPU memory;
 the table also gives seconds per epoch of 24,300 images (a smallNORB training set).
 """
@@ -32,6 +42,8 @@ import resource
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +55,7 @@ EPOCH_IMAGES = 24_300  # smallNORB training images
 def _worker(args: argparse.Namespace) -> dict:
     import torch
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(args.source or ROOT))
     from benchmarks.em_reference import ReferenceEMCapsNet
     from capsnet import losses, models
 
@@ -94,7 +106,7 @@ def _worker(args: argparse.Namespace) -> dict:
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     gpu_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {
-        "impl": args.worker,
+        "impl": args.worker + (f"@{args.against}" if args.source else ""),
         "device": str(device),
         "peak_gpu_gib": gpu_gib,
         "batch_size": args.batch_size,
@@ -104,6 +116,40 @@ def _worker(args: argparse.Namespace) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+
+
+def _export(revision: str, folder: Path, parser: argparse.ArgumentParser) -> Path:
+    """The source tree of git ``revision`` exported under ``folder`` (exits 2 naming an
+    unknown revision)."""
+    archive = folder / "source.tar"
+    done = subprocess.run(
+        ["git", "archive", "--format=tar", "-o", str(archive), revision, "capsnet", "benchmarks"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    if done.returncode != 0:
+        parser.error(f"--against {revision}: not a git revision of {ROOT}")
+    source = folder / "source"
+    with tarfile.open(archive) as tar:
+        tar.extractall(source, filter="data")
+    return source
+
+
+def _rounds(rounds: int, impls, sources, passthrough) -> dict[str, list[dict]]:
+    """Every implementation from every source tree (None: this one) in its own worker
+    process, alternating within each of ``rounds`` rounds -> results per row label."""
+    runs: dict[str, list[dict]] = {}
+    for round_ in range(rounds):
+        for impl in impls:
+            for source in sources:
+                cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough,
+                       "--worker", impl]  # fmt: skip
+                if source is not None:
+                    cmd += ["--source", str(source)]
+                done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+                result = json.loads(done.stdout.strip().splitlines()[-1])
+                runs.setdefault(result["impl"], []).append(result)
+                print(f"round {round_ + 1}: {result['impl']} done", file=sys.stderr)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,7 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each impl")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--against", default=None, help="git revision to time each implementation against"
+    )
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--source", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args)))
@@ -156,13 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     if "compiled" in impls and args.warmup < 1:
         parser.error("--warmup must be >= 1 with the compiled implementation (compilation)")
     passthrough = list(argv if argv is not None else sys.argv[1:])
-    runs: dict[str, list[dict]] = {impl: [] for impl in impls}
-    for round_ in range(args.rounds):
-        for impl in impls:
-            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--worker", impl]
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-            runs[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {round_ + 1}: {impl} done", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="em-throughput-") as tmp:
+        sources = [None]
+        if args.against:
+            sources.append(_export(args.against, Path(tmp), parser))
+        runs = _rounds(args.rounds, impls, sources, passthrough)
 
     results = []
     for rs in runs.values():
@@ -206,6 +254,14 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{r['impl']} / reference throughput (images/s): {r['ratio_vs_reference']:.2f}x"
                 + ("" if r["batch_size"] == reference["batch_size"] else " (different batches)")
+            )
+    for r in results:
+        before = next((b for b in results if b["impl"] == f"{r['impl']}@{args.against}"), None)
+        if before is not None:
+            r["ratio_vs_against"] = r["images_per_second"] / before["images_per_second"]
+            print(
+                f"{r['impl']} / {before['impl']} throughput (images/s): "
+                f"{r['ratio_vs_against']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -217,3 +217,36 @@ def test_em_benchmark_rejects_unknown_implementations():
     done = _em_bench("--impls", "eager,fastest")
     assert done.returncode == 2
     assert "--impls: fastest unknown" in done.stderr
+
+
+def test_em_benchmark_times_each_implementation_against_a_revision(tmp_path, monkeypatch, capsys):
+    """--against REV: the workers run this tree and REV's exported source tree, and each
+    implementation's throughput is printed as a multiple of its REV row's."""
+    from benchmarks import em_throughput
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    seen = []
+
+    def rounds(n, impls, sources, passthrough):  # the workers' results, without the workers
+        seen.extend([sources[0], (sources[1] / "capsnet" / "routing" / "em.py").is_file()])
+        row = {"device": "cpu", "peak_gpu_gib": None, "batch_size": 2, "peak_rss_gib": 0.1,
+               "threads": 1, "torch": torch.__version__}  # fmt: skip
+        return {
+            "eager": [{**row, "impl": "eager", "seconds_per_step": 0.5}],
+            "eager@HEAD": [{**row, "impl": "eager@HEAD", "seconds_per_step": 2.0}],
+        }
+
+    monkeypatch.setattr(em_throughput, "_rounds", rounds)
+    out = tmp_path / "em.json"
+    em_throughput.main(["--impls", "eager", "--against", "HEAD", "--json", str(out)])
+    assert seen == [None, True]  # this tree, then REV's (exported while the workers ran)
+    assert "eager / eager@HEAD throughput (images/s): 4.00x" in capsys.readouterr().out
+    results = {r["impl"]: r for r in json.loads(out.read_text())}
+    assert results["eager"]["ratio_vs_against"] == pytest.approx(4.0)
+
+
+def test_em_benchmark_refuses_an_unknown_revision():
+    done = _em_bench("--impls", "eager", "--against", "no-such-revision")
+    assert done.returncode == 2
+    assert "--against no-such-revision: not a git revision" in done.stderr

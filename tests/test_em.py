@@ -213,6 +213,26 @@ def test_em_gradcheck(scoped):
     assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
 
 
+@pytest.mark.parametrize("rows", [4, 1])
+def test_matrix_votes_match_the_einsum_in_values_and_gradients(rows):
+    """The batched-matmul votes of the eager routing equal M W (+ bias) by einsum in fp64,
+    for 4x4 poses and 16-vectors, and so do their gradients."""
+    from capsnet.routing.em import matrix_votes
+
+    children, _, weight, _, _ = _routing_inputs(batch=5, n_in=6, n_out=3, rows=rows,
+                                                dtype=torch.float64)  # fmt: skip
+    bias = torch.randn(6, 1, 16, dtype=torch.float64)
+    grad = torch.randn(5, 6, 3, 16, dtype=torch.float64)
+    results = []
+    for votes_of in (matrix_votes, _votes):
+        kids, w = children.clone().requires_grad_(), weight.clone().requires_grad_()
+        votes = votes_of(kids, w, bias)  # (N, I, J, 16)
+        votes.backward(grad)
+        results.append((votes, kids.grad, w.grad))
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scope", ["window", "global"])
 def test_compiled_routing_matches_eager_model(scope):

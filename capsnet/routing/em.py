@@ -2,9 +2,9 @@
 
 One implementation, ``em_routing``: EM iterations as steps over blocks of routing groups,
 with the votes V_ij = M_i W_ij (+ a fixed bias, e.g. the coordinate addition) made from the
-child poses (inside the steps when compiled, once per block when eager). It runs on any
-device, eagerly or compiled with torch.compile; ``benchmarks/em_reference.py`` holds the
-readable loop version it is tested against.
+child poses (inside the steps when compiled, as one batched matmul per layer call when
+eager). It runs on any device, eagerly or compiled with torch.compile;
+``benchmarks/em_reference.py`` holds the readable loop version it is tested against.
 """
 
 from __future__ import annotations
@@ -103,6 +103,25 @@ def make_votes(children, weight, bias=None):
     return votes
 
 
+def matrix_votes(children, weight, bias=None):
+    """Votes of N groups as one batched matmul: children (N, I, 16) as rows x c matrices,
+    weight (I, J, c, c), bias (I, J or 1, 16) or None -> (N, I, J, 16), V_nij = M_ni W_ij
+    (+ bias_ij). Per child slot i, the rows of all N poses times [W_i1 ... W_iJ] side by
+    side: (I, N r, c) @ (I, c, J c); its backward is two matmuls as well, where the
+    entry-wise form of ``make_votes`` runs vote-sized products and sums."""
+    n, n_in, pose_dim = children.shape
+    n_out, cols = weight.shape[1], weight.shape[-1]
+    rows = pose_dim // cols
+    m = children.reshape(n, n_in, rows, cols).transpose(0, 1)  # (I, N, r, c)
+    w = weight.transpose(1, 2).reshape(n_in, cols, n_out * cols)  # (I, c, J c)
+    votes = torch.bmm(m.reshape(n_in, n * rows, cols), w)  # (I, N r, J c)
+    votes = votes.reshape(n_in, n, rows, n_out, cols).permute(1, 0, 3, 2, 4)  # (N,I,J,r,c)
+    votes = votes.reshape(n, n_in, n_out, pose_dim)  # (N, I, J, 16)
+    if bias is not None:
+        votes = votes + bias  # (N, I, J, 16)
+    return votes
+
+
 def _fit(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
     """Assignments from the previous E-step, then the M-step -> the outputs of ``m_step``."""
     r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J): the E-step's assignments
@@ -184,7 +203,7 @@ def compiled_steps(device_type: str) -> tuple:
 def _eager_steps() -> tuple:
     """The steps run eagerly on each block's votes; with autograd on, each call is
     recomputed in the backward pass (activation checkpointing), so only its inputs are kept
-    (the votes, made once per block), never its vote-sized temporaries."""
+    (the block's votes), never its vote-sized temporaries."""
     if not torch.is_grad_enabled():
         return step_from_votes, last_step_from_votes
     options = {"use_reentrant": False, "preserve_rng_state": False}
@@ -301,18 +320,18 @@ def em_routing(
     pad = (-n) % block
     with _without_autocast(children.device):
         dtype = torch.promote_types(children.dtype, torch.float32)
-        kids = expand_poses(F.pad(children.to(dtype), (0, 0, 0, 0, 0, pad)), cols)
-        kids = kids.split(block)  # (block, I, c, 16) each
+        padded = F.pad(children.to(dtype), (0, 0, 0, 0, 0, pad))  # (N + pad, I, 16)
         acts = F.pad(activations.to(dtype), (0, 0, 0, pad)).split(block)  # (block, I) each
-        w = expand_weight(weight.to(dtype), pose_dim // cols)  # (I, J, c, 16)
         bias = None if vote_bias is None else vote_bias.to(dtype)  # (I, J or 1, 16)
         lams = _inverse_temperature_tensor(iterations, final_lambda, children.device, dtype)
         if compiled:  # votes made inside the compiled steps
             step, last_step = compiled_steps(children.device.type)
-            groups = [(c, w, bias) for c in kids]
-        else:  # votes made once per block, kept for the backward pass
+            w = expand_weight(weight.to(dtype), pose_dim // cols)  # (I, J, c, 16)
+            groups = [(c, w, bias) for c in expand_poses(padded, cols).split(block)]
+        else:  # votes made once per layer call, kept for the backward pass
             step, last_step = _eager_steps()
-            groups = [(make_votes(c, w, bias),) for c in kids]  # (block, I, J, 16) each
+            votes = matrix_votes(padded, weight.to(dtype), bias)  # (N + pad, I, J, 16)
+            groups = [(v,) for v in votes.split(block)]  # (block, I, J, 16) each
         constants = (beta_v.to(dtype), beta_a.to(dtype), lams, min_var)
         return _iterate((step, last_step), groups, acts, scope, (n, n_out), constants)
 
