@@ -23,31 +23,49 @@ def model_entries(results: dict) -> dict[str, dict]:
     }
 
 
-def _angle_key(entry: dict, angle: float) -> str | None:
-    accuracies = entry.get("rotated-mnist", {}).get("accuracy", {})
-    return next((k for k in accuracies if float(k) == angle), None)
+def _angle_key(entry: dict, column: str) -> str | None:
+    """The key of ``column``'s angle (``rotated-mnist@35``) in its sweep's accuracies."""
+    base, _, angle = column.partition("@")
+    accuracies = entry.get(base, {}).get("accuracy", {})
+    return next((k for k in accuracies if float(k) == float(angle)), None)
+
+
+def _swept(column: str) -> bool:
+    """Whether ``column`` is one angle of a rotation sweep (``rotated-mnist@35``)."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return "@" in column and spec is not None and spec.rotations_of is not None
+
+
+def _metric(column: str) -> str:
+    """The metrics.json field that holds ``column``'s number (its dataset's headline)."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return "accuracy" if spec is None else spec.headline_metric
 
 
 def cell_value(entry: dict, column: str) -> float | None:
     """The accuracy ``column`` stands for ("mnist", "rotated-mnist@35", "multimnist", ...),
     None when absent or skipped."""
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return None if key is None else entry["rotated-mnist"]["accuracy"][key]
+    if _swept(column):
+        key = _angle_key(entry, column)
+        return None if key is None else entry[column.split("@")[0]]["accuracy"][key]
     value = entry.get(column)
     if not isinstance(value, dict) or "skipped" in value:
         return None
-    found = value.get("strict_accuracy" if column == "multimnist" else "accuracy")
+    found = value.get(_metric(column))
     return found if isinstance(found, (int, float)) else None
 
 
 def std_value(entry: dict, column: str) -> float | None:
     std = entry.get("std") or {}
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return (std.get("rotated-mnist") or {}).get("accuracy", {}).get(key)
+    if _swept(column):
+        key = _angle_key(entry, column)
+        return (std.get(column.split("@")[0]) or {}).get("accuracy", {}).get(key)
     value = std.get(column) or {}
-    return value.get("strict_accuracy" if column == "multimnist" else "accuracy")
+    return value.get(_metric(column))
 
 
 def table_columns(results: dict, angle: float = 35.0) -> list[str]:

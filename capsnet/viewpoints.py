@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from capsnet.config import DATA_ROOT
 from capsnet.errors import ConfigError, DataError
 
 RESULTS_FILE = "viewpoints.json"
@@ -387,7 +388,7 @@ def write_disabled(out_dir: str | Path, reason: str) -> Path:
     return Path(out_dir)
 
 
-def run(params, data_root: str | Path = "data", log: Log | None = None,
+def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
     ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content.

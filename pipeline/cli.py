@@ -36,15 +36,16 @@ def load_params(params_path: Path):
 
 
 def disabled_reason(params, sweep, data_root) -> str | None:
-    """Why the sweep's dataset cannot be used (smallNORB switched off in params, or its
-    prepared directory holding only DISABLED.txt), or None (MNIST is always on)."""
+    """Why the sweep's dataset cannot be used (switched off in params, or its prepared
+    directory holding only DISABLED.txt), or None."""
+    from capsnet.config import DATA_ROOT
+    from capsnet.data import registry
     from capsnet.io import read_disabled
 
-    if sweep.dataset != "smallnorb":
-        return None
-    if not params.data.smallnorb.enabled:
-        return "data.smallnorb.enabled is false in params.yaml"
-    prepared = Path(data_root or "data") / "prepared" / "smallnorb"
+    section = registry.get(sweep.dataset).section
+    if not getattr(params.data, section).enabled:
+        return f"data.{section}.enabled is false in params.yaml"
+    prepared = Path(data_root or DATA_ROOT) / "prepared" / sweep.dataset
     why = read_disabled(prepared)
     return None if why is None else f"{prepared} is switched off ({why})"
 
