@@ -217,5 +217,6 @@ def test_every_dataset_registry_field_is_read():
 
     from capsnet.data.registry import DatasetSpec
 
-    unread = [f.name for f in fields(DatasetSpec) if f.name not in attribute_reads(ROOT)]
+    reads = attribute_reads(ROOT)
+    unread = [f.name for f in fields(DatasetSpec) if f.name not in reads]
     assert unread == []
