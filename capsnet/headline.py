@@ -101,19 +101,24 @@ def epochs_text(value) -> str:
 
 # --- which entry fills a model's cell ----------------------------------------------------------
 
-#: The training set a test column is scored for (the part after "@" in a checkpoint name;
-#: a checkpoint without one was trained on its model's own set).
-TRAINED_FOR = {
-    "expanded-mnist": "expanded-mnist",
-    "affnist": "expanded-mnist",
-    "affnist-synth": "expanded-mnist",
-    "multimnist": "multimnist",
-}
-#: The names after "@" that are training sets; any other (equal-time, a strategy such as
-#: rotate) names a comparison run, which never fills a model's row.
-TRAINING_SETS = frozenset(
-    ("mnist", "rotated-mnist", "affnist", "affnist-synth", "smallnorb", *TRAINED_FOR.values())
-)
+
+def trained_for(column: str) -> str | None:
+    """The training set a test column is scored for (its dataset's ``trained_on``: the part
+    after "@" in a checkpoint name); None for a model's own set."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return None if spec is None else spec.trained_on
+
+
+def _training_set(tag: str) -> bool:
+    """Whether a name after "@" is a dataset; any other (equal-time, a strategy such as
+    rotate) names a comparison run, which never fills a model's row."""
+    from capsnet.data import registry
+
+    return tag in registry.REGISTRY
+
+
 _SEED = re.compile(r"(?:^|-)seed\d+$")
 
 
@@ -138,7 +143,7 @@ def comparison_run(name: str, entry: dict, comparison: dict | None = None) -> bo
     """Whether an entry is an equal-time or augmented-baseline run (or their mean): named
     with an arm or strategy after "@", or listed in such an arm of ``comparison``."""
     tags = {_tag(stem) for stem in _stems(name, entry)}
-    if any(tag and tag not in TRAINING_SETS for tag in tags):
+    if any(tag and not _training_set(tag) for tag in tags):
         return True
     listed = {
         listed_name
@@ -155,7 +160,7 @@ def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
     """The entry of one model that fills ``column``: among those with a number for it, the
     one trained for the column's set, then a seed mean over a single checkpoint, then the
     first; None when no entry has a number."""
-    wanted = TRAINED_FOR.get(column)
+    wanted = trained_for(column)
     found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
     if not found:
         return None

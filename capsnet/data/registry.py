@@ -55,6 +55,7 @@ class DatasetSpec:
     sweep_records_all: bool = True  # a sweep records every searchable parameter (False: the
     # ablation axes only when set away from their neutral values)
     stand_in_source: str | None = None  # the recorded source prefix marking stand-in data
+    trained_on: str | None = None  # its columns are filled by <model>@<this set> checkpoints
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -75,17 +76,17 @@ REGISTRY: dict[str, DatasetSpec] = {
             splits=("test", "test-centered"), download="capsnet.data.affnist:download_stage",
             prepare="capsnet.data.affnist:prepare_stage", prepared="capsnet.data.affnist:PREPARED",
             evaluation=("affnist",), evaluation_set="capsnet.data.affnist:evaluation_set_of",
-            stand_in_source="affnist-synth",
+            stand_in_source="affnist-synth", trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "affnist-synth", "affnist", "capsnet.data.affnist:load_synth_dataset",
             shape=(1, 40, 10), splits=("test",), prepare="capsnet.data.affnist:prepare_synth_stage",
             prepared="capsnet.data.affnist:PREPARED_SYNTH", evaluation=("affnist-synth",),
-            evaluation_set="capsnet.data.affnist:synth_evaluation_set",
+            evaluation_set="capsnet.data.affnist:synth_evaluation_set", trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "expanded-mnist", "mnist", "capsnet.data.affnist:load_expanded", shape=(1, 40, 10),
-            train=True, extra=True, evaluation=("expanded-mnist",),
+            train=True, extra=True, evaluation=("expanded-mnist",), trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "multimnist", "multimnist", "capsnet.data.multimnist:load_dataset",
@@ -93,7 +94,7 @@ REGISTRY: dict[str, DatasetSpec] = {
             prepare="capsnet.data.multimnist:prepare_stage",
             prepared="capsnet.data.multimnist:PREPARED", train=True, extra=True,
             evaluation=("multimnist",), evaluation_set="capsnet.data.multimnist:evaluation_set",
-            multi_label=True, headline_metric="strict_accuracy",
+            multi_label=True, headline_metric="strict_accuracy", trained_on="multimnist",
         ),
         DatasetSpec(
             "smallnorb", "smallnorb", "capsnet.data.smallnorb:load_dataset",
