@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.config.data import DATA_ROOT
 from capsnet.errors import ConfigError
 
 DATA_ENV = "CAPSNET_DATA"
@@ -139,7 +140,7 @@ def data_root_option(*old_names: str, help: str = "Data directory."):
         type=click.Path(file_okay=False, path_type=Path),
         envvar=DATA_ENV,
         show_envvar=True,
-        default="data",
+        default=DATA_ROOT,
         show_default=True,
         callback=_data_root_check,
         help=help,

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from capsnet.config import EvaluateParams
 from capsnet.errors import NonFiniteOutputs
 
-EVAL_BATCH_SIZE = 500
+EVAL_BATCH_SIZE = EvaluateParams.batch_size
 
 
 def effective_precision(device: torch.device, amp: str | None = None) -> str:
@@ -127,13 +128,12 @@ def rotation_sweep(
 
     Returns {"n": n, "accuracy": {"<angle>": x, ...}}.
     """
-    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.data.datasets import rotated
 
-    images, targets = dataset.tensors
+    targets = dataset.tensors[1]
     result: dict[str, float] = {}
     for angle in angles:
-        rotated = TensorImageDataset(rotate_images(images, angle), targets)
-        scored = accuracy(model, rotated, batch_size, device, amp)
+        scored = accuracy(model, rotated(dataset, angle), batch_size, device, amp)
         result[format_angle(angle)] = scored["accuracy"]
     return {"n": int(targets.shape[0]), "accuracy": result}
 
@@ -173,6 +173,27 @@ def evaluate_multimnist(
     ``predict``)."""
     scores, targets = predict(model, dataset, batch_size, device, amp)
     return multimnist_scores(scores, targets)
+
+
+def score(
+    model: nn.Module,
+    name: str,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
+    angles=(),
+) -> dict:
+    """The model's numbers on evaluation set ``name`` as its registry declaration says: a
+    rotation sweep over ``angles`` (``rotations_of``), the multi-label scores, or accuracy."""
+    from capsnet.data import registry
+
+    spec = registry.of_evaluation(name)
+    if spec.rotations_of is not None:
+        return rotation_sweep(model, dataset, angles, batch_size, device, amp)
+    if spec.multi_label:
+        return evaluate_multimnist(model, dataset, batch_size, device, amp)
+    return accuracy(model, dataset, batch_size, device, amp)
 
 
 def classification_loss(model: nn.Module, scores: torch.Tensor, targets: torch.Tensor):
@@ -251,17 +272,15 @@ def pose_equivariance(
     first principal direction, and the mean pose change |p(angle) - p(0)| per angle.
     None for models without poses.
     """
-    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.data.datasets import rotated
 
     device = model_device(model, device)
     model.eval()
-    images, targets = dataset.tensors
     angles = [float(a) for a in angles]
     poses = []
     for angle in angles:
-        rotated = TensorImageDataset(rotate_images(images, angle), targets)
         per_angle = []
-        for batch, labels in _batches(rotated, batch_size, device):
+        for batch, labels in _batches(rotated(dataset, angle), batch_size, device):
             out = model(batch)
             if out.poses is None:
                 return None

@@ -23,31 +23,49 @@ def model_entries(results: dict) -> dict[str, dict]:
     }
 
 
-def _angle_key(entry: dict, angle: float) -> str | None:
-    accuracies = entry.get("rotated-mnist", {}).get("accuracy", {})
-    return next((k for k in accuracies if float(k) == angle), None)
+def _angle_key(entry: dict, column: str) -> str | None:
+    """The key of ``column``'s angle (``rotated-mnist@35``) in its sweep's accuracies."""
+    base, _, angle = column.partition("@")
+    accuracies = entry.get(base, {}).get("accuracy", {})
+    return next((k for k in accuracies if float(k) == float(angle)), None)
+
+
+def _swept(column: str) -> bool:
+    """Whether ``column`` is one angle of a rotation sweep (``rotated-mnist@35``)."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return "@" in column and spec is not None and spec.rotations_of is not None
+
+
+def _metric(column: str) -> str:
+    """The metrics.json field that holds ``column``'s number (its dataset's headline)."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return "accuracy" if spec is None else spec.headline_metric
 
 
 def cell_value(entry: dict, column: str) -> float | None:
     """The accuracy ``column`` stands for ("mnist", "rotated-mnist@35", "multimnist", ...),
     None when absent or skipped."""
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return None if key is None else entry["rotated-mnist"]["accuracy"][key]
+    if _swept(column):
+        key = _angle_key(entry, column)
+        return None if key is None else entry[column.split("@")[0]]["accuracy"][key]
     value = entry.get(column)
     if not isinstance(value, dict) or "skipped" in value:
         return None
-    found = value.get("strict_accuracy" if column == "multimnist" else "accuracy")
+    found = value.get(_metric(column))
     return found if isinstance(found, (int, float)) else None
 
 
 def std_value(entry: dict, column: str) -> float | None:
     std = entry.get("std") or {}
-    if column.startswith("rotated-mnist@"):
-        key = _angle_key(entry, float(column.split("@", 1)[1]))
-        return (std.get("rotated-mnist") or {}).get("accuracy", {}).get(key)
+    if _swept(column):
+        key = _angle_key(entry, column)
+        return (std.get(column.split("@")[0]) or {}).get("accuracy", {}).get(key)
     value = std.get(column) or {}
-    return value.get("strict_accuracy" if column == "multimnist" else "accuracy")
+    return value.get(_metric(column))
 
 
 def table_columns(results: dict, angle: float = 35.0) -> list[str]:
@@ -83,19 +101,24 @@ def epochs_text(value) -> str:
 
 # --- which entry fills a model's cell ----------------------------------------------------------
 
-#: The training set a test column is scored for (the part after "@" in a checkpoint name;
-#: a checkpoint without one was trained on its model's own set).
-TRAINED_FOR = {
-    "expanded-mnist": "expanded-mnist",
-    "affnist": "expanded-mnist",
-    "affnist-synth": "expanded-mnist",
-    "multimnist": "multimnist",
-}
-#: The names after "@" that are training sets; any other (equal-time, a strategy such as
-#: rotate) names a comparison run, which never fills a model's row.
-TRAINING_SETS = frozenset(
-    ("mnist", "rotated-mnist", "affnist", "affnist-synth", "smallnorb", *TRAINED_FOR.values())
-)
+
+def trained_for(column: str) -> str | None:
+    """The training set a test column is scored for (its dataset's ``trained_on``: the part
+    after "@" in a checkpoint name); None for a model's own set."""
+    from capsnet.data import registry
+
+    spec = registry.of_column(column)
+    return None if spec is None else spec.trained_on
+
+
+def _training_set(tag: str) -> bool:
+    """Whether a name after "@" is a dataset; any other (equal-time, a strategy such as
+    rotate) names a comparison run, which never fills a model's row."""
+    from capsnet.data import registry
+
+    return tag in registry.REGISTRY
+
+
 _SEED = re.compile(r"(?:^|-)seed\d+$")
 
 
@@ -120,7 +143,7 @@ def comparison_run(name: str, entry: dict, comparison: dict | None = None) -> bo
     """Whether an entry is an equal-time or augmented-baseline run (or their mean): named
     with an arm or strategy after "@", or listed in such an arm of ``comparison``."""
     tags = {_tag(stem) for stem in _stems(name, entry)}
-    if any(tag and tag not in TRAINING_SETS for tag in tags):
+    if any(tag and not _training_set(tag) for tag in tags):
         return True
     listed = {
         listed_name
@@ -137,7 +160,7 @@ def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
     """The entry of one model that fills ``column``: among those with a number for it, the
     one trained for the column's set, then a seed mean over a single checkpoint, then the
     first; None when no entry has a number."""
-    wanted = TRAINED_FOR.get(column)
+    wanted = trained_for(column)
     found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
     if not found:
         return None

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from capsnet.config import AugmentParams, Params, SmallnorbParams
-from capsnet.data.registry import TRAIN_DATASETS
+from capsnet.config import DATA_ROOT, AugmentParams, FinalTrainConfig, Params, SmallnorbParams
+from capsnet.data import registry
 from capsnet.errors import ConfigError, DataError
 from capsnet.train import TrainConfig, TrainState, fit
 
@@ -42,21 +42,24 @@ class RunSpec:
     subset: str = "all"  # smallnorb viewpoint subset (capsnet.data.smallnorb.SUBSETS)
     channels: int = 2  # smallnorb: 1 (left image) or 2 (stereo pair)
     train_size: int | None = None  # the first N training items left after validation
-    val_size: int = 5000  # held out from the end of the training set (0: none)
+    val_size: int = FinalTrainConfig.val_size  # held out from the end of the training set (0: none)
     augment: str = "none"  # capsnet.data.augment.STRATEGIES
     augment_params: AugmentParams = field(default_factory=AugmentParams)
     smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
-    data_root: str | Path = "data"
+    data_root: str | Path = DATA_ROOT
     mirror: str | None = None
 
     def __post_init__(self):
-        if self.dataset not in TRAIN_DATASETS:
+        if self.dataset not in registry.TRAIN_DATASETS:
             raise ConfigError(
                 f"dataset {self.dataset!r} cannot be trained on; choose one of "
-                f"{', '.join(TRAIN_DATASETS)}"
+                f"{', '.join(registry.TRAIN_DATASETS)}"
             )
-        if self.subset != "all" and self.dataset != "smallnorb":
-            raise ConfigError(f"subset {self.subset!r}: only smallnorb has viewpoint subsets")
+        if self.subset != "all" and not self.data.subsets:
+            having = [s.name for s in registry.REGISTRY.values() if s.subsets]
+            raise ConfigError(
+                f"subset {self.subset!r}: only {', '.join(having)} has viewpoint subsets"
+            )
         if self.channels not in (1, 2):
             raise ConfigError(f"channels must be 1 or 2, got {self.channels}")
         if self.val_size < 0:
@@ -64,27 +67,21 @@ class RunSpec:
         if self.train_size is not None and self.train_size < 1:
             raise ConfigError(f"train_size must be >= 1 or null, got {self.train_size}")
 
-    def smallnorb_options(self) -> dict[str, Any]:
-        """The smallNORB loader options of this run: stereo channels and the
-        ``data.smallnorb`` crop, jitter and standardisation (train and test alike)."""
-        norb = self.smallnorb
-        return {
-            "channels": tuple(range(self.channels)), "crop": norb.crop,
-            "brightness": norb.brightness, "contrast": norb.contrast,
-            "standardize": norb.standardize,
-        }  # fmt: skip
+    @property
+    def data(self) -> registry.DatasetSpec:
+        """The registry's declaration of this run's dataset."""
+        return registry.get(self.dataset)
 
     def data_record(self) -> dict[str, Any]:
-        """What a checkpoint of this run records of its data preprocessing (smallNORB:
-        ``standardize``; the crop is the model's input size), checked by the evaluation
+        """What a checkpoint of this run records of its data preprocessing (the dataset's
+        ``data_record`` hook; {} without one), checked by the evaluation
         (``capsnet.eval.datasets.check_preprocessing``)."""
-        if self.dataset != "smallnorb":
-            return {}
-        return {"standardize": self.smallnorb.standardize}
+        hook = self.data.data_record
+        return {} if hook is None else registry.resolve(hook)(self)
 
 
 def section_spec(
-    section, sweep, params: Params | None = None, data_root="data", mirror=None, **train
+    section, sweep, params: Params | None = None, data_root=DATA_ROOT, mirror=None, **train
 ) -> RunSpec:
     """The RunSpec a params section starts its runs from (a sweep's trials or the final
     training; they set the model, augmentation and searched settings): ``section``'s
@@ -193,14 +190,13 @@ def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float,
 
 
 def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) -> Split:
-    """The training and validation items of ``spec``: validation is the last
-    ``val_size`` training items (centre crops for smallNORB), training the first
-    ``train_size`` of the rest (random crops with brightness and contrast for smallNORB).
-    ``model_config``: the run's (``check``), when the caller has it."""
+    """The training and validation items of ``spec``: the dataset's ``split`` hook, or
+    validation the last ``val_size`` training items and training the first ``train_size``
+    of the rest. ``model_config``: the run's (``check``), when the caller has it."""
     from capsnet.data.datasets import load, split_tail
 
-    if spec.dataset == "smallnorb":
-        return _smallnorb_split(spec)
+    if spec.data.split is not None:
+        return Split(*registry.resolve(spec.data.split)(spec))
     options = {"components": True} if reconstructs_digits(spec, model_config) else {}
     full = load(
         spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
@@ -212,54 +208,20 @@ def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) 
 
 
 def reconstructs_digits(spec: RunSpec, model_config: Any = None) -> bool:
-    """Whether ``spec`` trains a decoder on MultiMNIST: then each digit is reconstructed from
-    its own true-label capsule against its own image (paper section 6)."""
-    if spec.dataset != "multimnist":
+    """Whether ``spec`` trains a decoder on a multi-label dataset (MultiMNIST): then each digit
+    is reconstructed from its own true-label capsule against its own image (paper section 6)."""
+    if not spec.data.multi_label:
         return False
     return bool(getattr(model_config or check(spec), "decoder", False))
 
 
-def _smallnorb_split(spec: RunSpec) -> Split:
-    from capsnet.data import smallnorb
-    from capsnet.data.datasets import load
-
-    full = load(
-        "smallnorb", "train", spec.data_root, subset=spec.subset, augment=True,
-        **spec.smallnorb_options(),
-    )  # fmt: skip
-    images, labels, info = full.images, full.labels, full.info  # (N, C, 48, 48), (N,), (N, 4)
-    if spec.val_size >= images.shape[0]:
-        raise ConfigError(
-            f"val_size {spec.val_size} >= {images.shape[0]} smallnorb training images"
-        )
-    cut = images.shape[0] - spec.val_size
-    stop = cut if spec.train_size is None else min(cut, spec.train_size)
-    options = spec.smallnorb_options()
-    del options["channels"]
-    train = smallnorb.SmallNORBTrain(
-        images[:stop].clone(), labels[:stop].clone(), info[:stop].clone(), seed=spec.train.seed,
-        name="smallnorb-train", **options,
-    )  # fmt: skip
-    train.source = full.source
-    val = None
-    if spec.val_size:
-        val = smallnorb.crop_test_set(
-            images[cut:], labels[cut:].clone(), info[cut:].clone(), options["crop"],
-            options["standardize"], "smallnorb-val",
-        )  # fmt: skip
-    return Split(train, val)
-
-
 def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None) -> Dataset:
-    """The first ``limit`` test items of ``spec``'s dataset (centre crops for smallNORB;
-    ``subset`` picks another viewpoint subset than the run's)."""
+    """The first ``limit`` test items of ``spec``'s dataset (its ``test_set`` hook, such as
+    smallNORB's centre crops; ``subset`` picks another viewpoint subset than the run's)."""
     from capsnet.data.datasets import Slice, load
 
-    if spec.dataset == "smallnorb":
-        test = load(
-            "smallnorb", "test", spec.data_root, subset=subset or spec.subset,
-            **spec.smallnorb_options(),
-        )  # fmt: skip
+    if spec.data.test_set is not None:
+        test = registry.resolve(spec.data.test_set)(spec, subset)
     else:
         test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror)
     if limit is None or limit >= len(test):
@@ -286,10 +248,10 @@ def check(spec: RunSpec) -> Any:
     model_config = models.make_config(spec.model, **spec.overrides)
     models.check_shape_overrides(spec.model, spec.overrides)
     check_strategy(spec.augment)
-    if spec.dataset == "smallnorb" and spec.augment != "none":
+    if spec.data.self_augmenting and spec.augment != "none":
         raise ConfigError(
-            f"augment {spec.augment!r}: smallnorb augments itself (random crops, brightness "
-            f"and contrast: data.smallnorb); use none"
+            f"augment {spec.augment!r}: {spec.dataset} augments itself (random crops, "
+            f"brightness and contrast: data.{spec.data.section}); use none"
         )
     return model_config
 

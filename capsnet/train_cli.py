@@ -12,13 +12,31 @@ from capsnet.cli_options import (
     FiniteFloat,
     count,
     data_root_option,
+    field_default,
     mirror_option,
     output_option_check,
     train_default,
     usage_check,
 )
+from capsnet.config import FinalTrainConfig
 from capsnet.config.sweep import LOSSES
-from capsnet.data.registry import TRAIN_DATASETS
+from capsnet.data import registry
+
+
+class TrainingSet(click.Choice):
+    """The registry's training sets, read as the option is parsed (datasets registered at
+    run time included)."""
+
+    def __init__(self):
+        super().__init__(registry.TRAIN_DATASETS)
+
+    @property
+    def choices(self):
+        return registry.TRAIN_DATASETS
+
+    @choices.setter
+    def choices(self, _value):
+        pass
 
 
 def known_model(name: str) -> None:
@@ -53,7 +71,7 @@ PRECISIONS = ("bf16", "fp32")
 )  # fmt: skip
 @click.option(
     "--dataset",
-    type=click.Choice(TRAIN_DATASETS),
+    type=TrainingSet(),
     default="mnist",
     show_default=True,
     help="Training data; the model's input size, channels and classes follow it.",
@@ -83,7 +101,7 @@ PRECISIONS = ("bf16", "fp32")
 @click.option(
     "--val-size",
     type=count(0),
-    default=5000,
+    default=field_default(FinalTrainConfig, "val_size"),
     show_default=True,
     help="Images held out from the end of the training set for validation.",
 )
@@ -182,7 +200,7 @@ def train_command(
         subset=subset,
         train_size=train_limit,
         val_size=val_size,
-        augment=augment or ("none" if dataset == "smallnorb" else augment_params.strategy),
+        augment=augment or _default_augment(dataset, augment_params),
         augment_params=augment_params,
         data_root=data_root,
         mirror=mirror,
@@ -239,6 +257,11 @@ def _augment_params(shift_pixels: int | None):
     return dataclasses.replace(params, shift=dataclasses.replace(params.shift, pixels=shift_pixels))
 
 
+def _default_augment(dataset: str, augment_params) -> str:
+    """params.yaml's augmentation strategy, or none for a dataset that augments itself."""
+    return "none" if registry.get(dataset).self_augmenting else augment_params.strategy
+
+
 def _run_metrics(spec, result, test_limit: int | None) -> dict:
     """metrics.json of a ``capsnet train`` run: the test score under the dataset's name."""
     from capsnet import evaluate, models
@@ -248,11 +271,8 @@ def _run_metrics(spec, result, test_limit: int | None) -> dict:
     test = load_test(spec, test_limit)
     batch, amp = result.train_config.eval_batch_size, result.train_config.amp
     result.model.to(select_device(spec.train.device))  # scored where it trained
-    if spec.dataset == "multimnist":
-        scored = evaluate.evaluate_multimnist(result.model, test, batch, amp=amp)
-        scored["accuracy"] = scored["strict_accuracy"]
-    else:
-        scored = evaluate.accuracy(result.model, test, batch, amp=amp)
+    scored = evaluate.score(result.model, spec.dataset, test, batch, amp=amp)
+    scored["accuracy"] = scored[spec.data.headline_metric]
     result.model.cpu()
     history = result.history
     return {

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 
+from capsnet.data import registry
 from capsnet.metrics import Entry
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
 TITLES = {
     "mnist": "MNIST",
+    "rotated-mnist": "rotated MNIST",
     "expanded-mnist": "expanded MNIST",
+    "affnist": "affNIST",
     "affnist-synth": "affNIST (synth stand-in)",
     "multimnist": "MultiMNIST (strict)",
     "smallnorb": "smallNORB",
@@ -22,18 +25,14 @@ TITLES = {
 
 def column_title(column: str, entries: dict[str, Entry]) -> str:
     """The title of a result column; a stand-in's data named as such."""
-    if column.startswith("rotated-mnist@"):
-        return f"rotated MNIST {column.split('@')[1]}°"
-    if column == "affnist":
-        scored = [e.source("affnist") for e in entries.values() if e.value("affnist") is not None]
-        real = scored and all(s == "affnist" for s in scored)
-        return "affNIST" if real else "affNIST (synth stand-in)"
+    base, _, angle = column.partition("@")
+    spec = registry.of_column(column)
+    if angle and spec is not None and spec.rotations_of is not None:
+        return f"{TITLES.get(base, base)} {angle}°"
     title = TITLES.get(column, column)
-    if column.startswith("smallnorb"):
-        base = column.split("@")[0]
-        scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
-        if any(str(s or "").startswith("smallnorb-synth") for s in scored):
-            return title + " (synth stand-in)"
+    scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
+    if any(registry.is_stand_in(column, s) for s in scored):
+        return title + " (synth stand-in)"
     return title
 
 
@@ -46,10 +45,6 @@ def percent(value: float | None, std: float | None = None) -> str:
 
 def paper_metric(column: str, entry: Entry) -> str:
     """The column to look the paper's number up by; "" for a stand-in's data."""
-    if column == "affnist" and entry.source("affnist") != "affnist":
-        return ""  # the synthetic stand-in is never compared with the paper's affNIST
-    if column.startswith("smallnorb") and str(entry.source(column.split("@")[0]) or "").startswith(
-        "smallnorb-synth"
-    ):
-        return ""  # nor the smallNORB stand-in with the paper's smallNORB
+    if registry.is_stand_in(column, entry.source(column.split("@")[0])):
+        return ""  # a stand-in's data is never compared with the paper's
     return column

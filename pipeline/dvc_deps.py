@@ -7,7 +7,8 @@ the repository DVC runs it in. The script's module declares each command's
 ``__main__``, the script's module and the command's module and follows, in every module
 reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
-module's dotted name (the model registry imports its families by name). Importing
+module's dotted name (the model registry imports its families by name) or a
+``"module:attribute"`` reference (the dataset registry's loaders and hooks). Importing
 ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
 In a command group's module only what the stage's subcommand runs counts: the module's
 top-level statements, the function registered as that subcommand and the module's
@@ -120,6 +121,7 @@ def imported_names(
     except SyntaxError as exc:
         raise ConfigError(f"{path}: cannot parse: {exc.msg} (line {exc.lineno})") from None
     package = module if is_package else module.rpartition(".")[0]
+    table = {id(value) for value in _commands_values(tree)}
     for root in reached_nodes(tree, subcommand):
         for node in ast.walk(root):
             if isinstance(node, ast.Import):
@@ -135,8 +137,31 @@ def imported_names(
                 yield base
                 yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if MODULE_NAME.fullmatch(node.value):
-                    yield node.value
+                name, colon, attribute = node.value.partition(":")
+                reference = colon and attribute.isidentifier() and id(node) not in table
+                if MODULE_NAME.fullmatch(name) and (not colon or reference):
+                    yield name
+
+
+def _commands_values(tree: ast.Module) -> list[ast.AST]:
+    """The command targets of a CLI module's top-level ``COMMANDS`` table or ``DECLARED``
+    tuple: commands run one at a time, never imports of the module (the stage's own command
+    is followed separately)."""
+    values: list[ast.AST] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        names = {
+            t.id
+            for t in getattr(node, "targets", [getattr(node, "target", None)])
+            if isinstance(t, ast.Name)
+        }
+        if "COMMANDS" in names and isinstance(node.value, ast.Dict):
+            values.extend(node.value.values)
+        if "DECLARED" in names and isinstance(node.value, (ast.Tuple, ast.List)):
+            calls = [e for e in node.value.elts if isinstance(e, ast.Call)]
+            values.extend(a for call in calls for a in call.args[1:2])
+    return values
 
 
 def import_closure(

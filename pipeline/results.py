@@ -13,6 +13,7 @@ from typing import Any
 
 from capsnet.cli_errors import error_cause
 from capsnet.config import SweepConfig
+from capsnet.data import registry
 from capsnet.io import DISABLED_MARKER, atomic_write_text, clear_disabled
 from capsnet.outputset import atomic_directory
 from capsnet.outputset import write_disabled as write_disabled_outputs
@@ -85,10 +86,10 @@ def best_result(results, sweep: SweepConfig, experiment: str = "") -> dict[str, 
         return None
     best = min(good, key=lambda r: _rank(r, sweep))
     data = {"dataset": sweep.dataset}
-    if sweep.dataset == "smallnorb":
-        data["channels"] = sweep.channels
-    else:
+    if registry.get(sweep.dataset).rotated_validation:
         data["rotation_angle"] = sweep.rotation_angle
+    else:
+        data["channels"] = sweep.channels
     return {
         "sweep": sweep.name,
         **({"experiment": experiment} if experiment else {}),
@@ -180,7 +181,7 @@ def output_paths(out_dir, sweep: SweepConfig) -> dict[str, Path]:
     """results.csv, best.json and the plot data: by_routing and by_augment for MNIST,
     by_routing and ablation (every searched parameter) for smallNORB."""
     out = Path(out_dir)
-    plots = ("by_routing", "ablation") if sweep.dataset == "smallnorb" else PLOTS
+    plots = ("by_routing", "ablation") if registry.get(sweep.dataset).sweep_records_all else PLOTS
     return {
         "results": out / "results.csv",
         "best": out / "best.json",

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from capsnet.config import SEARCHABLE, Params, SearchSpace, SweepConfig
+from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConfig
+from capsnet.data import registry
 from capsnet.errors import CapsnetError, ConfigError
 from capsnet.io import locked
 from capsnet.run import RunSpec, Split, section_spec
@@ -91,7 +92,7 @@ CHECKPOINTS_KEPT = 3
 
 
 def base_spec(
-    sweep: SweepConfig, params: Params | None = None, data_root="data", mirror=None
+    sweep: SweepConfig, params: Params | None = None, data_root=DATA_ROOT, mirror=None
 ) -> RunSpec:
     """The RunSpec every trial of ``sweep`` starts from (no progress bars in trials)."""
     return section_spec(sweep, sweep, params, data_root, mirror, progress=False)
@@ -100,15 +101,13 @@ def base_spec(
 def load_data(sweep: SweepConfig, base: RunSpec) -> SweepData:
     """The sweep's split and, for MNIST, its validation images rotated by
     ``sweep.rotation_angle``."""
-    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.data.datasets import rotated
     from capsnet.run import load_split
 
     split = load_split(base)
-    if sweep.dataset != "mnist":
+    if not registry.get(sweep.dataset).rotated_validation:
         return SweepData(split)
-    images, labels = split.val.tensors
-    rotated = TensorImageDataset(rotate_images(images, sweep.rotation_angle), labels, "val-rot")
-    return SweepData(split, rotated)
+    return SweepData(split, rotated(split.val, sweep.rotation_angle, "val-rot"))
 
 
 def param_space(space: SearchSpace) -> dict[str, Any]:
@@ -207,7 +206,9 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
     }
     used = {  # the settings of the strategies the space uses, no other augment key
         "augment": {s: dataclasses.asdict(b) if b is not None else None for s, b in blocks.items()},
-        "smallnorb": dataclasses.asdict(base.smallnorb) if sweep.dataset == "smallnorb" else None,
+        "smallnorb": dataclasses.asdict(base.smallnorb)
+        if registry.get(sweep.dataset).self_augmenting
+        else None,
     }
     parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]
     return _digest(parts)[:12]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet import outputset
-from capsnet.config import SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
+from capsnet.config import DATA_ROOT, SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
 from capsnet.errors import ConfigError
 from capsnet.io import atomic_write_json, read_json
 from capsnet.outputset import atomic_directory
@@ -106,7 +106,7 @@ def train_final(
     params: Params | None = None,
     *,
     best_path: str | os.PathLike = "sweep/best.json",
-    data_root: str | os.PathLike = "data",
+    data_root: str | os.PathLike = DATA_ROOT,
     mirror: str | None = None,
     metrics_path: str | os.PathLike | None = None,
     log=print,
@@ -130,8 +130,8 @@ def train_final(
     inside = None if metrics_path is None else outputset.inside(metrics_path, final.out_dir)
     with placement(log=log) as runner, atomic_directory(final.out_dir) as staging:
         trainer = _Trainer(final, sweep, best, log, staging, runner)
-        if sweep.dataset == "smallnorb":
-            results = _train_smallnorb(trainer, base, specs, final)
+        if not base.data.rotated_validation:
+            results = _train_scored_on_test(trainer, base, specs, final)
         else:
             angle = float(best.get("rotation_angle", sweep.rotation_angle))
             results = _train_mnist(trainer, base, specs, angle, final)
@@ -222,19 +222,16 @@ def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float, fin
     """The comparison on MNIST (``train_arms``), each run scored on the rotated validation
     images."""
     from capsnet import evaluate
-    from capsnet.data.datasets import TensorImageDataset, rotate_images
+    from capsnet.data.datasets import rotated
     from capsnet.run import load_split
 
     split = load_split(base)
-    rotated = None
-    if split.val is not None:
-        images, labels = split.val.tensors
-        rotated = TensorImageDataset(rotate_images(images, angle), labels, "mnist-val-rot")
+    val_rotated = None if split.val is None else rotated(split.val, angle, "mnist-val-rot")
 
     def score(model, spec: RunSpec) -> dict[str, Any]:
-        if rotated is None:
+        if val_rotated is None:
             return {}
-        scored = evaluate.accuracy(model, rotated, spec.train.eval_batch_size)
+        scored = evaluate.accuracy(model, val_rotated, spec.train.eval_batch_size)
         return {"rotation_angle": angle, "val_rotated_accuracy": scored["accuracy"]}
 
     return train_arms(trainer, split, specs, final, lambda spec: {"augment": spec.augment}, score)
@@ -255,8 +252,9 @@ def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -
     return trainer.fit_all(arms)
 
 
-def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dict:
-    """Every run on smallNORB random crops, scored on the centre-cropped test set."""
+def _train_scored_on_test(trainer, base: RunSpec, specs: list[RunSpec], final) -> dict:
+    """Every run on the sweep's dataset (smallNORB random crops), scored on its test set
+    (centre crops); the score under the dataset's name."""
     from capsnet import evaluate
     from capsnet.run import load_split, load_test
 
@@ -264,11 +262,11 @@ def _train_smallnorb(trainer, base: RunSpec, specs: list[RunSpec], final) -> dic
     test = load_test(base, final.test_size)
 
     def score(model, spec: RunSpec) -> dict[str, Any]:
-        scored = evaluate.accuracy(model, test, spec.train.eval_batch_size)
-        return {"smallnorb": scored, "test_accuracy": scored["accuracy"]}
+        scored = evaluate.score(model, base.dataset, test, spec.train.eval_batch_size)
+        return {base.dataset: scored, "test_accuracy": scored[base.data.headline_metric]}
 
     def fields(spec: RunSpec) -> dict[str, Any]:
-        return {"dataset": "smallnorb", "channels": base.channels, "loss": spec.train.loss}
+        return {"dataset": base.dataset, "channels": base.channels, "loss": spec.train.loss}
 
     return train_arms(trainer, split, specs, final, fields, score)
 

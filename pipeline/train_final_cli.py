@@ -87,7 +87,7 @@ def train_final_command(
     for name, metrics in results.items():
         val = metrics.get("val_accuracy")
         line = f"{name}: val accuracy " + (f"{val:.4f}" if val is not None else "n/a")
-        if "smallnorb" in metrics:
-            line += f", smallnorb test accuracy {metrics['smallnorb']['accuracy']:.4f}"
+        if "test_accuracy" in metrics:
+            line += f", {metrics['dataset']} test accuracy {metrics['test_accuracy']:.4f}"
         click.echo(line)
     click.echo(f"wrote {metrics_path}")

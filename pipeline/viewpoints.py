@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from capsnet import outputset
+from capsnet.config import DATA_ROOT
 from capsnet.errors import ConfigError, DataError
 from capsnet.io import atomic_write_text
 from capsnet.viewpoints import (
@@ -267,7 +268,7 @@ def write_disabled(out_dir: str | Path, reason: str) -> Path:
     return outputset.write_disabled(out, reason, [out / RESULTS_FILE], header)
 
 
-def run(params, data_root: str | Path = "data", log: Log | None = None,
+def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
     ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content.

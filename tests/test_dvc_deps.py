@@ -95,6 +95,27 @@ def test_closure_follows_lazy_relative_and_named_imports(tmp_path):
     assert dvc_deps.project_packages(root) == {"pkg", "other"}
 
 
+def test_closure_follows_module_attribute_references_but_not_a_command_table(tmp_path):
+    """The dataset registry names its loaders "module:function" (imported on use); a CLI's
+    COMMANDS table names commands the stage does not run."""
+    root = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli.py": 'COMMANDS: dict = {"a": "pkg.other:run"}\nfrom pkg import registry\n',
+            "pkg/registry.py": 'LOADERS = ("pkg.loader:load", "pkg.nothing:x y")\n',
+            "pkg/loader.py": "",
+            "pkg/other.py": "",
+        },
+    )
+    assert dvc_deps.import_closure(root, ["pkg.cli"]) == {
+        "pkg/__init__.py",
+        "pkg/cli.py",
+        "pkg/registry.py",
+        "pkg/loader.py",
+    }
+
+
 def test_closure_refuses_an_unparsable_module(tmp_path):
     root = write(tmp_path, {"pkg/__init__.py": "", "pkg/bad.py": "def broken(:\n"})
     with pytest.raises(ConfigError, match=r"pkg/bad\.py: cannot parse"):

@@ -157,3 +157,92 @@ def test_the_pipeline_doc_lists_every_declared_stage():
     for command in cli.DECLARED:
         for stage in command.stages:
             assert f"| `{stage}` | `capsnet {command.name}" in table, stage
+
+
+# --- dataset names: only capsnet/data/ compares them ---------------------------------------
+
+
+def _dataset_literals(node: ast.AST) -> list[str]:
+    """The string constants of ``node`` (a constant or a literal tuple, list or set)."""
+    elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def _names_a_dataset(text: str, names) -> bool:
+    """Whether ``text`` is a dataset or evaluation set name, a prefix of one ("smallnorb-")
+    or one with a column suffix ("rotated-mnist@")."""
+    text = text.split("@")[0]
+    return len(text) >= 3 and any(name.startswith(text) for name in names)
+
+
+def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None) -> list[str]:
+    """``file:line: literal`` for each comparison (==, !=, in, not in, startswith, endswith)
+    of a value with a dataset name literal, outside capsnet/data/."""
+    from capsnet.data import registry
+
+    names = names or (*registry.DATASETS, *registry.EVAL_DATASETS)
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.relative_to(root).parts[:2] == ("capsnet", "data"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Compare):
+                    operands = [node.left, *node.comparators]
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    operands = node.args if node.func.attr in ("startswith", "endswith") else []
+                else:
+                    continue
+                for text in (t for o in operands for t in _dataset_literals(o)):
+                    if _names_a_dataset(text, names):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: {text!r}")
+    return found
+
+
+def test_no_code_outside_capsnet_data_compares_a_dataset_name():
+    """What a dataset does is declared in capsnet/data/registry.py; tests/ and benchmarks/
+    may name datasets to choose them."""
+    assert dataset_comparisons(ROOT) == []
+
+
+def test_the_dataset_name_check_sees_every_form_of_comparison(tmp_path):
+    (tmp_path / "capsnet" / "data").mkdir(parents=True)
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "capsnet" / "data" / "own.py").write_text("ok = name == 'smallnorb'\n")
+    (tmp_path / "capsnet" / "m.py").write_text(
+        "a = name == 'mnist'\nb = 'multimnist' != name\nc = name in ('affnist', 'x')\n"
+        "d = name.startswith('smallnorb-')\ne = column.startswith('rotated-mnist@')\n"
+        "f = name == 'smallnorb-cnn'\ng = key in {'n', 'robustness'}\n"
+    )
+    (tmp_path / "pipeline" / "p.py").write_text("def f(d):\n    return d not in ['smallnorb']\n")
+    assert dataset_comparisons(tmp_path) == [
+        "capsnet/m.py:1: 'mnist'",
+        "capsnet/m.py:2: 'multimnist'",
+        "capsnet/m.py:3: 'affnist'",
+        "capsnet/m.py:4: 'smallnorb-'",
+        "capsnet/m.py:5: 'rotated-mnist@'",
+        "pipeline/p.py:2: 'smallnorb'",
+    ]
+
+
+def attribute_reads(root: Path, packages=("capsnet", "pipeline")) -> set[str]:
+    """The attribute names read (``x.name`` loaded, or ``getattr(x, "name")``) anywhere in
+    the library and pipeline code."""
+    reads = set()
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    reads.add(node.attr)
+    return reads
+
+
+def test_every_dataset_registry_field_is_read():
+    """A declared behaviour that nothing reads is a promise nothing keeps."""
+    from dataclasses import fields
+
+    from capsnet.data.registry import DatasetSpec
+
+    reads = attribute_reads(ROOT)
+    unread = [f.name for f in fields(DatasetSpec) if f.name not in reads]
+    assert unread == []

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capsnet.config.data import (
+    DATA_ROOT,
     STRATEGIES,
     AffineAugment,
     AffnistParams,
@@ -81,6 +82,7 @@ __all__ = [
     "ABLATION",
     "DATASETS",
     "DATA_FIELDS",
+    "DATA_ROOT",
     "DISTRIBUTIONS",
     "EVAL_DATASETS",
     "EXTRA_DATASETS",

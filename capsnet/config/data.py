@@ -104,6 +104,11 @@ class MultiMnistParams:
         at_least(self, "test_pairs_per_digit", 1)
 
 
+#: The data directory a command reads and writes unless told otherwise (``--data-root``,
+#: $CAPSNET_DATA); not a params.yaml key, so every stage of a checkout shares it.
+DATA_ROOT = "data"
+
+
 @dataclass(frozen=True)
 class DataParams:
     mirror: str = ""

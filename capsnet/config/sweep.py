@@ -235,17 +235,18 @@ class SweepConfig(Section):
             raise Invalid(
                 "max_failures", f"must be >= 0 (or -1: retry forever), got {self.max_failures}"
             )
-        if self.dataset == "smallnorb" and self.metric != "val_accuracy":
+        data = registry.get(self.dataset)
+        if self.metric not in self.metrics():
             raise Invalid(
                 "metric",
-                f"{self.metric!r}: a smallnorb sweep reports only val_accuracy "
+                f"{self.metric!r}: a {self.dataset} sweep reports only val_accuracy "
                 f"(there is no rotated validation set)",
             )
-        if self.dataset == "smallnorb" and dimension_choices(self.space.augment) != ["none"]:
+        if data.self_augmenting and dimension_choices(self.space.augment) != ["none"]:
             raise Invalid(
                 "space.augment",
-                "must be none for smallnorb: its training items are random crops with "
-                "brightness and contrast (data.smallnorb)",
+                f"must be none for {self.dataset}: its training items are random crops with "
+                f"brightness and contrast (data.{data.section})",
             )
         if self.asha.grace_period > self.epochs:
             raise Invalid(
@@ -258,7 +259,7 @@ class SweepConfig(Section):
 
     def metrics(self) -> tuple[str, ...]:
         """What every trial reports after each epoch (all maximised)."""
-        if self.dataset == "smallnorb":
+        if not registry.get(self.dataset).rotated_validation:
             return ("val_accuracy",)
         return ("val_accuracy", "val_rotated_accuracy")
 
@@ -266,7 +267,7 @@ class SweepConfig(Section):
         """The searchable parameters recorded per trial (results.csv, best.json): all of
         them for smallnorb; for mnist the ablation axes only when set away from their
         neutral values, so an MNIST sweep's outputs keep the columns they always had."""
-        if self.dataset != "mnist":
+        if registry.get(self.dataset).sweep_records_all:
             return list(SEARCHABLE)
         return [
             name

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from capsnet.config.data import STRATEGIES, AugmentParams
+from capsnet.config.evaluate import EvaluateParams
 from capsnet.config.sweep import LOSSES, PRECISIONS
 from capsnet.errors import ConfigError
 
@@ -37,7 +38,7 @@ class TrainConfig:
     recon_weight: float = 0.0005
     spread_margin: tuple[float, float] = (0.2, 0.9)
     spread_schedule: str = "linear"  # linear | sigmoid (official EM code)
-    eval_batch_size: int = 500
+    eval_batch_size: int = EvaluateParams.batch_size
     num_workers: int = 0
     # Models with compile_routing() (CapsNet: the whole forward; EM: the routing) are
     # torch.compiled (on CUDA with CUDA graphs); a compiled run trains on one batch shape,

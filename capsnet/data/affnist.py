@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from capsnet.data.batches import RenderedItems
 from capsnet.data.sources import RemoteFile, check_zip, fetch, safe_extract_zip
 from capsnet.data.store import PreparedSpec, TensorSpec, digits
 from capsnet.data.tensors import TensorImageDataset
@@ -137,7 +138,7 @@ def place(digits: torch.Tensor, offsets: torch.Tensor, side: int = SIDE) -> torc
     return picked * inside
 
 
-class ExpandedMnist(torch.utils.data.Dataset):
+class ExpandedMnist(RenderedItems):
     """Expanded MNIST for training: each digit placed anew every epoch at a uniformly random
     offset on the 40x40 canvas (Sabour et al.'s protocol). Batches are rendered on the
     training device (``resident_tensors`` / ``render_batch``); items, for a DataLoader, are
@@ -168,15 +169,6 @@ class ExpandedMnist(torch.utils.data.Dataset):
         )  # (B, 2)
         images = place(digits, offsets).unsqueeze(1).float().div_(255.0)  # (B, 1, 40, 40)
         return images, tensors["labels"][index]
-
-    def __getitem__(self, index: int):
-        generator = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + self.epoch) * 10_000_019 + int(index)
-        )
-        images, labels = self.render_batch(
-            self.resident_tensors(), torch.tensor([int(index)]), self.epoch, generator
-        )
-        return images[0], int(labels[0])
 
     def take(self, start: int, stop: int, fixed: bool = False):
         """Items ``start`` to ``stop``: re-placed each epoch, or (``fixed``, for validation)
@@ -405,3 +397,20 @@ def prepare_synth_stage(root: Path, out: Path, section) -> Path:
         root, out, seed=s.seed, rotation_degrees=s.rotation_degrees, shear=s.shear,
         scale=s.scale, limit=s.limit,
     )  # fmt: skip
+
+
+def evaluation_set_of(name: str, request, root: Path, load, channels: int = 1):
+    """The evaluation's affNIST set: real affNIST test when prepared, else affnist-synth;
+    info records which (``source``)."""
+    from capsnet.data import mnist
+
+    def mnist_split(which: str):
+        return mnist.load_tensors(root, which, True, request.mirror)
+
+    dataset, source = evaluation_set(root, mnist_split)
+    return dataset.subset(request.params.limit), {"source": source}
+
+
+def synth_evaluation_set(name: str, request, root: Path, load, channels: int = 1):
+    """The evaluation's affnist-synth set, its source recorded."""
+    return load(name).subset(request.params.limit), {"source": name}

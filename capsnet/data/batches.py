@@ -78,6 +78,24 @@ class OffsetBatches:
         return self.base.render_batch(tensors, index + self.start, epoch, generator)
 
 
+class RenderedItems(Dataset):
+    """Items of a ``DeviceRenderable`` training set for a DataLoader: item ``index`` is its
+    batch of one, rendered on the host with a generator seeded by (``seed``, ``epoch``,
+    ``index``), so an item is the same whenever it is asked for in an epoch."""
+
+    seed: int
+    epoch: int
+
+    def __getitem__(self, index: int):
+        generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.epoch) * 10_000_019 + int(index)
+        )
+        images, labels = self.render_batch(
+            self.resident_tensors(), torch.tensor([int(index)]), self.epoch, generator
+        )
+        return images[0], int(labels[0])
+
+
 def as_renderable(dataset: Dataset) -> DeviceRenderable | None:
     """``dataset`` itself when it implements the protocol; an adapter for in-memory image
     sets (``tensors``) and for slices of renderable sets; None otherwise (DataLoader path)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from capsnet.config.data import DATA_ROOT
 from capsnet.data.registry import DATASETS, get, resolve
 from capsnet.data.tensors import LoadRequest, Slice, TensorImageDataset, shape_of, split_tail
 from capsnet.errors import DataError
@@ -17,7 +18,7 @@ __all__ = [
     "shape_of", "split_tail",
 ]  # fmt: skip
 
-DEFAULT_ROOT = Path("data")
+DEFAULT_ROOT = Path(DATA_ROOT)
 
 
 def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
@@ -27,6 +28,13 @@ def rotate_images(images: torch.Tensor, angle: float) -> torch.Tensor:
     from capsnet.data.resample import rotate
 
     return rotate(images, angle)
+
+
+def rotated(dataset: TensorImageDataset, angle: float, name: str = "") -> TensorImageDataset:
+    """A copy of ``dataset`` (its ``tensors``) with every image rotated by ``angle`` degrees
+    (``rotate_images``), the same targets."""
+    images, targets = dataset.tensors  # (N, C, H, W) uint8, (N, ...)
+    return TensorImageDataset(rotate_images(images, angle), targets, name)
 
 
 def load(
@@ -58,6 +66,8 @@ def load(
 
     root = Path(root) if root is not None else DEFAULT_ROOT
     spec = get(name)
+    if split not in spec.splits:
+        raise DataError(f"{name} has no split {split!r}; choose one of: {', '.join(spec.splits)}")
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         raise DataError(f"{name}: unknown option(s) {', '.join(unknown)}")

@@ -383,3 +383,8 @@ PREPARED = PreparedSpec(
     },
     {"shift": int, "pad": int, "seed": int, "merge": MERGES, "pairs_per_digit": int},
 )
+
+
+def evaluation_set(name: str, request, root: Path, load, channels: int = 1):
+    """The evaluation's MultiMNIST test pairs, rendered once (``evaluate.limit`` of them)."""
+    return load(name).materialize(request.params.limit), {}

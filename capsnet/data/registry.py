@@ -40,6 +40,22 @@ class DatasetSpec:
     evaluation: tuple[str, ...] = ()  # the evaluation set names it offers (evaluate.datasets)
     channels_from_model: bool = False  # evaluation keeps the model's channels (stereo)
     confusion: bool = False  # evaluation draws each scored model's confusion matrix on it
+    # Behaviour: "module:function" hooks and flags; unset, the plain behaviour.
+    split: str | None = None  # run_split(run_spec) -> (train, val); None: the last val_size
+    test_set: str | None = None  # run_test_set(run_spec, subset) -> the test set of a run
+    evaluation_set: str | None = None  # (name, request, root, load, channels) -> (dataset, info)
+    data_record: str | None = None  # (run_spec) -> what a checkpoint records of preprocessing
+    subsets: bool = False  # viewpoint subsets: evaluation sets "<name>-<subset>", runs' subset
+    self_augmenting: bool = False  # its training items are augmented by its loader
+    crops: bool = False  # its images are crops of the model's input size (a mismatch is an error)
+    multi_label: bool = False  # two digits per image: scored strict/at-least-one/half-credit
+    headline_metric: str = "accuracy"  # the metrics.json field a results table reads
+    rotations_of: str | None = None  # scored on this dataset's test set at evaluate.angles
+    rotated_validation: bool = False  # a sweep also validates on rotated validation images
+    sweep_records_all: bool = True  # a sweep records every searchable parameter (False: the
+    # ablation axes only when set away from their neutral values)
+    stand_in_source: str | None = None  # the recorded source prefix marking stand-in data
+    trained_on: str | None = None  # its columns are filled by <model>@<this set> checkpoints
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -49,33 +65,36 @@ REGISTRY: dict[str, DatasetSpec] = {
             "mnist", "mnist", "capsnet.data.mnist:load_dataset", shape=(1, 28, 10),
             download="capsnet.data.mnist:download_stage", prepare="capsnet.data.mnist:prepare_stage",  # noqa: E501
             prepared="capsnet.data.mnist:PREPARED", train=True, sweep=True,
-            evaluation=("mnist",),
+            evaluation=("mnist",), rotated_validation=True, sweep_records_all=False,
         ),
         DatasetSpec(
             "rotated-mnist", "mnist", "capsnet.data.rotated:load_dataset", shape=(1, 28, 10),
-            evaluation=("rotated-mnist",),
+            evaluation=("rotated-mnist",), rotations_of="mnist",
         ),
         DatasetSpec(
             "affnist", "affnist", "capsnet.data.affnist:load_real_dataset", shape=(1, 40, 10),
             splits=("test", "test-centered"), download="capsnet.data.affnist:download_stage",
             prepare="capsnet.data.affnist:prepare_stage", prepared="capsnet.data.affnist:PREPARED",
-            evaluation=("affnist",),
+            evaluation=("affnist",), evaluation_set="capsnet.data.affnist:evaluation_set_of",
+            stand_in_source="affnist-synth", trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "affnist-synth", "affnist", "capsnet.data.affnist:load_synth_dataset",
             shape=(1, 40, 10), splits=("test",), prepare="capsnet.data.affnist:prepare_synth_stage",
             prepared="capsnet.data.affnist:PREPARED_SYNTH", evaluation=("affnist-synth",),
+            evaluation_set="capsnet.data.affnist:synth_evaluation_set", trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "expanded-mnist", "mnist", "capsnet.data.affnist:load_expanded", shape=(1, 40, 10),
-            train=True, extra=True, evaluation=("expanded-mnist",),
+            train=True, extra=True, evaluation=("expanded-mnist",), trained_on="expanded-mnist",
         ),
         DatasetSpec(
             "multimnist", "multimnist", "capsnet.data.multimnist:load_dataset",
             options=("merge", "redraw", "components"),
             prepare="capsnet.data.multimnist:prepare_stage",
             prepared="capsnet.data.multimnist:PREPARED", train=True, extra=True,
-            evaluation=("multimnist",),
+            evaluation=("multimnist",), evaluation_set="capsnet.data.multimnist:evaluation_set",
+            multi_label=True, headline_metric="strict_accuracy", trained_on="multimnist",
         ),
         DatasetSpec(
             "smallnorb", "smallnorb", "capsnet.data.smallnorb:load_dataset",
@@ -88,26 +107,67 @@ REGISTRY: dict[str, DatasetSpec] = {
                 "smallnorb", "smallnorb-azimuth-familiar", "smallnorb-azimuth-novel",
                 "smallnorb-elevation-familiar", "smallnorb-elevation-novel",
             ),
-            channels_from_model=True, confusion=True,
+            channels_from_model=True, confusion=True, split="capsnet.data.smallnorb:run_split",
+            test_set="capsnet.data.smallnorb:run_test_set",
+            evaluation_set="capsnet.data.smallnorb:evaluation_set",
+            data_record="capsnet.data.smallnorb:data_record", subsets=True, self_augmenting=True,
+            crops=True, stand_in_source="smallnorb-synth",
         ),
     )
 }  # fmt: skip
 
-DATASETS: tuple[str, ...] = tuple(REGISTRY)
-DOWNLOADS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.download)
-PREPARES: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.prepare)
-TRAIN_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.train)
-EXTRA_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.extra)
-SWEEP_DATASETS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.sweep)
-EVAL_DATASETS: tuple[str, ...] = tuple(e for s in REGISTRY.values() for e in s.evaluation)
+DATASETS: tuple[str, ...] = ()
+DOWNLOADS: tuple[str, ...] = ()
+PREPARES: tuple[str, ...] = ()
+TRAIN_DATASETS: tuple[str, ...] = ()
+EXTRA_DATASETS: tuple[str, ...] = ()
+SWEEP_DATASETS: tuple[str, ...] = ()
+EVAL_DATASETS: tuple[str, ...] = ()
 #: The evaluation sets (each dataset's first) on which every scored model's confusion matrix
 #: is drawn; MNIST's is drawn rotated (``evaluate.confusion_angle``) with its other figures.
-CONFUSION_SETS: tuple[str, ...] = tuple(s.evaluation[0] for s in REGISTRY.values() if s.confusion)
+CONFUSION_SETS: tuple[str, ...] = ()
 
 
-def get(name: str, among: tuple[str, ...] = DATASETS, what: str = "dataset") -> DatasetSpec:
+def _derive() -> None:
+    """The name lists above, from REGISTRY (read them as ``registry.NAME`` to see datasets
+    registered at run time)."""
+    global DATASETS, DOWNLOADS, PREPARES, TRAIN_DATASETS, EXTRA_DATASETS, SWEEP_DATASETS
+    global EVAL_DATASETS, CONFUSION_SETS
+    specs = REGISTRY.values()
+    DATASETS = tuple(REGISTRY)
+    DOWNLOADS = tuple(s.name for s in specs if s.download)
+    PREPARES = tuple(s.name for s in specs if s.prepare)
+    TRAIN_DATASETS = tuple(s.name for s in specs if s.train)
+    EXTRA_DATASETS = tuple(s.name for s in specs if s.extra)
+    SWEEP_DATASETS = tuple(s.name for s in specs if s.sweep)
+    EVAL_DATASETS = tuple(e for s in specs for e in s.evaluation)
+    CONFUSION_SETS = tuple(s.evaluation[0] for s in specs if s.confusion)
+
+
+_derive()
+
+
+def register(spec: DatasetSpec) -> DatasetSpec:
+    """Declare ``spec`` (a dataset outside this module, such as a test's); a DataError when
+    its name or one of its evaluation sets is taken."""
+    taken = {spec.name, *spec.evaluation} & {*REGISTRY, *EVAL_DATASETS}
+    if taken:
+        raise DataError(f"dataset {spec.name!r}: {', '.join(sorted(taken))} already registered")
+    REGISTRY[spec.name] = spec
+    _derive()
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a dataset ``register`` added."""
+    REGISTRY.pop(name, None)
+    _derive()
+
+
+def get(name: str, among: tuple[str, ...] | None = None, what: str = "dataset") -> DatasetSpec:
     """The declaration of ``name``; a DataError naming the choices when it is not one of
-    ``among``."""
+    ``among`` (default: every registered dataset)."""
+    among = DATASETS if among is None else among
     if name not in among:
         raise DataError(f"unknown {what} {name!r}; choose one of: {', '.join(among)}")
     return REGISTRY[name]
@@ -119,6 +179,27 @@ def of_evaluation(name: str) -> DatasetSpec:
         if name in spec.evaluation:
             return spec
     raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(EVAL_DATASETS)}")
+
+
+def of_column(column: str) -> DatasetSpec | None:
+    """The dataset behind a results column or metrics key (``rotated-mnist@35``), or None
+    for a key that names no evaluation set (``robustness``)."""
+    base = column.split("@")[0]
+    return next((s for s in REGISTRY.values() if base in s.evaluation), None)
+
+
+def subset_of(name: str) -> str:
+    """The viewpoint subset an evaluation set stands for (``smallnorb-azimuth-novel`` ->
+    ``azimuth-novel``; a dataset's own name -> ``all``)."""
+    spec = of_evaluation(name)
+    return name[len(spec.name) + 1 :] if spec.subsets and name != spec.name else "all"
+
+
+def is_stand_in(column: str, source: str | None) -> bool:
+    """Whether numbers recorded with ``source`` for ``column`` come from a stand-in's data."""
+    spec = of_column(column)
+    prefix = spec.stand_in_source if spec is not None else None
+    return prefix is not None and str(source or "").startswith(prefix)
 
 
 def resolve(reference: str) -> Any:

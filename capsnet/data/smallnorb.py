@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from capsnet.data.batches import RenderedItems
 from capsnet.data.sources import NoSource, RemoteFile, fetch
 from capsnet.data.store import PreparedSpec, TensorSpec
 from capsnet.data.tensors import TensorImageDataset
-from capsnet.errors import DataError, DatasetDisabled
+from capsnet.errors import ConfigError, DataError, DatasetDisabled
 
 OFFICIAL_BASE = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/"
 PREFIX = {
@@ -273,7 +274,7 @@ def jitter(images: torch.Tensor, brightness: float, contrast: float, generator) 
     return (c * bright + (1.0 - c) * mean).clamp_(0.0, 1.0)  # (B, C, H, W)
 
 
-class SmallNORBTrain(Dataset):
+class SmallNORBTrain(RenderedItems):
     """Training items: random crop, random brightness and contrast, then (``standardize``)
     zero mean and unit variance, float (C, crop, crop). Batches come from ``render_batch`` on
     the training device; items, for a DataLoader, are the same transform seeded per
@@ -309,15 +310,6 @@ class SmallNORBTrain(Dataset):
         if self.standardize:
             images = standardize(images)
         return images, tensors["labels"][index]
-
-    def __getitem__(self, index: int):
-        generator = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + self.epoch) * 10_000_019 + int(index)
-        )
-        images, labels = self.render_batch(
-            self.resident_tensors(), torch.tensor([int(index)]), self.epoch, generator
-        )
-        return images[0], int(labels[0])
 
 
 class StandardizedTest(Dataset):
@@ -425,3 +417,67 @@ def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) ->
 def prepare_stage(root: Path, out: Path, section) -> Path:
     """The prepare stage: ``root/raw/smallnorb`` downsampled to ``data.smallnorb.size``."""
     return prepare(root / "raw" / "smallnorb", out, section.size)
+
+
+def run_options(spec) -> dict:
+    """The loader options of a run (``capsnet.run.RunSpec``): stereo channels and the
+    ``data.smallnorb`` crop, jitter and standardisation (train and test alike)."""
+    norb = spec.smallnorb
+    return {
+        "channels": tuple(range(spec.channels)), "crop": norb.crop,
+        "brightness": norb.brightness, "contrast": norb.contrast,
+        "standardize": norb.standardize,
+    }  # fmt: skip
+
+
+def run_split(spec):
+    """(train, val) of a run: validation is the last ``val_size`` training items as centre
+    crops, training the first ``train_size`` of the rest as random crops with brightness and
+    contrast."""
+    options = run_options(spec)
+    full = load(spec.data_root, "train", spec.subset, augment=True, **options)
+    images, labels, info = full.images, full.labels, full.info  # (N, C, 48, 48), (N,), (N, 4)
+    if spec.val_size >= images.shape[0]:
+        raise ConfigError(
+            f"val_size {spec.val_size} >= {images.shape[0]} smallnorb training images"
+        )
+    cut = images.shape[0] - spec.val_size
+    stop = cut if spec.train_size is None else min(cut, spec.train_size)
+    del options["channels"]
+    train = SmallNORBTrain(
+        images[:stop].clone(), labels[:stop].clone(), info[:stop].clone(), seed=spec.train.seed,
+        name="smallnorb-train", **options,
+    )  # fmt: skip
+    train.source = full.source
+    val = None
+    if spec.val_size:
+        val = crop_test_set(
+            images[cut:], labels[cut:].clone(), info[cut:].clone(), options["crop"],
+            options["standardize"], "smallnorb-val",
+        )  # fmt: skip
+    return train, val
+
+
+def run_test_set(spec, subset: str | None = None):
+    """A run's centre-cropped test set (``subset``: another viewpoint subset than the run's)."""
+    return load(spec.data_root, "test", subset or spec.subset, **run_options(spec))
+
+
+def data_record(spec) -> dict:
+    """What a checkpoint records of a run's preprocessing: ``standardize`` (the crop is the
+    model's input size); the evaluation checks it (``capsnet.eval.datasets``)."""
+    return {"standardize": spec.smallnorb.standardize}
+
+
+def evaluation_set(name: str, request, root: Path, load, channels: int = 2):
+    """The evaluation's centre-cropped test set of the viewpoint subset ``name`` stands for,
+    with ``channels`` views and the ``data.smallnorb`` crop and standardisation."""
+    from capsnet.data.registry import subset_of
+
+    subset = subset_of(name)
+    norb = request.smallnorb
+    dataset = load(
+        "smallnorb", subset=subset, channels=tuple(range(channels)), crop=norb.crop,
+        standardize=norb.standardize,
+    )  # fmt: skip
+    return dataset.subset(request.params.limit), {"subset": subset, "source": dataset.source}

@@ -109,12 +109,11 @@ def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest, source
         return {"skipped": reason, **info}
     if source is not None:
         check_preprocessing(*source, name, request)
-    params, device = request.params, request.device
-    if name == "rotated-mnist":
-        return evaluate.rotation_sweep(model, dataset, params.angles, params.batch_size, device)
-    if name == "multimnist":
-        return evaluate.evaluate_multimnist(model, dataset, params.batch_size, device)
-    return {**info, **evaluate.accuracy(model, dataset, params.batch_size, device)}
+    params = request.params
+    scored = evaluate.score(
+        model, name, dataset, params.batch_size, request.device, angles=params.angles
+    )
+    return {**info, **scored}
 
 
 def _robustness(model, data: TestSets, request: EvalRequest) -> dict:

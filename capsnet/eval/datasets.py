@@ -17,12 +17,6 @@ MNIST_CLASSES = 10  # what a dataset that does not say has
 UNRECORDED_STANDARDIZE = True
 
 
-def _default_root() -> Path:
-    from capsnet.data.datasets import DEFAULT_ROOT
-
-    return DEFAULT_ROOT
-
-
 class TestSets:
     """Evaluation name -> (TensorImageDataset limited to ``params.limit``, extra info)."""
 
@@ -46,41 +40,26 @@ class TestSets:
         )
 
     def get(self, name: str, channels: int = 1) -> tuple[Any, dict]:
-        """(dataset, info) for an evaluation name; smallNORB keeps ``channels`` views."""
-        key = (name, channels if name.startswith("smallnorb") else 1)
+        """(dataset, info) for an evaluation name; a stereo dataset keeps ``channels``
+        views."""
+        from capsnet.data import registry
+
+        key = (name, channels if registry.of_evaluation(name).channels_from_model else 1)
         if key not in self._cache:
             self._cache[key] = self._read(name, channels)
         return self._cache[key]
 
     def _read(self, name: str, channels: int) -> tuple[Any, dict]:
         from capsnet.data import registry
+        from capsnet.data.datasets import DEFAULT_ROOT
 
-        limit = self.request.params.limit
         spec = registry.of_evaluation(name)
-        if spec.name == "rotated-mnist":
-            return self._load("mnist").subset(limit), {}  # rotations are applied in memory
-        if name == "affnist":
-            from capsnet.data import affnist, mnist
-
-            root = self.root if self.root is not None else _default_root()
-
-            def mnist_split(which: str):
-                return mnist.load_tensors(root, which, True, self.request.mirror)
-
-            dataset, source = affnist.evaluation_set(root, mnist_split)
-            return dataset.subset(limit), {"source": source}
-        if spec.name == "multimnist":
-            return self._load("multimnist").materialize(limit), {}
-        if spec.name == "smallnorb":
-            subset = name[len("smallnorb-") :] if name != "smallnorb" else "all"
-            norb = self.request.smallnorb
-            dataset = self._load(
-                "smallnorb", subset=subset, channels=tuple(range(channels)), crop=norb.crop,
-                standardize=norb.standardize,
-            )  # fmt: skip
-            return dataset.subset(limit), {"subset": subset, "source": dataset.source}
-        info = {"source": name} if spec.name == "affnist-synth" else {}
-        return self._load(spec.name).subset(limit), info
+        if spec.evaluation_set is not None:
+            root = self.root if self.root is not None else DEFAULT_ROOT
+            hook = registry.resolve(spec.evaluation_set)
+            return hook(name, self.request, root, self._load, channels)
+        # rotations are applied in memory, to the rotated dataset's source
+        return self._load(spec.rotations_of or spec.name).subset(self.request.params.limit), {}
 
 
 def image_shape(name: str) -> tuple[int, int] | None:
@@ -101,6 +80,8 @@ def _dataset_shape(dataset) -> tuple[int, int, int, str | None]:
 
 def model_fit(model, name: str, dataset=None) -> str | None:
     """Why ``model`` cannot take dataset ``name`` (image size, channels, classes), or None."""
+    from capsnet.data import registry
+
     config = model.config
     size, channels = int(config.input_size), int(config.in_channels)
     classes = int(config.num_classes)
@@ -111,16 +92,16 @@ def model_fit(model, name: str, dataset=None) -> str | None:
     else:
         need_size, need_classes = image_shape(name)
         need_channels = 1
-    smallnorb_model = name.startswith("smallnorb") and need_classes == classes
-    if smallnorb_model and need_size != size:
+    declared = registry.of_evaluation(name)
+    if declared.crops and need_classes == classes and need_size != size:
         raise DataError(
-            f"{name}: the model takes {size}x{size} crops but data.smallnorb.crop is "
+            f"{name}: the model takes {size}x{size} crops but data.{declared.section}.crop is "
             f"{need_size}: evaluate with the crop it was trained with"
         )
     reasons = []
     if need_size != size:
         reasons.append(f"images are {need_size}x{need_size}, the model takes {size}x{size}")
-    if need_channels != channels and not name.startswith("smallnorb"):
+    if need_channels != channels and not declared.channels_from_model:
         reasons.append(f"images have {need_channels} channel(s), the model {channels}")
     if need_classes != classes:
         reasons.append(f"{need_classes} classes, the model has {classes}")
@@ -130,7 +111,9 @@ def model_fit(model, name: str, dataset=None) -> str | None:
 def check_preprocessing(path, meta: dict, name: str, request: EvalRequest) -> None:
     """CheckpointError naming ``path`` (never a skip) when smallNORB set ``name`` would be
     standardised otherwise than the model was trained (its ``extra["data"]`` record)."""
-    if not name.startswith("smallnorb"):
+    from capsnet.data import registry
+
+    if registry.of_evaluation(name).data_record is None:
         return
     record = meta.get("extra", {}).get("data", {})
     trained = bool(record.get("standardize", UNRECORDED_STANDARDIZE))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from capsnet import evaluate
+from capsnet.data import registry
 from capsnet.eval.comparison import COMPARISON_KEY, comparison_lines
 from capsnet.eval.viewpoints import VIEWPOINTS_KEY, viewpoint_lines
 from capsnet.headline import cell_value, main_entries, model_picks, std_value
@@ -199,8 +200,8 @@ def _cell(value, key: str) -> str:
     return _fmt(value.get(key))
 
 
-def _sweep(entry: dict) -> dict:
-    return entry.get("rotated-mnist", {}).get("accuracy", {})
+def _sweep(entry: dict, key: str) -> dict:
+    return entry.get(key, {}).get("accuracy", {})
 
 
 def _columns(results: dict) -> list[tuple[str, Callable[[dict], str]]]:
@@ -212,14 +213,14 @@ def _columns(results: dict) -> list[tuple[str, Callable[[dict], str]]]:
                 keys.append(key)
     columns: list[tuple[str, Callable[[dict], str]]] = []
     for key in keys:
-        if key == "rotated-mnist":
+        spec = registry.of_column(key)
+        if spec is not None and spec.rotations_of is not None:
             sweeps = [e.get(key, {}).get("accuracy", {}) for e in results.values()]
             angles = list(dict.fromkeys(a for sweep in sweeps for a in sweep))
-            columns += [(f"{a}°", lambda e, a=a: _fmt(_sweep(e).get(a))) for a in angles]
-        elif key == "multimnist":
-            columns.append(("multimnist", lambda e: _cell(e.get("multimnist"), "strict_accuracy")))
+            columns += [(f"{a}°", lambda e, a=a, k=key: _fmt(_sweep(e, k).get(a))) for a in angles]
         elif key not in ("robustness", "equivariance"):
-            columns.append((key, lambda e, key=key: _cell(e.get(key), "accuracy")))
+            metric = "accuracy" if spec is None else spec.headline_metric
+            columns.append((key, lambda e, key=key, m=metric: _cell(e.get(key), m)))
     return columns
 
 

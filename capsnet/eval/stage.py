@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from capsnet.config import DATA_ROOT
 from capsnet.errors import CapsnetError
 from capsnet.eval.checkpoints import checkpoint_names, evaluate_checkpoints
 from capsnet.eval.figures import FigureDrawer
@@ -57,7 +58,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     request = EvalRequest(
         settings,
         smallnorb=params.data.smallnorb,
-        data_root=data_root or getattr(params.data, "root", None) or "data",
+        data_root=data_root or DATA_ROOT,
         mirror=mirror,
         log=log,
     )

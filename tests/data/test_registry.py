@@ -71,7 +71,9 @@ def test_every_declaration_resolves_and_names_its_params_section():
     sections = {f.name for f in DataParams.__dataclass_fields__.values()}
     for name, spec in registry.REGISTRY.items():
         assert spec.name == name and spec.section in sections, name
-        for reference in (spec.loader, spec.download, spec.stand_in, spec.prepare, spec.prepared):
+        hooks = (spec.split, spec.test_set, spec.evaluation_set, spec.data_record)
+        for reference in (spec.loader, spec.download, spec.stand_in, spec.prepare, spec.prepared,
+                          *hooks):  # fmt: skip
             if reference is not None:
                 assert registry.resolve(reference) is not None, reference
         if spec.download:
@@ -112,3 +114,11 @@ def test_shapes_declared_match_the_evaluation_sizes():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_split_a_dataset_does_not_declare_is_refused_in_one_line():
+    from capsnet.data.datasets import load
+    from capsnet.errors import DataError
+
+    with pytest.raises(DataError, match="affnist-synth has no split 'train'; choose one of: test"):
+        load("affnist-synth", "train", "no-such-root")
