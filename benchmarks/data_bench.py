@@ -60,7 +60,7 @@ def augment_fractions(images, labels, batch: int = 128) -> tuple[float, dict[str
     from capsnet.config import AugmentParams
     from capsnet.data import TensorImageDataset
     from capsnet.data.augment import STRATEGIES, AugmentedDataset
-    from capsnet.train import TrainConfig, compute_loss
+    from capsnet.training.fit import TrainConfig, compute_loss
 
     torch.manual_seed(0)
     model = models.build("capsnet-small")

@@ -2,7 +2,7 @@
 
 Written straight from the paper's equations (explicit (V - mu)^2, Gaussian log-densities,
 a Python loop over output positions in convolutional capsule layers) so that the fast,
-vectorised code in capsnet/routing/em.py and capsnet/em_layers.py can be checked against it
+vectorised code in capsnet/nn/routing/em.py and capsnet/nn/em_layers.py can be checked against it
 (tests/test_em.py) and timed against it (benchmarks/em_throughput.py).
 """
 

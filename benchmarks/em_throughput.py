@@ -1,7 +1,7 @@
 """em-capsnet training-step throughput and peak memory: vectorised vs the loop reference.
 
 Implementations: ``compiled`` (EMCapsNet.compile_routing: the routing steps of
-capsnet.routing.em_routing compiled with torch.compile, the fast path), ``eager`` (the same
+capsnet.nn.routing.em_routing compiled with torch.compile, the fast path), ``eager`` (the same
 routing run eagerly, each block of windows recomputed in the backward pass) and
 ``reference`` (benchmarks/em_reference.py: a Python loop over positions, plain autograd).
 Each runs in its own subprocess (so peak RSS is its own), interleaved over ``--rounds``
@@ -57,7 +57,8 @@ def _worker(args: argparse.Namespace) -> dict:
 
     sys.path.insert(0, str(args.source or ROOT))
     from benchmarks.em_reference import ReferenceEMCapsNet
-    from capsnet import losses, models
+    from capsnet import models
+    from capsnet.nn import losses
 
     torch.set_num_threads(args.threads)
     if args.worker == "reference":

@@ -72,7 +72,7 @@ def _dataset(images: torch.Tensor, labels: torch.Tensor, name: str):
 
 
 def _precision(device: torch.device, amp: str) -> str:
-    from capsnet.evaluate import effective_precision
+    from capsnet.training.device import effective_precision
 
     return effective_precision(device, amp)
 
@@ -84,7 +84,8 @@ def timed_fit(model_name: str, data, config, window: float, **overrides) -> dict
     import dataclasses
 
     from capsnet import models
-    from capsnet.train import fit, select_device
+    from capsnet.training.device import select_device
+    from capsnet.training.fit import fit
 
     device = select_device(config.device)
     torch.manual_seed(config.seed)
@@ -126,7 +127,7 @@ def _steps(model_name: str, impl: str, batch: int, device: torch.device, amp: st
     """A training step closure (forward, margin + reconstruction loss, backward, Adam) of
     ``impl`` (capsnet or naive) on one fixed batch, warmed up."""
     from benchmarks.throughput import _maybe_compile, build_impl, make_steps
-    from capsnet.train import configure_backends
+    from capsnet.training.device import configure_backends
 
     configure_backends(device)
     module = _maybe_compile(build_impl(impl, model_name).to(device), compile)
@@ -153,7 +154,7 @@ def step_rate(train_step, batch: int, device: torch.device, until: float) -> tup
 def naive_rate(model_name: str, batch: int, window: float, device: str, amp: str) -> dict:
     """Images/s of the naive reference's training step on one fixed batch (eager, under
     the same precision policy) over a window of ``window`` seconds."""
-    from capsnet.train import select_device
+    from capsnet.training.device import select_device
 
     dev = select_device(device)
     train_step = _steps(model_name, "naive", batch, dev, amp, compile=False)
@@ -201,7 +202,7 @@ def shared_worker(settings_json: str) -> None:
     """One of the processes sharing the device: compile and warm up its training step,
     print "ready", read the common window "start end" (``time.time``) from stdin, run steps
     from start until end; print its result as JSON."""
-    from capsnet.train import select_device
+    from capsnet.training.device import select_device
 
     settings = json.loads(settings_json)
     device = select_device(settings["device"])
@@ -310,8 +311,10 @@ def _mnist(directory: str, split: str, limit: int | None = None):
 def real_run(settings: dict, seconds: float, max_epochs: int, test_limit: int | None) -> dict:
     """Full CapsNet with shift on the MNIST training set for ``seconds`` of training (at
     most ``max_epochs``), then the test accuracy on the device."""
-    from capsnet import evaluate, models
-    from capsnet.train import fit, select_device
+    from capsnet import models
+    from capsnet.training import scoring as evaluate
+    from capsnet.training.device import select_device
+    from capsnet.training.fit import fit
 
     images, labels = _mnist(settings["mnist"], "train", settings["real_images"])
     test_images, test_labels = _mnist(settings["mnist"], "test", test_limit)
@@ -495,7 +498,7 @@ def markdown(result: dict) -> str:
 def main(**options) -> None:
     """Time full CapsNet and em-capsnet training on one device, against the naive
     reference; share the device among processes; a short real MNIST run."""
-    from capsnet.errors import CapsnetError
+    from capsnet.io.errors import CapsnetError
 
     try:
         result = run_check(options, lambda r: _write(options["json_path"], r))
@@ -506,7 +509,7 @@ def main(**options) -> None:
 
 
 def _write(path: str, result: dict) -> None:
-    from capsnet.io import atomic_write_json
+    from capsnet.io.files import atomic_write_json
 
     atomic_write_json(path, result)
 
@@ -514,7 +517,7 @@ def _write(path: str, result: dict) -> None:
 def run_check(options: dict, save=lambda result: None) -> dict:
     """Every section of the check in order; after each, ``save(result)`` with the ratios,
     verdicts and provenance of what was measured so far. Returns the final dict."""
-    from capsnet.train import select_device
+    from capsnet.training.device import select_device
 
     device = select_device(options["device"])
     budget = options["budget_s"]

@@ -17,7 +17,7 @@ from torch import nn
 
 
 def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """Squash along ``dim`` (same formula and epsilon as capsnet.routing.squash)."""
+    """Squash along ``dim`` (same formula and epsilon as capsnet.nn.routing.squash)."""
     sq_norm = (s * s).sum(dim=dim, keepdim=True)  # (..., 1)
     return s * sq_norm / ((1.0 + sq_norm) * torch.sqrt(sq_norm + eps))
 

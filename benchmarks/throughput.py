@@ -35,11 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.cli_options import MAX_COUNT, count, train_default
+from capsnet.cli.options import MAX_COUNT, count, train_default
 from capsnet.config.training import TrainConfig
-from capsnet.errors import CapsnetError
-from capsnet.evaluate import autocast
-from capsnet.train import configure_backends, select_device
+from capsnet.io.errors import CapsnetError
+from capsnet.training.device import autocast, configure_backends, select_device
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("capsnet", "naive", "conv")
@@ -100,7 +99,7 @@ def build_impl(name: str, model: str = "capsnet", seed: int = 0) -> nn.Module:
 
 def _loss(output, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Margin + 0.0005 reconstruction loss (SPEC 1.1); the conv ceiling sums its output."""
-    from capsnet import losses
+    from capsnet.nn import losses
 
     if isinstance(output, torch.Tensor):
         return output.sum()
@@ -143,7 +142,7 @@ def make_steps(
 
 
 def _precision(device: torch.device, amp: str):
-    """Training's precision policy (``capsnet.evaluate.autocast``), or bf16 autocast on the
+    """Training's precision policy (``capsnet.training.device.autocast``), or bf16 autocast on the
     CPU for ``CPU_BF16``."""
     if amp == CPU_BF16:
         return torch.autocast("cpu", dtype=torch.bfloat16)

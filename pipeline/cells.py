@@ -1,4 +1,4 @@
-"""Table cells of the evaluation results (``capsnet.metrics``, the metrics.json
+"""Table cells of the evaluation results (``capsnet.evaluation.metrics``, the metrics.json
 contract): the column titles, percentages and which paper number a cell compares with. The
 report (pipeline/report.py) and the README table (pipeline/readme.py) use them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from capsnet.data import registry
-from capsnet.metrics import Entry
+from capsnet.evaluation.metrics import Entry
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
 TITLES = {

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import click
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 #: A string constant naming a module: dotted identifiers, at least one dot.
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -454,7 +454,7 @@ def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
         return
     try:
         if write:
-            from capsnet.io import atomic_write_text
+            from capsnet.io.files import atomic_write_text
 
             text = dvc_yaml.read_text()
             new = rewrite(root, text)

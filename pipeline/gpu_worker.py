@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from capsnet.cli_errors import error_cause
-from capsnet.errors import ConfigError
+from capsnet.cli.boundary import error_cause
+from capsnet.io.errors import ConfigError
 
 #: CPUs a GPU task asks for besides its GPU (data batching and the Python loop).
 TASK_CPUS = 1

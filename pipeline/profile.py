@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
-from capsnet.cli_options import params_option, usage_check
+from capsnet.cli.options import params_option, usage_check
 from capsnet.config.schema import DISTRIBUTIONS
-from capsnet.errors import CapsnetError, ConfigError
-from capsnet.io import check_input
+from capsnet.io.errors import CapsnetError, ConfigError
+from capsnet.io.files import check_input
 
 #: Where named profiles live: profiles/ of the repository being worked in (the working
 #: directory, where params.yaml and dvc.yaml are).
@@ -128,9 +128,9 @@ def load(params_path: Path, name: str | os.PathLike):
 
 def refuse_unwritable(params_path: Path) -> None:
     """ConfigError before anything is written when ``--apply`` would replace what it must
-    not: a read-only params file (``capsnet.outputset``) or a symbolic link, which the
+    not: a read-only params file (``capsnet.io.outputset``) or a symbolic link, which the
     atomic rename would turn into a plain file and leave its target as it was."""
-    from capsnet.outputset import refuse_read_only
+    from capsnet.io.outputset import refuse_read_only
 
     if params_path.is_symlink():
         raise ConfigError(
@@ -150,7 +150,7 @@ def apply(params_path: Path, path: Path, validated) -> None:
     import yaml as pyyaml
     from ruamel.yaml import YAML
 
-    from capsnet.io import atomic_write_text
+    from capsnet.io.files import atomic_write_text
 
     refuse_unwritable(params_path)
     _base, profile = _read(params_path, path)

@@ -65,8 +65,8 @@ def read_origin(directory: str | os.PathLike) -> dict[str, str | None]:
     """The origin a training stage recorded in ``directory`` (fields None without one:
     checkpoints from elsewhere say nothing of where they were trained). Its text reaches
     the README block and results.md, so it is checked (``check_origin``), never escaped."""
-    from capsnet.errors import CapsnetError
-    from capsnet.io import read_json
+    from capsnet.io.errors import CapsnetError
+    from capsnet.io.files import read_json
 
     path = Path(directory) / ORIGIN_FILE
     if not os.path.lexists(path):
@@ -89,7 +89,7 @@ MACHINE_MAX = 200
 def check_origin(path: str | os.PathLike, origin: dict) -> dict[str, str | None]:
     """``origin`` when each field is null or plain: git_commit a hex commit id, machine one
     printable line without markup characters; CapsnetError naming ``path`` otherwise."""
-    from capsnet.errors import CapsnetError
+    from capsnet.io.errors import CapsnetError
 
     commit, where = origin.get("git_commit"), origin.get("machine")
     if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):

@@ -4,7 +4,7 @@ copies) and eval/published.json, one W&B eval run per evaluated checkpoint (job_
 when online.
 
 Publishing is one unit: metrics.json is read through the typed loader
-(``capsnet.metrics.load_results``, which refuses an empty or malformed result), the
+(``capsnet.evaluation.metrics.load_results``, which refuses an empty or malformed result), the
 README's markers and every target's permissions are checked, and every text is rendered
 before anything is written; the W&B runs are logged next, and the files last, together
 (``OutputSet``). W&B is offline unless an API key is configured
@@ -21,15 +21,15 @@ from typing import Any
 
 import click
 
-from capsnet.cli_options import check_output, params_option
-from capsnet.metrics import (
+from capsnet.cli.options import check_output, params_option
+from capsnet.evaluation.metrics import (
     COMPARISON_KEY,
     Comparison,
     EvalResults,
     load_results,
     parse_results,
 )
-from capsnet.outputset import OutputSet, refuse_read_only
+from capsnet.io.outputset import OutputSet, refuse_read_only
 from pipeline import comparison_text, provenance, readme, report, tracking
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from capsnet.lifetime import gone, process_stat
+from capsnet.cli.lifetime import gone, process_stat
 
 #: Seconds between two looks at the driver's process tree.
 INTERVAL = 1.0

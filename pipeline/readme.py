@@ -14,9 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from capsnet.errors import CapsnetError
-from capsnet.io import atomic_write_text, check_input
-from capsnet.metrics import (
+from capsnet.evaluation.metrics import (
     Entry,
     EvalResults,
     Viewpoints,
@@ -25,7 +23,9 @@ from capsnet.metrics import (
     parse_results,
     table_columns,
 )
-from capsnet.outputset import refuse_read_only
+from capsnet.io.errors import CapsnetError
+from capsnet.io.files import atomic_write_text, check_input
+from capsnet.io.outputset import refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import SOURCES_LINE, paper_number

@@ -1,5 +1,5 @@
 """eval/report.html (self-contained: images inline, no scripts, readable offline) from
-eval/metrics.json (the schema of capsnet/eval/): the results table, the comparison in words
+eval/metrics.json (the schema of capsnet/evaluation/): the results table, the comparison in words
 and tables, the skipped pairs folded, the rotation, robustness, viewpoint and sweep tables
 and the figures."""
 
@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from capsnet.headline import count_text
-from capsnet.io import atomic_write_text
-from capsnet.metrics import (
+from capsnet.evaluation.headline import count_text
+from capsnet.evaluation.metrics import (
     Comparison,
     Entry,
     EvalResults,
@@ -25,6 +24,7 @@ from capsnet.metrics import (
     parse_results,
     table_columns,
 )
+from capsnet.io.files import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import paper_number
@@ -358,7 +358,7 @@ FIGURE_CAPTIONS = {
 
 
 def figure_slug(name: str) -> str:
-    """An entry's name as its figures' file names hold it (as capsnet.eval.figures writes
+    """An entry's name as its figures' file names hold it (as capsnet.evaluation.figures writes
     them): ``perturbation-<slug>.png``."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 

@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from capsnet.cli_errors import error_cause
+from capsnet.cli.boundary import error_cause
 from capsnet.config import SweepConfig
 from capsnet.data import registry
-from capsnet.io import DISABLED_MARKER, atomic_write_text, clear_disabled
-from capsnet.outputset import atomic_directory
-from capsnet.outputset import write_disabled as write_disabled_outputs
+from capsnet.io.files import DISABLED_MARKER, atomic_write_text, clear_disabled
+from capsnet.io.outputset import atomic_directory
+from capsnet.io.outputset import write_disabled as write_disabled_outputs
 from pipeline.tracking import trial_number
 from pipeline.trainable import applies
 

@@ -2,7 +2,7 @@
 
 Every trial starts from one base RunSpec (``base_spec``: the sweep's data, sizes, epochs and
 seed, params.yaml's augmentation and smallNORB settings) and trains through
-``capsnet.run`` (pipeline/trainable.py). The data is loaded once by the driver and reaches
+``capsnet.training.run`` (pipeline/trainable.py). The data is loaded once by the driver and reaches
 trials through the object store, so trials on other machines need no data directory.
 
 The Tune experiment is named ``<sweep.name>-<fingerprint>``, the fingerprint hashing
@@ -34,9 +34,9 @@ import torch
 
 from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConfig
 from capsnet.data import registry
-from capsnet.errors import CapsnetError, ConfigError
-from capsnet.io import locked
-from capsnet.run import RunSpec, Split, section_spec
+from capsnet.io.errors import CapsnetError, ConfigError
+from capsnet.io.files import locked
+from capsnet.training.run import RunSpec, Split, section_spec
 from pipeline import ray_reaper, results, tracking
 from pipeline.gpu_worker import connect
 
@@ -61,7 +61,7 @@ def restore_tuner(experiment_path: str, trainable, **options):
     try:
         return tune.Tuner.restore(experiment_path, trainable=trainable, **options)
     except Exception as exc:  # whatever unpickling damaged state raises
-        from capsnet.cli_errors import error_cause
+        from capsnet.cli.boundary import error_cause
 
         raise SweepError(
             f"{experiment_path}: the saved sweep state cannot be read ({error_cause(exc)}); "
@@ -102,7 +102,7 @@ def load_data(sweep: SweepConfig, base: RunSpec) -> SweepData:
     """The sweep's split and, for MNIST, its validation images rotated by
     ``sweep.rotation_angle``."""
     from capsnet.data.datasets import rotated
-    from capsnet.run import load_split
+    from capsnet.training.run import load_split
 
     split = load_split(base)
     if not registry.get(sweep.dataset).rotated_validation:
@@ -145,7 +145,7 @@ def space_values(space: SearchSpace, name: str) -> list:
 def validate_space(sweep: SweepConfig, base: RunSpec) -> None:
     """Every model and augmentation named in the space exists and fits the data (checked
     before Ray starts); the error names the section."""
-    from capsnet.run import check
+    from capsnet.training.run import check
 
     for model in space_values(sweep.space, "model"):
         for augment in space_values(sweep.space, "augment"):
@@ -400,7 +400,7 @@ def run_sweep(
 
 
 def _one_driver(experiment_path: str):
-    """The lock of a local experiment directory (``capsnet.io.locked``): queued experiments
+    """The lock of a local experiment directory (``capsnet.io.files.locked``): queued experiments
     share the storage, so a second driver of the same sweep waits for the first and then
     restores what it finished; none for remote storage."""
     if "://" in experiment_path:
@@ -412,7 +412,7 @@ def _one_driver(experiment_path: str):
 def _storage_errors(sweep: SweepConfig, experiment_path: str):
     """A full disk met while Tune writes its state (an OSError naming no file, often
     without an errno: pyarrow's) is reported as the storage's, not as an input's."""
-    from capsnet.cli_errors import OS_ERRORS, os_errno
+    from capsnet.cli.boundary import OS_ERRORS, os_errno
 
     try:
         yield

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import check_output, count, mirror_option, resolve_mirror
-from capsnet.errors import CapsnetError
-from pipeline.cli import (
+from capsnet.cli.options import check_output, count, mirror_option, resolve_mirror
+from capsnet.io.errors import CapsnetError
+from pipeline.sweep_sections import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 from pipeline.provenance import content_hash, provenance
 
 

@@ -2,8 +2,9 @@
 ``train.epochs``, and the baselines (lenet5) with the same augmentation.
 
 Every run is a RunSpec built the way a trial builds its own (``pipeline.trainable.run_spec``
-over the base from ``capsnet.run.section_spec``) and trained by ``capsnet.run.train_run``;
-each writes ``<out_dir>/<model>.pt`` with ``capsnet.checkpoint.save`` and logs a W&B run
+over the base from ``capsnet.training.run.section_spec``) and trained by
+``capsnet.training.run.train_run``;
+each writes ``<out_dir>/<model>.pt`` with ``capsnet.models.checkpoint.save`` and logs a W&B run
 (job_type "train"). MNIST runs are scored on the validation images rotated by the sweep's
 angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 ``<model>@<dataset>.pt``, and smallNORB runs are scored on the centre-cropped test set.
@@ -11,14 +12,14 @@ angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
 with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
 baseline again for the best model's training time, in epochs by the cost of each model's
-fastest training steps (``capsnet.run.equal_time_epochs``:
+fastest training steps (``capsnet.training.run.equal_time_epochs``:
 ``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
 (``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
 ``extra["comparison"]`` (arm, label, reference model, measured time, step costs) for the
 evaluation.
 
 ``out_dir`` is built in a temporary sibling and swapped in whole when every run is done
-(``capsnet.outputset.atomic_directory``), metrics.json included when it lies inside: a failed or
+(``capsnet.io.outputset.atomic_directory``), metrics.json included when it lies inside: a failed or
 killed stage leaves the earlier directory, never a mix of old and new checkpoints.
 """
 
@@ -33,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capsnet import outputset
 from capsnet.config import DATA_ROOT, SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
-from capsnet.errors import ConfigError
-from capsnet.io import atomic_write_json, read_json
-from capsnet.outputset import atomic_directory
-from capsnet.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
+from capsnet.io import outputset
+from capsnet.io.errors import ConfigError
+from capsnet.io.files import atomic_write_json, read_json
+from capsnet.io.outputset import atomic_directory
+from capsnet.training.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
 from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
 from pipeline.trainable import device_label, run_spec, used_settings
@@ -114,7 +115,7 @@ def train_final(
     """Train every final run; returns {checkpoint name: metrics} and writes the
     checkpoints (and, with ``metrics_path``, the metrics as JSON). ``sweep.dataset`` picks
     the data; it must be the dataset of the sweep that wrote ``best_path``."""
-    from capsnet.run import check
+    from capsnet.training.run import check
 
     best = read_best(best_path)
     swept = best.get("dataset", "mnist")
@@ -221,9 +222,9 @@ def train_arms(
 def _train_mnist(trainer, base: RunSpec, specs: list[RunSpec], angle: float, final) -> dict:
     """The comparison on MNIST (``train_arms``), each run scored on the rotated validation
     images."""
-    from capsnet import evaluate
     from capsnet.data.datasets import rotated
-    from capsnet.run import load_split
+    from capsnet.training import scoring as evaluate
+    from capsnet.training.run import load_split
 
     split = load_split(base)
     val_rotated = None if split.val is None else rotated(split.val, angle, "mnist-val-rot")
@@ -241,7 +242,7 @@ def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -
     """Every run on ``dataset`` (its own input size) without augmentation; checkpoints
     ``<model>@<dataset>.pt``. Each run loads its own split: what an item carries depends on
     the model (MultiMNIST digits alone for a model with a decoder)."""
-    from capsnet.run import load_split
+    from capsnet.training.run import load_split
 
     sizes = {"train_size": final.extra_train_size, "val_size": min(final.val_size, 1000)}
     arms = []
@@ -255,8 +256,8 @@ def _train_extra_set(trainer, base, specs: list[RunSpec], dataset: str, final) -
 def _train_scored_on_test(trainer, base: RunSpec, specs: list[RunSpec], final) -> dict:
     """Every run on the sweep's dataset (smallNORB random crops), scored on its test set
     (centre crops); the score under the dataset's name."""
-    from capsnet import evaluate
-    from capsnet.run import load_split, load_test
+    from capsnet.training import scoring as evaluate
+    from capsnet.training.run import load_split, load_test
 
     split = load_split(base)
     test = load_test(base, final.test_size)
@@ -275,7 +276,7 @@ def fit_and_score(spec: RunSpec, split: Split, score: Score | None, on_epoch=Non
     """(RunResult with the model on the CPU, ``score``'s metrics, the device label): the
     run trained and scored on its device, moved to the CPU only afterwards. What a GPU
     worker runs (``pipeline.gpu_worker``)."""
-    from capsnet.run import train_run
+    from capsnet.training.run import train_run
 
     result = train_run(spec, split, on_epoch=on_epoch, to_cpu=False)
     device = next(result.model.parameters()).device
@@ -317,7 +318,8 @@ class _Trainer:
     def fit_and_save(self, arm: Arm, pending: Any = None) -> dict[str, Any]:
         """Train ``arm`` (or take the result of its ``pending`` submitted run), log it and
         write its checkpoint; its metrics."""
-        from capsnet import checkpoint, models
+        from capsnet import models
+        from capsnet.models import checkpoint
 
         spec, split, key, fields = arm.spec, arm.split, arm.key, arm.fields
         role, score, comparison = arm.role, arm.score, arm.comparison

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from capsnet.cli_options import check_output, mirror_option, resolve_mirror
-from pipeline.cli import (
+from capsnet.cli.options import check_output, mirror_option, resolve_mirror
+from pipeline.sweep_sections import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,
@@ -55,7 +55,7 @@ def train_final_command(
 ):
     """Train the best sweep config and the baselines; write <out_dir>/<model>.pt."""
     from capsnet.data.stages import why_off
-    from capsnet.outputset import write_disabled
+    from capsnet.io.outputset import write_disabled
     from pipeline.train_final import train_final
 
     params = load_params(params_path)

@@ -1,4 +1,4 @@
-"""The Tune trainable: a RunSpec from the trial's config, trained by ``capsnet.run``.
+"""The Tune trainable: a RunSpec from the trial's config, trained by ``capsnet.training.run``.
 
 A trial config is the flat dict Tune samples (``model``, ``routing_iterations``, ``m_plus``,
 ``m_minus``, ``lam``, ``augment``, ``lr``, ``recon_weight`` and the EM ablation axes
@@ -22,7 +22,7 @@ import torch
 
 from capsnet.config import SEARCHABLE_TYPES
 from capsnet.config.training import TrainConfig
-from capsnet.run import RunSpec, Split
+from capsnet.training.run import RunSpec, Split
 
 _RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)}  # model, augment
 _TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)} - _RUN_FIELDS
@@ -118,7 +118,7 @@ def train_trial(
     checkpoint_every: int = 1,
     keep_optimizer: bool = True,
 ):
-    """One trial: ``capsnet.run.train_run`` on the sweep's ``split`` (from the object
+    """One trial: ``capsnet.training.run.train_run`` on the sweep's ``split`` (from the object
     store), reporting every epoch to Tune, with a checkpoint every ``checkpoint_every``
     epochs and at the last: the weights, and the optimizer state with ``keep_optimizer``
     (never at the last epoch, which no resumed run continues from)."""
@@ -126,9 +126,9 @@ def train_trial(
     import ray
     from ray import tune
 
-    from capsnet import evaluate
-    from capsnet.run import train_run
-    from capsnet.train import select_device
+    from capsnet.training import scoring as evaluate
+    from capsnet.training.device import select_device
+    from capsnet.training.run import train_run
 
     torch.set_num_threads(threads)
     spec = run_spec(config, base)
@@ -171,7 +171,7 @@ def train_trial(
 
 def _restore(checkpoint):
     """(model weights, TrainState) of the trial's last checkpoint, or None."""
-    from capsnet.train import TrainState
+    from capsnet.training.fit import TrainState
 
     if checkpoint is None:
         return None

@@ -1,14 +1,15 @@
 """The DVC ``viewpoints`` stage: the novel-viewpoint experiment (SPEC 2.3) for the params
-section ``viewpoints``; the matching rule and the results' format are ``capsnet.viewpoints``.
+section ``viewpoints``; the matching rule and the results' format are
+``capsnet.evaluation.viewpoint_matching``.
 
 For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
-familiar viewpoints of the smallNORB training set with ``capsnet.run.train_run``; after
+familiar viewpoints of the smallNORB training set with ``capsnet.training.run.train_run``; after
 every epoch each model's error is measured on the familiar and the novel test viewpoints,
 and ``select_matched`` picks the epochs compared.
 
 ``run(params, data_root)`` writes ``viewpoints.out_dir`` as one atomic directory, then
 ``<out_dir>.csv``; with smallNORB switched off, DISABLED.txt, viewpoints.json
-``{"disabled": reason}`` and the CSV's header (``capsnet.outputset.write_disabled``).
+``{"disabled": reason}`` and the CSV's header (``capsnet.io.outputset.write_disabled``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,8 @@ from typing import Any
 
 import torch
 
-from capsnet import outputset
 from capsnet.config import DATA_ROOT
-from capsnet.errors import ConfigError, DataError
-from capsnet.io import atomic_write_text
-from capsnet.viewpoints import (
+from capsnet.evaluation.viewpoint_matching import (
     CSV_COLUMNS,
     PAPER_NOTE,
     PAPER_NOVEL_ERROR,
@@ -37,6 +35,9 @@ from capsnet.viewpoints import (
     csv_path,
     select_matched,
 )
+from capsnet.io import outputset
+from capsnet.io.errors import ConfigError, DataError
+from capsnet.io.files import atomic_write_text
 
 Log = Callable[[str], None]
 #: Calls ``fn(*args)`` somewhere and returns its value (the caller's choice of device).
@@ -53,8 +54,8 @@ def _here(fn: Callable, *args):
 def kind_spec(params, data_root: str | Path, kind: str, role: str):
     """The RunSpec of ``role`` (capsules or cnn) on the familiar viewpoints of ``kind``:
     random crops of the familiar training subset (first ``train_limit``), no validation."""
-    from capsnet.run import RunSpec
-    from capsnet.train import TrainConfig
+    from capsnet.training.fit import TrainConfig
+    from capsnet.training.run import RunSpec
 
     settings = params.viewpoints
     return RunSpec(
@@ -78,7 +79,7 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str):
 
 def load_tests(spec, kind: str, limit: int | None) -> dict[str, Any]:
     """{"familiar", "novel"}: the first ``limit`` familiar and novel test items of ``kind``."""
-    from capsnet.run import load_test
+    from capsnet.training.run import load_test
 
     tests = {w: load_test(spec, limit, subset=f"{kind}-{w}") for w in ("familiar", "novel")}
     for which, dataset in tests.items():
@@ -107,18 +108,18 @@ def check_models(settings) -> None:
 
 
 def _error(model, dataset, batch_size: int, device) -> float:
-    from capsnet.evaluate import accuracy
+    from capsnet.training.scoring import accuracy
 
     return 1.0 - accuracy(model, dataset, batch_size, device)["accuracy"]
 
 
 def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
-    """Train ``spec`` through ``capsnet.run``; after each epoch measure the error on
+    """Train ``spec`` through ``capsnet.training.run``; after each epoch measure the error on
     tests["familiar"] and tests["novel"]. Returns (RunResult, history, {epoch: CPU
     state_dict}) keeping the weights of every epoch ``select_matched`` could choose
     (``candidate_epochs``)."""
-    from capsnet.run import train_run
-    from capsnet.train import select_device
+    from capsnet.training.device import select_device
+    from capsnet.training.run import train_run
 
     config = spec.train
     device = select_device(config.device)
@@ -160,7 +161,7 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
     """Train both models on ``kind`` (each through ``runner``: in this process, or where
     the caller sends it, e.g. a GPU worker), select the matched epochs, save both
     checkpoints under ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
-    from capsnet.run import load_split
+    from capsnet.training.run import load_split
 
     settings = params.viewpoints
     specs = {role: kind_spec(params, data_root, kind, role) for role in ("capsules", "cnn")}
@@ -208,8 +209,8 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
 def _save_selected(trained: dict, role: str, selection: dict, kind: str, settings, out_dir,
                    train_size: int) -> dict[str, Any]:  # fmt: skip
     """Load the selected epoch's weights, save ``<kind>/<model>.pt``; return its entry."""
-    from capsnet import checkpoint
     from capsnet.config import to_dict
+    from capsnet.models import checkpoint
 
     model, chosen = trained["model"], selection["models"][role]
     name = settings.model_name(role)

@@ -1,13 +1,13 @@
 """``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage),
 ``pipeline.viewpoints`` run in this process or, when this machine has no GPU and the Ray
 cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``).
-capsnet/cli.py attaches it."""
+capsnet/cli/__init__.py attaches it."""
 
 from __future__ import annotations
 
 import click
 
-from capsnet.cli_options import check_output, data_root_option, params_option
+from capsnet.cli.options import check_output, data_root_option, params_option
 
 
 def _stderr_log(line: str) -> None:

@@ -1,4 +1,4 @@
-"""FGSM/BIM (capsnet.evaluate.adversarial_images, robustness) and the pose equivariance
+"""FGSM/BIM (capsnet.training.scoring.adversarial_images, robustness) and the pose equivariance
 diagnostic, checked against answers known in advance."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from capsnet import evaluate
 from capsnet.config.training import TrainConfig
 from capsnet.data.datasets import TensorImageDataset
 from capsnet.models import ModelOutput
+from capsnet.training import scoring as evaluate
 
 
 class Linear(nn.Module):
@@ -74,7 +74,7 @@ def test_attack_restores_training_mode():
 @pytest.fixture(scope="module")
 def trained_lenet5(mnist_root):
     """LeNet5 trained one epoch on 2,000 MNIST images, and 200 test images."""
-    from capsnet.run import RunSpec, load_test, train_run
+    from capsnet.training.run import RunSpec, load_test, train_run
 
     torch.manual_seed(0)
     spec = RunSpec(

@@ -15,7 +15,8 @@ import torch
 from capsnet import models
 from capsnet.config.training import TrainConfig
 from capsnet.data.datasets import TensorImageDataset
-from capsnet.run import (
+from capsnet.training.fit import _budget_spent, fit
+from capsnet.training.run import (
     CudaEventClock,
     RunSpec,
     Split,
@@ -25,7 +26,6 @@ from capsnet.run import (
     step_costs,
     train_run,
 )
-from capsnet.train import _budget_spent, fit
 
 
 class EpochClock:

@@ -1,5 +1,5 @@
-"""The typed reading of eval/metrics.json (capsnet/metrics.py): what the report, the README
-table and the W&B eval runs get from an entry and from the viewpoint section, and the
+"""The typed reading of eval/metrics.json (capsnet/evaluation/metrics.py): what the report,
+the README table and the W&B eval runs get from an entry and from the viewpoint section, and the
 schema errors."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from capsnet.errors import CapsnetError
-from capsnet.metrics import ViewpointKind, ViewpointModel, model_picks, parse_results
+from capsnet.evaluation.metrics import ViewpointKind, ViewpointModel, model_picks, parse_results
+from capsnet.io.errors import CapsnetError
 
 CAPS = {
     "model": "capsnet-small",
@@ -158,7 +158,7 @@ def test_the_committed_metrics_json_round_trips_byte_for_byte():
     back through the same module, is the same bytes."""
     from pathlib import Path
 
-    from capsnet import metrics
+    from capsnet.evaluation import metrics
 
     path = Path(__file__).resolve().parents[1] / "eval" / "metrics.json"
     text = path.read_text()

@@ -10,8 +10,9 @@ import torch
 from clihelpers import assert_one_line_error, run_cli
 from torch import nn
 
-from capsnet import checkpoint, models
-from capsnet.errors import CapsnetError, CheckpointError
+from capsnet import models
+from capsnet.io.errors import CapsnetError, CheckpointError
+from capsnet.models import checkpoint
 from capsnet.models.capsnet import CapsNet
 
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, models
-from capsnet import eval as evaluation
+from capsnet import evaluation, models
 from capsnet.config import EvaluateParams
 from capsnet.config.training import TrainConfig
-from capsnet.errors import CapsnetError
-from capsnet.eval.comparison import TIME_TOLERANCE, comparison_lines, comparison_section
-from capsnet.eval.figures import rotation_curves
+from capsnet.evaluation.comparison import TIME_TOLERANCE, comparison_lines, comparison_section
+from capsnet.evaluation.figures import rotation_curves
+from capsnet.io.errors import CapsnetError
+from capsnet.models import checkpoint
 
 ANGLES = (0, 35, 90)
 CAPSULE_SECONDS = (20.0, 21.5, 19.0)
@@ -206,7 +206,7 @@ def test_outputs_rotation_csv_and_figure(evaluated):
 
 
 def test_summary_prints_the_comparison_not_as_a_checkpoint(evaluated):
-    from capsnet.headline import model_entries
+    from capsnet.evaluation.headline import model_entries
 
     results, _, _ = evaluated
     lines = evaluation.summary_lines(results)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from capsnet import config
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 SECTIONS = [f.name for f in dataclasses.fields(config.Params)]
 

@@ -9,7 +9,8 @@ import torch
 from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, cli, models
+from capsnet import cli, models
+from capsnet.models import checkpoint
 
 
 def test_models_lists_names_with_parameter_counts():
@@ -305,7 +306,7 @@ def _resolved(name: str, args: list[str]) -> dict:
 
 
 def test_train_defaults_are_train_configs():
-    from capsnet.train import TrainConfig
+    from capsnet.training.fit import TrainConfig
 
     params = _resolved("train", ["--model", "lenet5", "--out", "o"])
     for option, field in [
@@ -469,7 +470,7 @@ def test_unwritable_and_read_only_places_are_named(tmp_path, monkeypatch):
     import os
     import types
 
-    from capsnet.cli_options import output_problem
+    from capsnet.cli.options import output_problem
 
     assert output_problem(tmp_path / "o") is None
     monkeypatch.setattr(os, "access", lambda path, mode: False)
@@ -483,8 +484,8 @@ def test_unwritable_and_read_only_places_are_named(tmp_path, monkeypatch):
 
 
 def test_a_device_torch_knows_but_cannot_run_is_refused():
-    from capsnet.errors import ConfigError
-    from capsnet.train import select_device
+    from capsnet.io.errors import ConfigError
+    from capsnet.training.device import select_device
 
     for name in ("meta", "cuda:99" if not torch.cuda.is_available() else "cuda:999"):
         with pytest.raises(ConfigError, match=f"--device {name}"):

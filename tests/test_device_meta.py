@@ -10,9 +10,9 @@ import torch
 from capsnet import models
 from capsnet.data.batches import as_renderable, to_device
 from capsnet.data.datasets import TensorImageDataset
-from capsnet.layers import fused_dynamic_routing
-from capsnet.routing import dynamic_routing, safe_norm, squash
-from capsnet.train import TrainConfig, _optimiser, augment, compute_loss, train_step
+from capsnet.nn.layers import fused_dynamic_routing
+from capsnet.nn.routing import dynamic_routing, safe_norm, squash
+from capsnet.training.fit import TrainConfig, _optimiser, augment, compute_loss, train_step
 
 META = torch.device("meta")
 CONFIG = TrainConfig(progress=False, amp="fp32")
@@ -72,7 +72,7 @@ def test_the_training_step_of_fit_runs_on_the_meta_device(name):
 
 
 def _state():
-    from capsnet.train import TrainState
+    from capsnet.training.fit import TrainState
 
     return TrainState()
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("ruamel.yaml")
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 from pipeline import dvc_deps
 
 
@@ -38,11 +38,11 @@ def test_every_stage_deps_are_its_command_import_closure(repo_root, stages):
 def test_a_missing_or_extra_dep_is_named_with_its_stage(repo_root, stages):
     evaluate = dict(stages["evaluate"])
     closure = dvc_deps.stage_closures(repo_root, {"evaluate": evaluate})["evaluate"]
-    assert "capsnet/losses.py" in closure  # FGSM and BIM use the training losses
-    kept = sorted(closure - {"capsnet/losses.py"})
+    assert "capsnet/nn/losses.py" in closure  # FGSM and BIM use the training losses
+    kept = sorted(closure - {"capsnet/nn/losses.py"})
     evaluate["deps"] = [*kept, "pipeline/report.py", "data/prepared/mnist"]
     assert dvc_deps.differences(repo_root, {"evaluate": evaluate}) == [
-        "stage evaluate: deps miss capsnet/losses.py (imported)",
+        "stage evaluate: deps miss capsnet/nn/losses.py (imported)",
         "stage evaluate: deps list pipeline/report.py (not imported)",
     ]
 
@@ -53,7 +53,7 @@ def test_report_code_is_not_a_dep_of_training_stages(repo_root, stages):
         assert "pipeline/report.py" not in closures[name], name
         assert "pipeline/publish.py" not in closures[name], name
     assert "pipeline/report.py" in closures["publish"]
-    assert "capsnet/cli.py" in closures["download_mnist"]  # the console script's module
+    assert "capsnet/cli/__init__.py" in closures["download_mnist"]  # the console script's module
 
 
 def test_closure_follows_lazy_relative_and_named_imports(tmp_path):
@@ -209,7 +209,11 @@ def test_a_stage_must_run_a_project_command(repo_root):
     with pytest.raises(ConfigError, match="COMMANDS has no command 'nonesuch'"):
         dvc_deps.stage_closures(repo_root, {"odd": {"cmd": "python3 -m capsnet nonesuch"}})
     closure = dvc_deps.stage_closures(repo_root, {"ok": {"cmd": "python3.11 -m capsnet models"}})
-    assert {"capsnet/__main__.py", "capsnet/cli.py", "capsnet/train_cli.py"} <= closure["ok"]
+    assert {
+        "capsnet/__main__.py",
+        "capsnet/cli/__init__.py",
+        "capsnet/cli/train_commands.py",
+    } <= closure["ok"]
 
 
 def test_the_command_targets_are_read_from_the_cli_declaration(repo_root):

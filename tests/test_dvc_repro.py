@@ -164,7 +164,7 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
 
     # a code edit reruns exactly the stages whose commands import the file
     assert changed_stages(work, "pipeline/report.py", dvc, env) == {"publish"}
-    assert {"sweep", "train", "evaluate"} <= changed_stages(work, "capsnet/losses.py", dvc, env)
+    assert {"sweep", "train", "evaluate"} <= changed_stages(work, "capsnet/nn/losses.py", dvc, env)
 
 
 def changed_stages(work: Path, edited: str, dvc: str, env) -> set[str]:

@@ -9,17 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet import checkpoint, losses, models
-from capsnet.em_layers import COORDINATE_ENTRIES, ClassCaps, ConvMatrixCaps, coordinate_bias
-from capsnet.errors import ConfigError
-from capsnet.routing import (
+from capsnet import models
+from capsnet.io.errors import ConfigError
+from capsnet.models import checkpoint
+from capsnet.nn import losses
+from capsnet.nn.em_layers import COORDINATE_ENTRIES, ClassCaps, ConvMatrixCaps, coordinate_bias
+from capsnet.nn.routing import (
     EM_MIN_VAR,
     GlobalScope,
     child_index,
     em_inverse_temperatures,
     em_routing,
 )
-from capsnet.train import TrainConfig, spread_margin
+from capsnet.training.fit import TrainConfig, spread_margin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.em_reference import (
@@ -217,7 +219,7 @@ def test_em_gradcheck(scoped):
 def test_matrix_votes_match_the_einsum_in_values_and_gradients(rows):
     """The batched-matmul votes of the eager routing equal M W (+ bias) by einsum in fp64,
     for 4x4 poses and 16-vectors, and so do their gradients."""
-    from capsnet.routing.em import matrix_votes
+    from capsnet.nn.routing.em import matrix_votes
 
     children, _, weight, _, _ = _routing_inputs(batch=5, n_in=6, n_out=3, rows=rows,
                                                 dtype=torch.float64)  # fmt: skip
@@ -398,7 +400,7 @@ def test_global_log_total_normalises_each_child_across_windows():
 def test_compiled_routing_matches_loop_reference(scope, stride, iterations, monkeypatch):
     """The compiled steps == the loop reference in values and all gradients, in fp64 (40
     windows at stride 1, 12 at stride 2, in blocks of 8 with the last one padded)."""
-    import capsnet.routing.em as em
+    import capsnet.nn.routing.em as em
 
     monkeypatch.setattr(em, "CPU_BLOCK_ELEMENTS", 8 * 18 * 3 * 16)  # 8 windows per call
     layer, poses, acts = _conv_layer_inputs(stride, iterations, scope=scope)
@@ -429,7 +431,7 @@ def test_routing_scope_setting():
 
 @pytest.mark.parametrize("scope", ["window", "global"])
 def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatch, scope):
-    import capsnet.routing.em as em
+    import capsnet.nn.routing.em as em
 
     def no_compiler(device_type):
         raise OSError("no C++ compiler")
@@ -644,7 +646,7 @@ def _smallnorb_like(n, seed=0):
 
 
 def test_fit_trains_em_capsnet_with_spread_loss():
-    from capsnet.train import fit
+    from capsnet.training.fit import fit
 
     torch.manual_seed(0)
     model = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, **SMALLNORB_STEREO)
@@ -664,8 +666,8 @@ def test_overfits_a_small_smallnorb_batch(seed):
     ends at a minimum. A linear ramp to 0.9 outgrows the gap it can make (an unvoted class
     sits at sigmoid(lambda beta_a), about 0.5), the loss never settles and the end state
     depends on rounding (the CPU kernel)."""
-    from capsnet.evaluate import accuracy
-    from capsnet.train import fit
+    from capsnet.training.fit import fit
+    from capsnet.training.scoring import accuracy
 
     data = _smallnorb_like(OVERFIT_IMAGES)
     torch.manual_seed(seed)
@@ -689,7 +691,7 @@ def test_compiled_routing_keeps_an_inductor_cache_per_cpu_capability(monkeypatch
     user chose one."""
     import os
 
-    from capsnet.routing.em import compile_routing_function
+    from capsnet.nn.routing.em import compile_routing_function
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)

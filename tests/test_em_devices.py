@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import capsnet.routing.em as em
-from capsnet import losses, models
-from capsnet.em_layers import ClassCaps, ConvMatrixCaps, PrimaryMatrixCaps, coordinate_bias
-from capsnet.routing import conv_scope, em_routing
+import capsnet.nn.routing.em as em
+from capsnet import models
+from capsnet.nn import losses
+from capsnet.nn.em_layers import ClassCaps, ConvMatrixCaps, PrimaryMatrixCaps, coordinate_bias
+from capsnet.nn.routing import conv_scope, em_routing
 
 META = torch.device("meta")
 TINY = {"A": 8, "B": 4, "C": 4, "D": 4, "input_size": 24, "num_classes": 5}

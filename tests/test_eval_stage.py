@@ -12,11 +12,11 @@ import torch
 from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, models
-from capsnet import eval as evaluation
+from capsnet import evaluation, models
 from capsnet.cli import main
 from capsnet.config import EvaluateParams
-from capsnet.evaluate import multimnist_scores
+from capsnet.models import checkpoint
+from capsnet.training.scoring import multimnist_scores
 
 
 def request(data_root, robustness=None, equivariance=None, **fields) -> evaluation.EvalRequest:
@@ -189,7 +189,7 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     } <= figures
     assert {p.name for p in drawer.written.values()} == figures
     # the perturbation grid exists exactly when some pose dimension visibly changes
-    from capsnet import figures as draw
+    from capsnet.evaluation import plots as draw
 
     model, _ = checkpoint.load(untrained["capsnet-small"])
     images, labels = mnist_test_set(mnist_root, 1)
@@ -298,7 +298,7 @@ def trained_meta(seed: int, epochs: int, **data) -> dict:
 
 
 def test_experiment_key_ignores_only_the_seed():
-    from capsnet.eval.seeds import experiment_key
+    from capsnet.evaluation.seeds import experiment_key
 
     base = experiment_key(trained_meta(seed=0, epochs=6))
     assert experiment_key(trained_meta(seed=1, epochs=6)) == base
@@ -399,8 +399,8 @@ def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
 
 
 def test_device_auto_is_the_default_and_picks_what_training_would(untrained, tmp_path):
-    from capsnet.errors import ConfigError
-    from capsnet.train import select_device
+    from capsnet.io.errors import ConfigError
+    from capsnet.training.device import select_device
 
     assert EvaluateParams().device == "auto"
     assert evaluation.EvalRequest(EvaluateParams(device="auto")).device == select_device("auto")

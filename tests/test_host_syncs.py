@@ -22,9 +22,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from capsnet import models, train
+from capsnet import models
 from capsnet.config import STRATEGIES
 from capsnet.data.registry import TRAIN_DATASETS
+from capsnet.training import fit as train
 
 META = torch.device("meta")
 aten = torch.ops.aten
@@ -225,7 +226,7 @@ def test_a_training_step_neither_syncs_nor_copies_from_the_host(
 def _assert_no_host_traffic(traffic, tmp_path, dataset, strategy, model, overrides) -> None:
     """Train ``model`` on ``STEPS`` batches of ``dataset`` through ``train_run`` on the meta
     device; nothing recorded between the second and the last step marker."""
-    from capsnet.run import RunSpec, train_run
+    from capsnet.training.run import RunSpec, train_run
 
     config = train.TrainConfig(
         epochs=1, batch_size=BATCH, progress=False, amp="fp32", compile=False

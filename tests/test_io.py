@@ -1,4 +1,4 @@
-"""capsnet.io and capsnet.outputset: atomic files and directories, stale temporaries, the
+"""capsnet.io.files and capsnet.io.outputset: atomic files and directories, stale temporaries, the
 lock, the DISABLED marker."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from capsnet import io, outputset
-from capsnet.errors import CapsnetError
+from capsnet.io import files as io
+from capsnet.io import outputset
+from capsnet.io.errors import CapsnetError
 
 
 @pytest.fixture
@@ -317,7 +318,7 @@ def test_exchange_swaps_two_paths(tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from capsnet import io, outputset
+from capsnet.io import files as io, outputset
 with io.locked(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))

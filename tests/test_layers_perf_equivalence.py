@@ -1,4 +1,4 @@
-"""The fused, chunked routing in capsnet.layers equals capsnet.routing.dynamic_routing."""
+"""The fused, chunked routing in capsnet.nn.layers equals capsnet.nn.routing.dynamic_routing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from capsnet import models
-from capsnet.layers import DenseCapsules, fused_dynamic_routing
-from capsnet.routing import dynamic_routing, squash
+from capsnet.nn.layers import DenseCapsules, fused_dynamic_routing
+from capsnet.nn.routing import dynamic_routing, squash
 
 N_IN, D_IN, N_OUT, D_OUT = 72, 8, 10, 16
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from capsnet.losses import cross_entropy, margin_loss, reconstruction_loss
+from capsnet.nn.losses import cross_entropy, margin_loss, reconstruction_loss
 
 
 def test_margin_loss_against_hand_computed_values():

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from capsnet import models
-from capsnet.errors import ConfigError
-from capsnet.layers import PrimaryCapsules
-from capsnet.routing import squash
+from capsnet.io.errors import ConfigError
+from capsnet.nn.layers import PrimaryCapsules
+from capsnet.nn.routing import squash
 
 # Models small enough for per-model gradient checks on a CPU.
 QUICK_OVERRIDES = {"baseline-cnn": {"channels": (8, 8, 4), "hidden": (16, 8)}}

@@ -10,8 +10,8 @@ from capsnet import models
 from capsnet.config import AugmentParams, ShiftAugment
 from capsnet.config.training import TrainConfig
 from capsnet.data.augment import random_shift
-from capsnet.run import RunSpec, load_split, train_run
-from capsnet.train import augment, compute_loss
+from capsnet.training.fit import augment, compute_loss
+from capsnet.training.run import RunSpec, load_split, train_run
 
 
 def _pair_batch():
@@ -100,18 +100,18 @@ def spec(mnist_root):
 
 
 def test_one_epoch_of_capsnet_small_on_tiny_multimnist_uses_both_digits(spec, monkeypatch):
-    import capsnet.train
+    import capsnet.training.fit
 
     split = load_split(spec)
     assert len(split.train) == 48 and len(split.val) == 16 and len(split.train[0]) == 4
     seen = []
-    real = capsnet.train.compute_loss
+    real = capsnet.training.fit.compute_loss
 
     def spy(model, output, images, targets, config, step, total, components=None):
         seen.append((tuple(output.reconstruction.shape), tuple(components.shape)))
         return real(model, output, images, targets, config, step, total, components)
 
-    monkeypatch.setattr(capsnet.train, "compute_loss", spy)
+    monkeypatch.setattr(capsnet.training.fit, "compute_loss", spy)
     result = train_run(spec, split)
     assert result.model.config.input_size == 36 and result.train_images == 48
     assert seen == [((16, 2, 1, 36, 36), (16, 2, 1, 36, 36))] * 3
@@ -128,9 +128,9 @@ def test_models_without_a_decoder_get_plain_multimnist_items(spec):
 
 
 def test_figure_shows_each_predicted_and_each_true_digit_beside_the_input(tmp_path, monkeypatch):
-    from capsnet import figures
     from capsnet.data.datasets import TensorImageDataset
-    from capsnet.eval.figures import multimnist_figure
+    from capsnet.evaluation import plots as figures
+    from capsnet.evaluation.figures import multimnist_figure
 
     torch.manual_seed(0)
     model = models.build("capsnet-small", input_size=36).eval()

@@ -21,9 +21,11 @@ from types import SimpleNamespace
 import pytest
 from clihelpers import run_cli
 
-from capsnet import checkpoint, io, models
+from capsnet import models
 from capsnet.config import SweepConfig
-from capsnet.train import TrainConfig
+from capsnet.io import files as io
+from capsnet.models import checkpoint
+from capsnet.training.fit import TrainConfig
 
 
 def _mode(path) -> int:
@@ -58,9 +60,10 @@ SAVE_RUN = r"""
 import os, sys
 from pathlib import Path
 from types import SimpleNamespace
-from capsnet import io, models
-from capsnet.train import TrainConfig
-from capsnet.train_cli import _save
+from capsnet.io import files as io
+from capsnet import models
+from capsnet.training.fit import TrainConfig
+from capsnet.cli.train_commands import _save
 
 out, label, fault = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 real_replace, real_exchange = os.replace, io.exchange
@@ -92,7 +95,7 @@ _save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfi
 
 
 def _save_run(out: Path, label: str) -> None:
-    from capsnet.train_cli import _save
+    from capsnet.cli.train_commands import _save
 
     result = SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig(), data={})
     _save(out, result, {"run": label})
@@ -152,7 +155,7 @@ TRAIN_STAGE = r"""
 import json, os, sys
 from pathlib import Path
 from types import SimpleNamespace
-import capsnet.run
+import capsnet.training.run
 from capsnet import models
 from capsnet.config import FinalTrainConfig, SweepConfig
 from pipeline.train_final import train_final
@@ -169,7 +172,7 @@ def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
                            history=history, train_images=len(split.train), train_seconds=0.1,
                            clock_seconds=0.1, clock="process CPU time", data={})
 
-capsnet.run.train_run = fake_train_run
+capsnet.training.run.train_run = fake_train_run
 final = FinalTrainConfig.from_dict(json.loads(sys.argv[4]))
 sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
 train_final(final, sweep, best_path=tmp / "best.json", data_root=data_root,
@@ -205,7 +208,7 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
 
 
 def test_disabled_train_stage_replaces_the_directory_whole(tmp_path):
-    from capsnet.outputset import write_disabled
+    from capsnet.io.outputset import write_disabled
 
     out = tmp_path / "models-smallnorb"
     out.mkdir()
@@ -233,7 +236,7 @@ def _eval_params(tmp_path: Path, models_dir: Path):
 
 
 def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
-    from capsnet.eval import stage
+    from capsnet.evaluation import stage
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
@@ -278,7 +281,7 @@ def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
 def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
     """A failure while writing the files (after every figure is drawn) leaves the old
     figures, rotation.csv and metrics.json: nothing is swapped in before all is written."""
-    from capsnet.eval import outputs, stage
+    from capsnet.evaluation import outputs, stage
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"

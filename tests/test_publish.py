@@ -207,7 +207,7 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     import sys
     import types
 
-    from capsnet.metrics import parse_results
+    from capsnet.evaluation.metrics import parse_results
     from pipeline import publish as publishing
 
     class Block:

@@ -11,7 +11,7 @@ import yaml
 from comparisonhelpers import seeded_results
 
 from capsnet import config
-from capsnet.errors import CapsnetError
+from capsnet.io.errors import CapsnetError
 from pipeline import readme
 
 

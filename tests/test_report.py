@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet import figures
-from capsnet.errors import CapsnetError
+from capsnet.evaluation import plots as figures
+from capsnet.io.errors import CapsnetError
 from pipeline import report
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -283,7 +283,7 @@ def test_report_names_every_figure_each_sweep_and_why_a_figure_is_missing(tmp_pa
 
 
 def test_counts_are_formatted_alike():
-    from capsnet.headline import count_text, epochs_text
+    from capsnet.evaluation.headline import count_text, epochs_text
 
     assert [count_text(v) for v in (3, 3.0, 76.66666666666667, None)] == ["3", "3", "76.7", "n/a"]
     assert epochs_text(1) == "1 epoch" and epochs_text(33.666) == "33.7 epochs"
@@ -334,7 +334,7 @@ def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_ro
 
 
 def test_viewpoint_curves_are_drawn_from_the_experiments_history(tmp_path):
-    from capsnet.eval.figures import FigureDrawer
+    from capsnet.evaluation.figures import FigureDrawer
 
     history = [{"epoch": e, "familiar_error": 0.5 / e, "novel_error": 0.7 / e} for e in (1, 2)]
     model = {"model": "em-capsnet-small", "history": history}

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from capsnet.routing import dynamic_routing, safe_norm, squash
+from capsnet.nn.routing import dynamic_routing, safe_norm, squash
 
 
 def loop_routing(u_hat: torch.Tensor, iterations: int, detach_inner: bool = True):

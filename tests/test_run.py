@@ -10,9 +10,9 @@ import torch
 from capsnet import models
 from capsnet.config import AugmentParams, ShiftAugment
 from capsnet.data.datasets import TensorImageDataset, shape_of
-from capsnet.errors import ConfigError
-from capsnet.run import RunSpec, Split, check, load_split, train_run
-from capsnet.train import TrainConfig
+from capsnet.io.errors import ConfigError
+from capsnet.training.fit import TrainConfig
+from capsnet.training.run import RunSpec, Split, check, load_split, train_run
 
 
 def tiny_split(n: int = 64, size: int = 28, classes: int = 10) -> Split:

@@ -7,8 +7,8 @@ import pytest
 from capsnet.config import DataParams, Params, SmallnorbParams, SmallnorbSynthParams
 from capsnet.config.training import TrainConfig
 from capsnet.data import stages
-from capsnet.evaluate import accuracy
-from capsnet.run import RunSpec, load_test, train_run
+from capsnet.training.run import RunSpec, load_test, train_run
+from capsnet.training.scoring import accuracy
 
 CHANCE = 0.2  # five classes
 

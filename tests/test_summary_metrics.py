@@ -10,7 +10,7 @@ import pytest
 import yaml
 from comparisonhelpers import checkpoint_entry, seeded_results
 
-from capsnet.eval.outputs import SUMMARY_SETS, summary_metrics, write_outputs
+from capsnet.evaluation.outputs import SUMMARY_SETS, summary_metrics, write_outputs
 
 KEYS = {*SUMMARY_SETS.values(), "mnist_sd", "rot35_sd", "n_seeds", "train_s"}
 

@@ -1,9 +1,13 @@
 import pytest
 import torch
 
-from capsnet import checkpoint, evaluate, losses, models
+from capsnet import models
 from capsnet.data.datasets import TensorImageDataset, load
-from capsnet.train import TrainConfig, compute_loss, fit, select_device
+from capsnet.models import checkpoint
+from capsnet.nn import losses
+from capsnet.training import scoring as evaluate
+from capsnet.training.device import select_device
+from capsnet.training.fit import TrainConfig, compute_loss, fit
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +216,7 @@ def test_train_command_on_multimnist_writes_strict_accuracy(tmp_path, mnist_root
     assert metrics["dataset"] == "multimnist"
     assert set(metrics["multimnist"]) >= {"strict_accuracy", "at_least_one", "half_credit", "n"}
     assert metrics["multimnist"]["n"] == 40
-    from capsnet import checkpoint
+    from capsnet.models import checkpoint
 
     model, _ = checkpoint.load(out / "model.pt")
     assert model.config.input_size == 36  # MultiMNIST canvas: 28 + 2 * pad
@@ -247,7 +251,7 @@ def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_sec
     compiles its own graph in the first epoch, and the second epoch compiles nothing."""
     from torch._dynamo.utils import counters
 
-    from capsnet import train
+    from capsnet.training import fit as train
 
     torch._dynamo.reset()
     counters.clear()
@@ -297,7 +301,7 @@ def test_time_budget_ends_training_early_but_never_before_one_epoch(mnist_small)
 
 
 def test_time_budget_stops_at_the_epoch_nearest_the_budget(monkeypatch):
-    import capsnet.train as train_module
+    import capsnet.training.fit as train_module
 
     clock = {"now": 0.0}
     monkeypatch.setattr(train_module.time, "perf_counter", lambda: clock["now"])
@@ -311,7 +315,7 @@ def test_time_budget_stops_at_the_epoch_nearest_the_budget(monkeypatch):
 
 @pytest.mark.parametrize("budget", [0.0, -1.0, float("inf"), float("nan")])
 def test_time_budget_must_be_positive_and_finite(budget):
-    from capsnet.errors import ConfigError
+    from capsnet.io.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"train\.time_budget must be > 0 seconds"):
         TrainConfig(time_budget=budget)
@@ -320,8 +324,8 @@ def test_time_budget_must_be_positive_and_finite(budget):
 def test_bf16_autocast_keeps_squash_routing_softmax_and_losses_in_fp32():
     """CPU autocast stands in for CUDA's: the products run in bf16, the outputs that
     training reads are fp32 and close to an fp32 run of the same weights."""
-    from capsnet.layers import fused_dynamic_routing
-    from capsnet.routing import dynamic_routing
+    from capsnet.nn.layers import fused_dynamic_routing
+    from capsnet.nn.routing import dynamic_routing
 
     torch.manual_seed(0)
     model = models.build("capsnet-small")
@@ -345,10 +349,10 @@ def test_bf16_autocast_keeps_squash_routing_softmax_and_losses_in_fp32():
 
 
 def test_precision_is_bf16_by_default_and_autocasts_only_on_cuda():
+    from capsnet.cli.train_commands import PRECISIONS as CLI_PRECISIONS
     from capsnet.config.sweep import PRECISIONS
-    from capsnet.errors import ConfigError
-    from capsnet.evaluate import autocast
-    from capsnet.train_cli import PRECISIONS as CLI_PRECISIONS
+    from capsnet.io.errors import ConfigError
+    from capsnet.training.device import autocast
 
     assert TrainConfig().amp == "bf16" and PRECISIONS == CLI_PRECISIONS == ("bf16", "fp32")
     with autocast(torch.device("cpu"), "bf16"):
@@ -359,7 +363,7 @@ def test_precision_is_bf16_by_default_and_autocasts_only_on_cuda():
 
 def test_amp_reaches_the_run_from_the_params_sections():
     from capsnet.config import FinalTrainConfig, SweepConfig
-    from capsnet.run import section_spec
+    from capsnet.training.run import section_spec
 
     sweep = SweepConfig()
     assert section_spec(FinalTrainConfig(), sweep).train.amp == TrainConfig().amp
@@ -368,7 +372,7 @@ def test_amp_reaches_the_run_from_the_params_sections():
 
 
 def test_a_diverging_run_raises_naming_the_epoch_and_lr_and_saves_nothing(mnist_small):
-    from capsnet.errors import TrainingDiverged
+    from capsnet.io.errors import TrainingDiverged
 
     train, _ = mnist_small
     torch.manual_seed(0)
@@ -403,7 +407,7 @@ def test_resident_and_loader_paths_see_every_item_once_per_epoch(mnist_small, mo
     DataLoader path each give every item exactly once per epoch, shuffled."""
     from torch.utils.data import Dataset
 
-    import capsnet.train as train_module
+    import capsnet.training.fit as train_module
 
     class Items(Dataset):  # the same items, without ``tensors``
         def __init__(self, base):
@@ -459,8 +463,8 @@ def test_capsnet_train_defaults_smallnorb_to_its_own_augmentation(
     smallNORB augments itself, so without --augment the run gets none (MNIST: shift)."""
     from click.testing import CliRunner
 
-    from capsnet import run
     from capsnet.cli import main
+    from capsnet.training import run
 
     monkeypatch.chdir(tmp_path)  # no params.yaml: the dataclass defaults
     seen = {}
@@ -480,9 +484,10 @@ def test_capsnet_train_defaults_smallnorb_to_its_own_augmentation(
 def test_capsnet_train_checkpoint_records_the_smallnorb_standardisation(tmp_path):
     """The checkpoint of a smallNORB run records data.smallnorb.standardize (the
     evaluation compares it); other datasets record nothing."""
-    from capsnet import checkpoint, run
+    from capsnet.cli.train_commands import _save
     from capsnet.config import SmallnorbParams
-    from capsnet.train_cli import _save
+    from capsnet.models import checkpoint
+    from capsnet.training import run
 
     plain = SmallnorbParams(standardize=False)
     spec = run.RunSpec("smallnorb-cnn", dataset="smallnorb", smallnorb=plain)

@@ -13,11 +13,12 @@ import torch
 from click.testing import CliRunner
 from clihelpers import assert_one_line_error, run_cli
 
-from capsnet import checkpoint, config, viewpoints
-from capsnet import eval as evaluation
+from capsnet import config, evaluation
 from capsnet.cli import main
 from capsnet.config.training import TrainConfig
-from capsnet.errors import ConfigError
+from capsnet.evaluation import viewpoint_matching as viewpoints
+from capsnet.io.errors import ConfigError
+from capsnet.models import checkpoint
 from pipeline import viewpoints as stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))

@@ -76,7 +76,7 @@ from capsnet.config.viewpoints import (
     ViewpointsParams,
 )
 from capsnet.config.yamlfile import read_yaml
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 __all__ = [
     "ABLATION",

@@ -63,7 +63,7 @@ class EvaluateParams:
     )  # fmt: skip
     limit: int | None = None  # first N test images of every dataset (null: all)
     batch_size: int = 500
-    device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.train.select_device)
+    device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.training.device.select_device)
     confusion_angle: float = 35.0
     figure_examples: int = 8
     robustness: RobustnessParams = field(default_factory=RobustnessParams)

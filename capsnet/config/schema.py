@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -44,7 +44,7 @@ Precision = Literal["bf16", "fp32"]
 
 DATASETS: tuple[str, ...] = typing.get_args(Dataset)
 POSES: tuple[str, ...] = typing.get_args(Pose)
-#: The training losses (capsnet.train reads them from here): auto is the model's own.
+#: The training losses (capsnet.training.fit reads them from here): auto is the model's own.
 LOSSES: tuple[str, ...] = typing.get_args(Loss)
 EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
 #: Training and evaluation precisions (TrainConfig.amp; docs/gpu.md).

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 TRACE_ENV = "CAPSNET_PARAMS_TRACE"
 STAGE_ENV = "DVC_STAGE"

@@ -1,5 +1,5 @@
 """``TrainConfig``: the settings of one training run (no torch, so the CLI reads its
-defaults without loading model code). ``capsnet.train.fit`` consumes it."""
+defaults without loading model code). ``capsnet.training.fit.fit`` consumes it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from capsnet.config.data import STRATEGIES, AugmentParams
 from capsnet.config.evaluate import EvaluateParams
 from capsnet.config.sweep import LOSSES, PRECISIONS
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 __all__ = ["LOSSES", "PRECISIONS", "TrainConfig"]
 
@@ -45,7 +45,7 @@ class TrainConfig:
     # so it drops the last partial batch of each epoch.
     compile: bool = False
     progress: bool | None = None  # None: a bar only when stderr is a terminal
-    # Seconds of fit's clock (capsnet.run.budget_clock: CPU or GPU time): stop after the
+    # Seconds of fit's clock (capsnet.training.run.budget_clock: CPU or GPU time): stop after the
     # epoch that ends nearest this time (validation included), ``epochs`` at most. None:
     # train exactly ``epochs``.
     time_budget: float | None = None

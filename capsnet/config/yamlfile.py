@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 #: Most values (scalars, lists, mappings) a params file may stand for, aliases expanded.
 MAX_VALUES = 100_000
@@ -95,7 +95,7 @@ def read_yaml(path: Path) -> Any:
     """The data of the YAML file ``path``; a one-line ConfigError for anything unreadable."""
     import yaml
 
-    from capsnet.io import check_input
+    from capsnet.io.files import check_input
 
     check_input(path, ConfigError)
     try:

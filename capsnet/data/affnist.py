@@ -22,7 +22,7 @@ from capsnet.data.batches import RenderedItems
 from capsnet.data.sources import RemoteFile, check_zip, fetch, safe_extract_zip
 from capsnet.data.store import PreparedSpec, TensorSpec, digits
 from capsnet.data.tensors import TensorImageDataset
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 OFFICIAL_BASE = "https://www.cs.toronto.edu/~tijmen/affNIST/32x/"
 ARCHIVES = {  # official file name -> path under the 32x/ folder
@@ -82,7 +82,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse the extracted test batches into ``out_dir/test.pt`` (and ``test-centered.pt``
     from just_centered/test.mat when present)."""
     from capsnet.data.store import save_prepared
-    from capsnet.outputset import atomic_directory
+    from capsnet.io.outputset import atomic_directory
 
     raw_dir = Path(raw_dir)
     batches = _mat_files(raw_dir / "test_batches")
@@ -260,7 +260,7 @@ def build_synth(
     """Write ``out_dir/test.pt``: affnist-synth from the MNIST test split under ``root``."""
     from capsnet.data import mnist
     from capsnet.data.store import save_prepared
-    from capsnet.outputset import atomic_directory
+    from capsnet.io.outputset import atomic_directory
 
     images, labels = mnist.load_tensors(root, "test", download_missing=False)
     if limit is not None:
@@ -368,7 +368,7 @@ def load_synth_dataset(request):
 def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
     """The download stage: the archives (data.affnist.source real or auto), a DISABLED.txt
     when synth, or when auto and the real files are unreachable."""
-    from capsnet.outputset import write_disabled
+    from capsnet.io.outputset import write_disabled
 
     if section.source == "synth":
         return write_disabled(out, "data.affnist.source is synth: the real files are not used")

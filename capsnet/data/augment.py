@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, get_worker_info
 
 from capsnet.config import STRATEGIES, AugmentParams
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 
 def check_strategy(strategy: str) -> None:

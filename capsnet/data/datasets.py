@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from capsnet.config.data import DATA_ROOT
 from capsnet.data.registry import DATASETS, get, resolve
 from capsnet.data.tensors import LoadRequest, Slice, TensorImageDataset, shape_of, split_tail
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 __all__ = [
     "DATASETS", "DEFAULT_ROOT", "Slice", "TensorImageDataset", "load", "rotate_images",

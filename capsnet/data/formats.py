@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from capsnet.errors import DataError
-from capsnet.io import check_input
+from capsnet.io.errors import DataError
+from capsnet.io.files import check_input
 
 IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
@@ -76,7 +76,7 @@ def read_idx_labels(path: str | os.PathLike, num_classes: int = 10) -> torch.Ten
 def write_idx(path: str | os.PathLike, tensor: torch.Tensor) -> None:
     """Write a uint8 tensor in IDX format (gzip when the name ends in .gz); for tests and
     mirrors."""
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.files import atomic_write_bytes
 
     tensor = tensor.to(torch.uint8).contiguous()
     magic = {3: IDX_IMAGES_MAGIC, 1: IDX_LABELS_MAGIC}.get(tensor.dim(), 0x0800 + tensor.dim())
@@ -167,7 +167,7 @@ def write_norb(path: str | os.PathLike, array) -> None:
     """Write ``array`` in the smallNORB binary format (gzip when the name ends in .gz)."""
     import numpy as np
 
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.files import atomic_write_bytes
 
     array = np.ascontiguousarray(array)
     magic = NORB_MAGIC[array.dtype.name]
@@ -231,7 +231,7 @@ def write_affnist_mat(
     import numpy as np
     import scipy.io
 
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.files import atomic_write_bytes
 
     images = images.to(torch.uint8).numpy().reshape(images.shape[0], -1)  # (N, 1600)
     labels = labels.numpy().astype(np.uint8)

@@ -10,7 +10,7 @@ import torch
 from capsnet.data.formats import read_idx_images, read_idx_labels
 from capsnet.data.sources import RemoteFile, fetch
 from capsnet.data.store import PreparedSpec, digits
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 OFFICIAL_BASES = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -95,7 +95,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse and check the raw files; write ``out_dir/{train,test}.pt`` (uint8 images,
     int64 labels) atomically, both or neither."""
     from capsnet.data.store import save_prepared
-    from capsnet.outputset import atomic_directory
+    from capsnet.io.outputset import atomic_directory
 
     splits = {split: read_split(raw_dir, split) for split in SPLIT_FILES}
     with atomic_directory(out_dir) as tmp:

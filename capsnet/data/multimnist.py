@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from capsnet.data.store import PreparedSpec, TensorSpec
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 MERGES = ("sum-clip", "max")
 SIDE = 28
@@ -292,7 +292,7 @@ def build(
     (the test recipe is drawn from ``seed + 1`` and never redrawn)."""
     from capsnet.data import mnist
     from capsnet.data.store import save_prepared
-    from capsnet.outputset import atomic_directory
+    from capsnet.io.outputset import atomic_directory
 
     check_settings(shift, pad, merge)
     per_split = {"train": (train_pairs_per_digit, seed), "test": (test_pairs_per_digit, seed + 1)}

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 F64 = torch.float64
 _SIN = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(10))  # x^1 .. x^19

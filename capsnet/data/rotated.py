@@ -26,7 +26,7 @@ def load_tensors(
 def load_dataset(request):
     """The registry loader: MNIST ``request.split`` rotated by ``request.angle`` degrees."""
     from capsnet.data.tensors import TensorImageDataset
-    from capsnet.errors import DataError
+    from capsnet.io.errors import DataError
 
     if request.angle is None:
         raise DataError("rotated-mnist needs an angle")

@@ -38,7 +38,7 @@ def show(
     import matplotlib.pyplot as plt
 
     from capsnet.data.datasets import DEFAULT_ROOT, load
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.files import atomic_write_bytes
 
     params = params or Params()
     root = Path(root) if root is not None else DEFAULT_ROOT

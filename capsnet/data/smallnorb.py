@@ -24,7 +24,7 @@ from capsnet.data.batches import RenderedItems
 from capsnet.data.sources import NoSource, RemoteFile, fetch
 from capsnet.data.store import PreparedSpec, TensorSpec
 from capsnet.data.tensors import TensorImageDataset
-from capsnet.errors import ConfigError, DataError, DatasetDisabled
+from capsnet.io.errors import ConfigError, DataError, DatasetDisabled
 
 OFFICIAL_BASE = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/"
 PREFIX = {
@@ -103,7 +103,7 @@ def obtain(
             raise DataError("data.smallnorb.source synth: no stand-in renderer was given")
         stand_in(raw_dir, params.synth.seed, params.synth.side)
         used = SYNTH
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.files import atomic_write_bytes
 
     atomic_write_bytes(raw_dir / SOURCE_FILE, f"{used}\n".encode())
     return used
@@ -202,7 +202,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
     and in meta the source (smallnorb or smallnorb-synth)."""
     from capsnet.data.store import save_prepared
-    from capsnet.outputset import atomic_directory
+    from capsnet.io.outputset import atomic_directory
 
     source = raw_source(raw_dir)
     splits = {split: read_split(raw_dir, split) for split in PREFIX}
@@ -370,7 +370,7 @@ def load(
     ``augment``, default for train) or centre-cropped test items; ``source`` attribute:
     smallnorb or smallnorb-synth."""
     from capsnet.data.store import load_prepared
-    from capsnet.io import read_disabled
+    from capsnet.io.files import read_disabled
 
     prepared = Path(root) / "prepared" / "smallnorb"
     if read_disabled(prepared) is not None:
@@ -420,7 +420,7 @@ def prepare_stage(root: Path, out: Path, section) -> Path:
 
 
 def run_options(spec) -> dict:
-    """The loader options of a run (``capsnet.run.RunSpec``): stereo channels and the
+    """The loader options of a run (``capsnet.training.run.RunSpec``): stereo channels and the
     ``data.smallnorb`` crop, jitter and standardisation (train and test alike)."""
     norb = spec.smallnorb
     return {
@@ -465,7 +465,7 @@ def run_test_set(spec, subset: str | None = None):
 
 def data_record(spec) -> dict:
     """What a checkpoint records of a run's preprocessing: ``standardize`` (the crop is the
-    model's input size); the evaluation checks it (``capsnet.eval.datasets``)."""
+    model's input size); the evaluation checks it (``capsnet.evaluation.datasets``)."""
     return {"standardize": spec.smallnorb.standardize}
 
 

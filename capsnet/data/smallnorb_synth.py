@@ -268,8 +268,8 @@ def obtain(out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE) -> list[
     written (``md5sum -c`` reads it)."""
     from capsnet.data.smallnorb import PREFIX, filename
     from capsnet.data.sources import is_verified, raw_md5
-    from capsnet.errors import DataError
-    from capsnet.io import atomic_write_bytes
+    from capsnet.io.errors import DataError
+    from capsnet.io.files import atomic_write_bytes
 
     out_dir = Path(out_dir)
     names = {(split, part): filename(split, part) for split in PREFIX for part in PARTS_OF_SPLIT}

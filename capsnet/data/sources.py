@@ -2,7 +2,7 @@
 
 Every file is verified by the MD5 of its DECOMPRESSED content (so a faithful mirror that
 recompressed a file still verifies) and written atomically: data goes to a temporary file
-in the target directory (``capsnet.io`` names), is fsynced, verified and only then renamed
+in the target directory (``capsnet.io.files`` names), is fsynced, verified and only then renamed
 into place. An archive is extracted into a temporary sibling of its directory, swapped in
 whole. A killed download or extraction therefore never leaves a file that looks complete,
 and the next run removes its temporaries before it starts.
@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.errors import DataError
-from capsnet.io import fsync_dir, new_temp_file, remove_stale
-from capsnet.outputset import atomic_directory
+from capsnet.io.errors import DataError
+from capsnet.io.files import fsync_dir, new_temp_file, remove_stale
+from capsnet.io.outputset import atomic_directory
 
 MIRROR_ENV = "CAPSNET_MIRROR"
 DEADLINE_ENV = "CAPSNET_DOWNLOAD_DEADLINE"
@@ -370,7 +370,7 @@ def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike)
     drive letters, symlinks).
 
     Members are extracted into a temporary sibling of ``target`` that is swapped in only
-    when all succeeded (``capsnet.outputset.atomic_directory``), so a refused, corrupt or killed
+    when all succeeded (``capsnet.io.outputset.atomic_directory``), so a refused, corrupt or killed
     extraction leaves the earlier ``target`` as it was, and its debris is removed next time.
     """
     archive_path, target = Path(archive_path), Path(target)

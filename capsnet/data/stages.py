@@ -5,7 +5,7 @@ calls the declared function and writes one directory: ``<root>/raw/<dataset>`` (
 or ``<root>/prepared/<name>`` (prepare). A dataset switched off in params gets a directory
 holding only DISABLED.txt, because DVC needs every declared output to exist; so does a
 prepared set whose raw directory says DISABLED. A stage holds the lock of its data root
-(``capsnet.io.locked``), so two commands writing into one root run one after the other,
+(``capsnet.io.files.locked``), so two commands writing into one root run one after the other,
 and first removes what killed runs left in the directory it writes to.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from capsnet.config import Params
 from capsnet.data.registry import DOWNLOADS, PREPARES, get, resolve
-from capsnet.io import clear_disabled, locked, read_disabled, remove_stale_in
-from capsnet.outputset import write_disabled
+from capsnet.io.files import clear_disabled, locked, read_disabled, remove_stale_in
+from capsnet.io.outputset import write_disabled
 
 __all__ = ["DOWNLOADS", "PREPARES", "download", "prepare", "why_off"]
 

@@ -1,7 +1,7 @@
 """Prepared-data files: tensors plus metadata in one ``.pt`` file, written atomically.
 
 A prepared file is ``torch.save({"tensors": {...}, "meta": {...}})``, read back with
-``weights_only=True`` (no pickled code, ``capsnet.torchfile``). A stage that writes several
+``weights_only=True`` (no pickled code, ``capsnet.io.torchfile``). A stage that writes several
 files builds them in a temporary directory and swaps it into place only when everything
 succeeded, so a failing stage leaves no partial output behind.
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from capsnet import torchfile
 from capsnet.data.registry import PREPARES, REGISTRY, resolve
-from capsnet.errors import DataError
-from capsnet.io import input_problem
+from capsnet.io import torchfile
+from capsnet.io.errors import DataError
+from capsnet.io.files import input_problem
 
 Bound = int | str | tuple[int, ...] | None
 

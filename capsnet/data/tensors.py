@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 
 class TensorImageDataset(Dataset):

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 
 class ModelOutput(NamedTuple):

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.layers import Decoder, DenseCapsules, PrimaryCapsules, conv_output_size
 from capsnet.models import ModelOutput, register
-from capsnet.routing import safe_norm
+from capsnet.nn.layers import Decoder, DenseCapsules, PrimaryCapsules, conv_output_size
+from capsnet.nn.routing import safe_norm
 
 
 @dataclass

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.em_layers import (
+from capsnet.models import ModelOutput, register
+from capsnet.nn.em_layers import (
     COORDINATE_ENTRIES,
     POSE_SHAPES,
     ROUTING_SCOPES,
@@ -23,8 +24,7 @@ from capsnet.em_layers import (
     PrimaryMatrixCaps,
     coordinate_offsets,
 )
-from capsnet.models import ModelOutput, register
-from capsnet.routing.em import EM_FINAL_LAMBDA, EM_MIN_VAR
+from capsnet.nn.routing.em import EM_FINAL_LAMBDA, EM_MIN_VAR
 
 
 def _check_positive(config, names: tuple[str, ...]) -> None:
@@ -65,7 +65,7 @@ class EMCapsNetConfig:
     # about 1e-3 an unscaled beta_a barely moves an activation (docs/em.md, "Learning")
     beta_a_scale: float = BETA_A_SCALE
 
-    # Saved configs without a field were trained with this value (capsnet.checkpoint.load).
+    # Saved configs without a field were trained with this value (capsnet.models.checkpoint.load).
     missing_field_defaults: ClassVar[dict[str, object]] = {
         "routing_scope": "window",
         "coordinate_form": "first-entries",
@@ -153,7 +153,7 @@ class EMCapsNet(nn.Module):
 
     def compile_routing(self, enabled: bool = True) -> EMCapsNet:
         """Route the convolutional capsule layers with the EM routing steps compiled by
-        torch.compile (``capsnet.routing.em.compiled_steps``): several times faster per step
+        torch.compile (``capsnet.nn.routing.em.compiled_steps``): several times faster per step
         after a one-off compilation per input shape; falls back to eager, with a warning,
         where torch.compile cannot build kernels. The class capsules (one small group per
         image) stay eager: their graphs would push the steps past dynamo's recompile limit."""

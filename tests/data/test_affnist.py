@@ -8,7 +8,7 @@ from datahelpers import tiny_mnist, write_affnist_mirror
 
 from capsnet.config import AffnistParams, DataParams, Params
 from capsnet.data import affnist, load, mnist, stages
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 pytest.importorskip("scipy")
 

@@ -17,7 +17,7 @@ from capsnet.data.augment import (
     random_shift,
     warp,
 )
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 
 def digits(n: int = 8) -> torch.Tensor:
@@ -116,7 +116,7 @@ def test_the_training_path_imports_no_albumentations():
     import sys
 
     code = (
-        "import sys, capsnet.train, capsnet.data.augment, capsnet.run; "
+        "import sys, capsnet.training.fit, capsnet.data.augment, capsnet.training.run; "
         "print('albumentations' in sys.modules, 'cv2' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 
 from capsnet import config
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 
 def write(tmp_path, text: str):

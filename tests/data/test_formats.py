@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from capsnet.data import formats
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 
 def test_idx_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import torch
 from datahelpers import tiny_mnist
 
 from capsnet.data import load, multimnist
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 
 @pytest.fixture

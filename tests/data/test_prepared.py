@@ -14,11 +14,12 @@ import torch
 from clihelpers import assert_one_line_error, run_cli
 from datahelpers import write_affnist_mirror, write_smallnorb_raw, write_tiny_mnist
 
-from capsnet import checkpoint, models
+from capsnet import models
 from capsnet.data import affnist, load, mnist, multimnist, smallnorb
 from capsnet.data.registry import PREPARES
 from capsnet.data.store import load_prepared, prepared_spec, save_prepared
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
+from capsnet.models import checkpoint
 
 SPLIT = "test"
 

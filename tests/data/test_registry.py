@@ -85,8 +85,8 @@ def test_config_choices_are_the_registry():
     assert SWEEP_DATASETS == registry.SWEEP_DATASETS == ("mnist", "smallnorb")
     assert set(EXTRA_DATASETS) == {"multimnist", "expanded-mnist"}
     assert len(set(EVAL_DATASETS)) == len(EVAL_DATASETS)
-    from capsnet import train_cli
-    from capsnet.data import cli
+    from capsnet.cli import data_commands as cli
+    from capsnet.cli import train_commands as train_cli
 
     train_choices = next(p for p in train_cli.train_command.params if p.name == "dataset").type
     assert tuple(train_choices.choices) == registry.TRAIN_DATASETS
@@ -96,7 +96,7 @@ def test_config_choices_are_the_registry():
 
 def test_unknown_names_fail_in_one_line():
     from capsnet.data import load
-    from capsnet.errors import DataError
+    from capsnet.io.errors import DataError
 
     with pytest.raises(DataError, match="unknown dataset 'norb'; choose one of: mnist, "):
         load("norb")
@@ -105,7 +105,7 @@ def test_unknown_names_fail_in_one_line():
 
 
 def test_shapes_declared_match_the_evaluation_sizes():
-    from capsnet.eval.datasets import image_shape
+    from capsnet.evaluation.datasets import image_shape
 
     assert image_shape("rotated-mnist") == (28, 10)
     assert image_shape("affnist-synth") == (40, 10)
@@ -118,7 +118,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 def test_a_split_a_dataset_does_not_declare_is_refused_in_one_line():
     from capsnet.data.datasets import load
-    from capsnet.errors import DataError
+    from capsnet.io.errors import DataError
 
     with pytest.raises(DataError, match="affnist-synth has no split 'train'; choose one of: test"):
         load("affnist-synth", "train", "no-such-root")

@@ -10,7 +10,7 @@ from datahelpers import tiny_mnist
 
 from capsnet.data import load, mnist, rotate_images
 from capsnet.data.resample import sin_cos_degrees
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 
 def test_rotation_by_0_and_360_is_identity():

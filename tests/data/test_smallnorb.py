@@ -8,7 +8,7 @@ from datahelpers import write_smallnorb_raw
 
 from capsnet.config import DataParams, Params, SmallnorbParams
 from capsnet.data import load, smallnorb, stages
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 ON = Params(data=DataParams(smallnorb=SmallnorbParams(enabled=True)))
 

@@ -10,7 +10,7 @@ import torch
 
 from capsnet.config import DataParams, Params, SmallnorbParams, SmallnorbSynthParams
 from capsnet.data import load, smallnorb, smallnorb_synth, stages
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 SIDE = 16  # a small render for the fast tests; the recorded checksums are of side 96
 

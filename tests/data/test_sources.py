@@ -18,7 +18,7 @@ import pytest
 
 from capsnet.data import sources
 from capsnet.data.sources import RemoteFile, candidate_urls, fetch, safe_extract_zip
-from capsnet.errors import DataError
+from capsnet.io.errors import DataError
 
 CONTENT = bytes(range(256)) * 64
 MD5 = hashlib.md5(CONTENT).hexdigest()

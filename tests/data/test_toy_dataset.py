@@ -29,7 +29,7 @@ def test_registering_a_taken_name_is_refused(toy):
 def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeypatch):
     from capsnet.cli import main
     from capsnet.config import Params
-    from capsnet.eval.stage import run_stage
+    from capsnet.evaluation.stage import run_stage
 
     monkeypatch.chdir(tmp_path)
     args = ["train", "--model", "lenet5", "--dataset", toy.name, "--epochs", "1"]

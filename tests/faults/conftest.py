@@ -71,7 +71,8 @@ def lenet_checkpoint(tmp_path_factory) -> Path:
     """An untrained lenet5 checkpoint."""
     import torch
 
-    from capsnet import checkpoint, models
+    from capsnet import models
+    from capsnet.models import checkpoint
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("faults-ckpt") / "lenet5.pt"

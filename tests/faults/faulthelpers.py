@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-#: A temporary a writer names recognisably (capsnet.io): ``.<target>.<tag>.tmp|.old``.
+#: A temporary a writer names recognisably (capsnet.io.files): ``.<target>.<tag>.tmp|.old``.
 TEMPORARY = re.compile(r"\..+\.(tmp|old)")
 #: Files a writer may leave that are neither output nor debris.
 HOUSEKEEPING = {".capsnet.lock"}

@@ -16,14 +16,14 @@ import time
 import pytest
 from faulthelpers import Outcome, judge, run_bounded, snapshot
 
-#: Run ``capsnet ARGS`` with ``capsnet.run.train_run`` raising the exception EXC builds.
+#: Run ``capsnet ARGS`` with ``capsnet.training.run.train_run`` raising the exception EXC builds.
 _RAISING = """
 import sys
-import capsnet.run
+import capsnet.training.run
 def train_run(*args, **kwargs):
     {setup}
     raise {exc}
-capsnet.run.train_run = train_run
+capsnet.training.run.train_run = train_run
 sys.argv = ["capsnet", *{args!r}]
 from capsnet.cli import main
 main()
@@ -178,7 +178,8 @@ def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
 ):
     import torch
 
-    from capsnet import checkpoint, models
+    from capsnet import models
+    from capsnet.models import checkpoint
 
     torch.manual_seed(0)
     models_dir = tmp_path / "models"
@@ -248,7 +249,7 @@ def test_a_full_disk_under_the_sweep_state_is_not_blamed_on_params(tmp_path, tal
     saves its state, the sweep names its storage path."""
     import errno
 
-    from capsnet.cli_errors import user_error
+    from capsnet.cli.boundary import user_error
     from capsnet.config import SweepConfig
     from pipeline.sweep import SweepError, _storage_errors
 

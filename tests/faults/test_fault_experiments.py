@@ -118,7 +118,7 @@ def _git_dvc(work: Path, *args: str) -> str:
 
 def test_queued_and_temp_experiments_run_their_own_code(tmp_path, tally, repo_root):
     """A one-stage pipeline whose command prints capsnet's help (its text is in
-    capsnet/cli.py) the way dvc.yaml runs capsnet: queued at v1, run after the workspace
+    capsnet/cli/__init__.py) the way dvc.yaml runs capsnet: queued at v1, run after the workspace
     moved on to v2, it prints v1; `--temp` prints the workspace's v2. The installed
     capsnet (or $PYTHONPATH's) has neither."""
     import yaml
@@ -133,7 +133,7 @@ def test_queued_and_temp_experiments_run_their_own_code(tmp_path, tally, repo_ro
     shutil.copytree(
         repo_root / "capsnet", work / "capsnet", ignore=shutil.ignore_patterns("__pycache__")
     )
-    stage = {"cmd": f"{runs_capsnet} --help > which.txt", "deps": ["capsnet/cli.py"]}
+    stage = {"cmd": f"{runs_capsnet} --help > which.txt", "deps": ["capsnet/cli/__init__.py"]}
     stage["outs"] = [{"which.txt": {"cache": False}}]
     (work / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"which": stage}}))
     cli = work / "capsnet" / "cli.py"

@@ -18,7 +18,7 @@ import torch
 from faulthelpers import invoke, invoke_bounded, judge, snapshot
 
 from capsnet.data.store import load_prepared, save_prepared
-from capsnet.outputset import write_disabled
+from capsnet.io.outputset import write_disabled
 
 NO_MIRROR = {"CAPSNET_MIRROR": ""}
 
@@ -106,8 +106,9 @@ def test_smallnorb_checkpoints_are_scored_as_they_were_standardised(tmp_path, ta
     one line naming the checkpoint. One without the record counts as standardised."""
     from test_fault_hostile import _norb_root
 
-    from capsnet import checkpoint, models
+    from capsnet import models
     from capsnet.data import smallnorb
+    from capsnet.models import checkpoint
 
     root = _norb_root(tmp_path)
     smallnorb.prepare(root / "raw" / "smallnorb", root / "prepared" / "smallnorb")
@@ -171,7 +172,8 @@ def test_bad_prepared_data_names_the_file_and_the_rebuild(tmp_path, tally, small
             save_prepared(target, content, **meta)
         ckpt = tmp_path / "m.pt"
         if not ckpt.exists():
-            from capsnet import checkpoint, models
+            from capsnet import models
+            from capsnet.models import checkpoint
 
             checkpoint.save(ckpt, models.build("lenet5"))
         out = tmp_path / f"{name}.json"
@@ -247,7 +249,7 @@ def test_a_fifo_given_as_an_input_is_refused_not_waited_on(
     tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint, command, option
 ):
     """Opening a FIFO waits for a writer forever: every input path is judged before it is
-    opened (capsnet.io.input_problem), as a checkpoint path always was."""
+    opened (capsnet.io.files.input_problem), as a checkpoint path always was."""
     pytest.importorskip("ray")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("publish:\n  mode: offline\n  report: false\n")

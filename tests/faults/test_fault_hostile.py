@@ -22,7 +22,7 @@ from faulthelpers import invoke_bounded, judge, run_bounded, snapshot
 from capsnet.config.yamlfile import MAX_DEPTH, MAX_VALUES
 from capsnet.data import smallnorb
 from capsnet.data.formats import NORB_MAGIC, write_norb
-from capsnet.io import MAX_JSON_DEPTH
+from capsnet.io.files import MAX_JSON_DEPTH
 
 NO_MIRROR = {"CAPSNET_MIRROR": ""}
 
@@ -306,7 +306,7 @@ def test_a_kernel_storage_path_is_blamed_on_its_setting(tmp_path, tally, prepare
 def test_a_planted_old_copy_never_becomes_the_output(tmp_path, tally, mnist_mirror):
     """A ``.old`` directory beside a missing output, left by a writer whose pid is gone,
     stays debris: the next writer fails here (a corrupt raw file), and no output appears."""
-    from capsnet.io import _HOST
+    from capsnet.io.files import _HOST
 
     root = tmp_path / "data"
     raw = root / "raw" / "mnist"

@@ -12,7 +12,7 @@ import pytest
 from faulthelpers import invoke, judge
 
 from capsnet import cli
-from capsnet.cli_options import FiniteFloat, FloatList
+from capsnet.cli.options import FiniteFloat, FloatList
 
 HUGE = str(2**70)
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"

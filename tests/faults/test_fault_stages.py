@@ -52,7 +52,7 @@ def test_no_stage_but_download_uses_a_mirror(tmp_path, monkeypatch):
     """Inside a stage, --mirror / $CAPSNET_MIRROR / data.mirror reach only data download."""
     import click
 
-    from capsnet.cli_options import mirror_option, resolve_mirror
+    from capsnet.cli.options import mirror_option, resolve_mirror
 
     seen = {}
 

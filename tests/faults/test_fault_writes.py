@@ -20,7 +20,7 @@ from faulthelpers import (
     tmpfs,
 )
 
-from capsnet import checkpoint
+from capsnet.models import checkpoint
 
 #: A few batches of lenet5: the smallest training that writes a real run directory.
 TINY_TRAIN = [
@@ -118,7 +118,7 @@ def test_a_read_only_file_system_is_refused_before_work(
     [
         ("os.replace", errno.EIO),
         ("os.fsync", errno.ENOSPC),
-        ("capsnet.io.new_temp_file", errno.EACCES),
+        ("capsnet.io.files.new_temp_file", errno.EACCES),
     ],
 )
 def test_a_failing_write_of_eval_results_leaves_no_file(
@@ -167,11 +167,13 @@ def test_training_killed_while_replacing_an_earlier_run_keeps_it(tmp_path, tally
     first = invoke(*train_args(prepared_root, out))
     assert first.code == 0, first.stderr
     before = snapshot(out)
-    killed = run_injected(train_args(prepared_root, out), "capsnet.io.exchange", "run", 1, "kill")
+    killed = run_injected(
+        train_args(prepared_root, out), "capsnet.io.files.exchange", "run", 1, "kill"
+    )
     assert killed.code == 137, killed.stderr
     judge(tally, killed, fault=True, before=before, after=snapshot(out), killed=True)
     failed = run_injected(
-        train_args(prepared_root, out), "capsnet.io.exchange", "run", 1, "raise", errno.EIO
+        train_args(prepared_root, out), "capsnet.io.files.exchange", "run", 1, "raise", errno.EIO
     )
     judge(tally, failed, fault=True, before=before, after=snapshot(out), names=(f"--out {out}",))
     again = invoke(*train_args(prepared_root, out))

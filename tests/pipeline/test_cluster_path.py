@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from capsnet.config import SweepConfig
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 from pipeline import results, sweep
 from pipeline.gpu_worker import check_client
 

@@ -13,7 +13,7 @@ from sweephelpers import base
 
 from capsnet import config
 from capsnet.cli import main
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 from pipeline import profile
 from pipeline.sweep import run_sweep
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet import checkpoint, config
+from capsnet import config
 from capsnet.config import FinalTrainConfig, SweepConfig
+from capsnet.models import checkpoint
 from pipeline import viewpoints
 from pipeline.gpu_worker import Runner, placement
 from pipeline.train_final import train_final
@@ -78,8 +79,8 @@ def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
     import ray
 
     from capsnet.data import TensorImageDataset
-    from capsnet.run import RunSpec, Split
-    from capsnet.train import TrainConfig
+    from capsnet.training.fit import TrainConfig
+    from capsnet.training.run import RunSpec, Split
     from pipeline.train_final import _Trainer, train_arms
 
     generator = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ from clihelpers import assert_one_line_error, run_cli
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
 
-from capsnet import checkpoint, models
+from capsnet import models
 from capsnet.config import (
     DataParams,
     Params,
@@ -26,8 +26,9 @@ from capsnet.config import (
     SweepConfig,
 )
 from capsnet.data.datasets import shape_of
-from capsnet.errors import ConfigError
-from capsnet.run import build_model
+from capsnet.io.errors import ConfigError
+from capsnet.models import checkpoint
+from capsnet.training.run import build_model
 from pipeline.sweep import base_spec, load_data, run_sweep
 from pipeline.train_final import final_runs, read_best, train_final
 from pipeline.trainable import run_spec
@@ -378,7 +379,7 @@ def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root):
 
 
 def test_disabled_prepared_data_writes_marked_outputs(tmp_path):
-    from capsnet.outputset import write_disabled
+    from capsnet.io.outputset import write_disabled
 
     root = tmp_path / "data"
     write_disabled(

@@ -10,7 +10,7 @@ import pytest
 from sweephelpers import base
 
 from capsnet.config import SEARCHABLE
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 from pipeline import results, tracking
 from pipeline.sweep import param_space, run_sweep, storage_root
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capsnet.config import FinalTrainConfig, SweepConfig
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
 
 
 def test_defaults_and_searched_parameters():
@@ -99,7 +99,7 @@ def test_mnist_sweep_records_the_ablation_axes_only_when_searched():
 def test_detach_inner_is_an_axis_whose_neutral_value_is_the_model_default():
     from capsnet import models
     from capsnet.config import ABLATION
-    from capsnet.run import RunSpec, build_model
+    from capsnet.training.run import RunSpec, build_model
     from pipeline.trainable import run_spec
 
     assert models.build("capsnet-small").config.detach_inner is ABLATION["detach_inner"]

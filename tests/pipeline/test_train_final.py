@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from capsnet import checkpoint
 from capsnet.config import FinalTrainConfig, SweepConfig
-from capsnet.errors import ConfigError
+from capsnet.io.errors import ConfigError
+from capsnet.models import checkpoint
 from pipeline import provenance, tracking
 from pipeline.train_final import train_final
 

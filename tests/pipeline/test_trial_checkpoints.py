@@ -108,7 +108,7 @@ def test_checkpoint_settings_validate_and_decide_the_optimizer_state():
     never = SweepConfig.from_dict({"checkpoint": {"optimizer_state": "never"}}).checkpoint
     always = SweepConfig.from_dict({"checkpoint": {"optimizer_state": "always"}}).checkpoint
     assert not never.keeps_optimizer(2) and always.keeps_optimizer(0)
-    from capsnet.errors import ConfigError
+    from capsnet.io.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"sweep\.checkpoint\.every_epochs: must be >= 1"):
         SweepConfig.from_dict({"checkpoint": {"every_epochs": 0}})
@@ -128,7 +128,7 @@ def test_cuda_devices_are_labelled_with_index_and_name_and_report_peak_memory(mo
 def test_final_runs_are_scored_before_the_model_leaves_its_device(monkeypatch):
     from torch import nn
 
-    import capsnet.run
+    import capsnet.training.run
     from pipeline.train_final import fit_and_score
 
     order: list[str] = []
@@ -140,14 +140,14 @@ def test_final_runs_are_scored_before_the_model_leaves_its_device(monkeypatch):
 
     def fake_train_run(spec, split, on_epoch=None, to_cpu=True):
         order.append(f"trained, to_cpu={to_cpu}")
-        return capsnet.run.RunResult(Model(2, 2), [{"epoch": 1}], 1.0, spec.train, 4)
+        return capsnet.training.run.RunResult(Model(2, 2), [{"epoch": 1}], 1.0, spec.train, 4)
 
     def score(model, spec):
         order.append("score")
         return {"val_rotated_accuracy": 0.5}
 
-    monkeypatch.setattr(capsnet.run, "train_run", fake_train_run)
-    spec = capsnet.run.RunSpec(model="lenet5")
+    monkeypatch.setattr(capsnet.training.run, "train_run", fake_train_run)
+    spec = capsnet.training.run.RunSpec(model="lenet5")
     _result, scores, device = fit_and_score(spec, None, score)
     assert order == ["trained, to_cpu=False", "score", "cpu"]
     assert scores == {"val_rotated_accuracy": 0.5} and device == "cpu"

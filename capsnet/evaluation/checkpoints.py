@@ -1,0 +1,158 @@
+"""Checkpoints x datasets -> one result entry per checkpoint (schema in
+capsnet/evaluation/__init__.py).
+
+Every checkpoint is loaded (and so validated) before any data is read; each model is then
+moved to the device once, scored on every dataset, and handed to the figure drawer while
+it is still loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from capsnet.evaluation.comparison import COMPARISON_KEY, comparison_meta, comparison_section
+from capsnet.evaluation.datasets import TestSets, check_preprocessing, image_shape, model_fit
+from capsnet.evaluation.figures import FigureDrawer
+from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, seed_of
+from capsnet.io.errors import CapsnetError, DataError, DatasetDisabled
+from capsnet.training import scoring as evaluate
+
+
+def checkpoint_names(paths: Sequence[str | Path]) -> list[str]:
+    """Readable unique names: the file stem, or its folder for a generic 'model.pt'."""
+    paths = [Path(p) for p in paths]
+    names = [
+        p.parent.name if p.stem in ("model", "checkpoint") and p.parent.name else p.stem
+        for p in paths
+    ]
+    if len(set(names)) != len(names):
+        names = [str(p) for p in paths]
+    return names
+
+
+def evaluate_checkpoints(
+    paths: Sequence[str | Path],
+    request: EvalRequest | None = None,
+    names: Sequence[str] | None = None,
+    figures: FigureDrawer | None = None,
+) -> dict[str, dict]:
+    """Evaluate every checkpoint on ``request.params.datasets``; one entry per checkpoint
+    (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per experiment
+    with several seeds (``capsnet.evaluation.seeds``) and, when some checkpoint takes part in
+    the comparison, the "comparison" section (``capsnet.evaluation.comparison``). ``figures``
+    draws each model's figures while it is loaded."""
+    from capsnet.models import checkpoint
+
+    request = request or EvalRequest()
+    loaded = [checkpoint.load(path, map_location="cpu") for path in paths]  # fail early
+    names = list(names) if names is not None else checkpoint_names(paths)
+    compared = [comparison_meta(meta, str(path)) for path, (_, meta) in zip(paths, loaded)]
+    if any(compared) and COMPARISON_KEY in names:
+        path = paths[names.index(COMPARISON_KEY)]
+        raise CapsnetError(f"{path}: the name {COMPARISON_KEY!r} is the comparison section's")
+    data = TestSets(request)
+    results: dict[str, dict] = {}
+    for name, path, (model, meta) in zip(names, paths, loaded):
+        model.to(request.device)
+        request.say(f"evaluating {name} ({meta['model_name']})")
+        entry = {"model": meta["model_name"], "checkpoint": str(path)}
+        with checkpoint.scoring(path):
+            entry.update(evaluate_model(model, data, request, (path, meta)))
+        if figures is not None:
+            figures.add_model(name, model, entry, data, request)
+        results[name] = entry
+        model.cpu()
+    metas = {name: meta for name, (_, meta) in zip(results, loaded)}
+    experiments = {name: experiment_key(meta) for name, meta in metas.items()}
+    seeds = {name: seed_of(meta) for name, meta in metas.items()}
+    results.update(aggregate_seeds(results, experiments, seeds))
+    section = comparison_section(results, metas)
+    if figures is not None:
+        figures.finish(results)
+    if section is not None:
+        results[COMPARISON_KEY] = section
+    return results
+
+
+def evaluate_model(
+    model, data: TestSets, request: EvalRequest, source: tuple[Any, dict] | None = None
+) -> dict[str, Any]:
+    """{dataset: result} for a loaded model on the device, plus "robustness" and
+    "equivariance" when the request switches them on; ``source``: (checkpoint path, its
+    metadata), checked against the request's preprocessing."""
+    params = request.params
+    entry: dict[str, Any] = {
+        name: _evaluate_one(model, name, data, request, source) for name in params.datasets
+    }
+    if params.robustness.enabled:
+        entry["robustness"] = _robustness(model, data, request)
+    if params.equivariance.enabled:
+        entry["equivariance"] = _equivariance(model, data, request)
+    return entry
+
+
+def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest, source) -> dict:
+    if image_shape(name) is not None:
+        reason = model_fit(model, name)
+        if reason is not None:
+            return {"skipped": reason}
+    try:
+        dataset, info = data.get(name, int(model.config.in_channels))
+    except DatasetDisabled as exc:
+        return {"skipped": str(exc)}
+    except DataError as exc:
+        raise DataError(f"{name}: {exc}") from None
+    reason = model_fit(model, name, dataset)
+    if reason is not None:
+        return {"skipped": reason, **info}
+    if source is not None:
+        check_preprocessing(*source, name, request)
+    params = request.params
+    scored = evaluate.score(
+        model, name, dataset, params.batch_size, request.device, angles=params.angles
+    )
+    return {**info, **scored}
+
+
+def _robustness(model, data: TestSets, request: EvalRequest) -> dict:
+    reason = model_fit(model, "mnist")
+    if reason is not None:
+        return {"skipped": f"MNIST does not fit: {reason}"}
+    settings = request.params.robustness
+    dataset, _ = data.get("mnist")
+    result = evaluate.robustness(
+        model,
+        dataset.subset(settings.limit),
+        epsilons=tuple(settings.epsilons),
+        bim_steps=settings.bim_steps,
+        batch_size=_attack_batch(request),
+        device=request.device,
+    )
+    return {"attack": "untargeted L-inf", "bim_steps": settings.bim_steps, **result}
+
+
+def _attack_batch(request: EvalRequest) -> int:
+    """The FGSM/BIM batch: the evaluation batch on a GPU, at most 200 elsewhere (each step
+    keeps a batch's activations for the input gradient)."""
+    if request.device.type == "cuda":
+        return request.params.batch_size
+    return min(request.params.batch_size, 200)
+
+
+def _equivariance(model, data: TestSets, request: EvalRequest) -> dict:
+    reason = model_fit(model, "mnist")
+    if reason is not None:
+        return {"skipped": f"MNIST does not fit: {reason}"}
+    settings = request.params.equivariance
+    dataset, _ = data.get("mnist")
+    result = evaluate.pose_equivariance(
+        model,
+        dataset.subset(settings.limit),
+        settings.angles,
+        request.params.batch_size,
+        request.device,
+    )
+    return result if result is not None else {"skipped": "the model has no capsule poses"}

@@ -1,0 +1,197 @@
+"""The comparison section of metrics.json: capsule model against baselines, several seeds
+each, at equal augmentation and epochs, at equal training time and with the baselines'
+own augmentation.
+
+A checkpoint takes part when its metadata carries ``extra["comparison"]`` = {"arm",
+"label", "reference", "time_budget_seconds"} (written by the train stage) and it was scored
+on rotated MNIST (a model whose input shape does not fit that set, as the dataset registry
+declares it, is skipped there and has no place in a rotation comparison). The
+checkpoints of one arm and label are the seeds of one row; a row holds their mean accuracy
+per evaluated rotation angle with the sample standard deviation (0.0 for one seed) and
+their mean training time and epochs. The equal-time arm repeats the capsule reference's
+row from the equal-augmentation arm and gives each baseline its time over the budget
+(``time_ratio``) and whether that lies within ``TIME_TOLERANCE`` of 1.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from capsnet.evaluation.headline import (
+    COMPARISON_KEY,  # noqa: F401  (the section's name)
+    epochs_text,
+)
+from capsnet.evaluation.seeds import seed_of
+from capsnet.io.errors import CapsnetError
+
+ARMS = ("equal_augmentation", "equal_time", "baseline_augmentation")
+#: How far a baseline's mean training time may lie from the budget, as a fraction of it.
+TIME_TOLERANCE = 0.25
+
+
+def comparison_meta(meta: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """A checkpoint's ``extra["comparison"]`` (``meta``: ``capsnet.models.checkpoint.load``'s
+    metadata), None when it has none; CapsnetError naming ``source`` when it is malformed."""
+    found = (meta.get("extra") or {}).get("comparison")
+    if found is None:
+        return None
+    valid = isinstance(found, dict) and found.get("arm") in ARMS
+    if valid:
+        budget = found.get("time_budget_seconds")
+        valid = (
+            isinstance(found.get("label"), str)
+            and bool(found["label"])
+            and isinstance(found.get("reference"), (str, type(None)))
+            and (budget is None or (_is_number(budget) and math.isfinite(budget)))
+        )
+    if not valid:
+        raise CapsnetError(
+            f"{source}: extra 'comparison' must be {{'arm': {' | '.join(ARMS)}, 'label': "
+            f"text, 'reference': text or null, 'time_budget_seconds': seconds or null}}, "
+            f"got {found!r:.200}"
+        )
+    return found
+
+
+def comparison_section(
+    results: dict[str, dict], metas: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """metrics.json's "comparison" from the evaluated ``results`` and each checkpoint's
+    metadata ``metas`` ({entry name: meta}); None when no checkpoint takes part."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for name, meta in metas.items():
+        found = comparison_meta(meta, name)
+        if found is not None and _sweep(results.get(name) or {}):
+            groups.setdefault(found["arm"], {}).setdefault(found["label"], []).append(name)
+    if not groups:
+        return None
+    rows = {
+        arm: {
+            label: group_row(sorted(names, key=lambda n: seed_of(metas[n])), results, metas)
+            for label, names in groups[arm].items()
+        }
+        for arm in ARMS
+        if arm in groups
+    }
+    arms: dict[str, Any] = {}
+    equal = rows.get("equal_augmentation", {})
+    if equal:
+        arms["equal_augmentation"] = {
+            "augment": _common([row["augment"] for row in equal.values()]),
+            "epochs": _common([row["epochs"] for row in equal.values()]),
+            "reference": _reference(equal, metas),
+            "models": equal,
+        }
+    if "equal_time" in rows:
+        arms["equal_time"] = _equal_time(rows["equal_time"], equal, metas)
+    if "baseline_augmentation" in rows:
+        arms["baseline_augmentation"] = {"models": rows["baseline_augmentation"]}
+    sweeps = [row["accuracy"] for arm in rows.values() for row in arm.values()]
+    angles = sorted({float(a) for sweep in sweeps for a in sweep})
+    return {"angles": [int(a) if a.is_integer() else a for a in angles], "arms": arms}
+
+
+def group_row(names: list[str], results: dict[str, dict], metas: dict[str, dict]) -> dict:
+    """One row: the seeds ``names`` (entries of ``results``) of one arm and label."""
+    metas_ = [metas[n] for n in names]
+    metrics = [m.get("metrics") or {} for m in metas_]
+    seconds = [float(m["train_seconds"]) for m in metrics if _is_number(m.get("train_seconds"))]
+    epochs = [float(m["epochs"]) for m in metrics if _is_number(m.get("epochs"))]
+    sweeps = [_sweep(results[n]) for n in names]
+    angles = [a for a in sweeps[0] if all(_is_number(s.get(a)) for s in sweeps)]
+    extra = metas_[0].get("extra") or {}
+    return {
+        "model": metas_[0].get("model_name"),
+        "names": names,
+        "seeds": len(names),
+        "augment": extra.get("augment", metrics[0].get("augment")),
+        "epochs": statistics.fmean(epochs) if epochs else None,
+        "train_seconds": statistics.fmean(seconds) if seconds else None,
+        "train_seconds_std": _std(seconds) if seconds else None,
+        "accuracy": {a: statistics.fmean(float(s[a]) for s in sweeps) for a in angles},
+        "std": {a: _std([float(s[a]) for s in sweeps]) for a in angles},
+    }
+
+
+def _equal_time(rows: dict[str, dict], equal: dict[str, dict], metas: dict) -> dict[str, Any]:
+    """The equal-time arm: the reference's row, then each baseline's with its time ratio."""
+    reference = _reference(rows, metas)
+    budgets = [
+        float(b)
+        for row in rows.values()
+        for n in row["names"]
+        if _is_number(b := comparison_meta(metas[n], n).get("time_budget_seconds"))
+    ]
+    budget = statistics.fmean(budgets) if budgets else None
+    if budget is None and reference in equal:
+        budget = equal[reference]["train_seconds"]
+    models = {reference: equal[reference]} if reference in equal else {}
+    for label, row in rows.items():
+        seconds = row["train_seconds"]
+        ratio = seconds / budget if seconds is not None and budget else None
+        within = ratio is not None and abs(ratio - 1) <= TIME_TOLERANCE
+        models[label] = {**row, "time_ratio": ratio, "within_tolerance": within}
+    return {
+        "reference": reference,
+        "time_budget_seconds": budget,
+        "tolerance": TIME_TOLERANCE,
+        "models": models,
+    }
+
+
+def _reference(rows: dict[str, dict], metas: dict) -> str | None:
+    """The capsule model the rows' checkpoints name as their reference (None if they differ)."""
+    found = [
+        comparison_meta(metas[n], n).get("reference") for r in rows.values() for n in r["names"]
+    ]
+    return _common(found)
+
+
+def _common(values: list):
+    """The value all of ``values`` share, None when they differ."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def _sweep(entry: dict) -> dict:
+    sweep = entry.get("rotated-mnist")
+    return sweep.get("accuracy", {}) if isinstance(sweep, dict) else {}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _std(values: list[float]) -> float:
+    """Sample standard deviation; 0.0 for a single value."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def comparison_lines(section: dict | None, angles: tuple[str, ...] = ("0", "35")) -> list[str]:
+    """The comparison as printed lines: per arm and row the seeds, epochs, training time
+    (and its ratio to the budget) and mean ± std accuracy at ``angles`` (those evaluated)."""
+    if not section:
+        return []
+    lines = ["", "comparison (mean ± std over seeds)"]
+    for arm, body in section.get("arms", {}).items():
+        budget = body.get("time_budget_seconds")
+        lines.append(f"{arm}" + (f" (budget {budget:.1f} s)" if _is_number(budget) else ""))
+        for label, row in body.get("models", {}).items():
+            shown = [a for a in angles if a in row["accuracy"]] or list(row["accuracy"])[:2]
+            cells = [f"{a}° {_pct(row['accuracy'][a])} ± {_pct(row['std'][a])}" for a in shown]
+            ratio = row.get("time_ratio")
+            time = _fmt(row["train_seconds"], "s")
+            if _is_number(ratio):
+                time += f" (x{ratio:.2f}{'' if row['within_tolerance'] else ', outside tolerance'})"
+            parts = [f"{row['seeds']} seed(s)", epochs_text(row["epochs"]), time, *cells]
+            lines.append(f"  {label}: " + ", ".join(parts))
+    return lines
+
+
+def _pct(value) -> str:
+    return "n/a" if not _is_number(value) or math.isnan(value) else f"{100 * value:.2f}%"
+
+
+def _fmt(value, unit: str) -> str:
+    return "n/a" if not _is_number(value) else f"{value:.1f}{unit}"

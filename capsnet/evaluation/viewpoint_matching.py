@@ -1,0 +1,138 @@
+"""The novel-viewpoint experiment's reusable parts (Hinton, Sabour, Frosst 2018, section
+5.2; SPEC 2.3): the matching rule, the paper's numbers and reading the stage's results.
+The stage itself (training, writing the outputs) is ``pipeline.viewpoints``.
+
+For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
+familiar viewpoints of the smallNORB training set (``<kind>-familiar``: azimuths 300..40
+degrees, or the three lowest elevations) with ``capsnet.training.fit.fit``. After every epoch each
+model's error is measured on the familiar and the novel viewpoints of the test set.
+
+The paper compares the two on novel viewpoints at matched familiar error (it stopped
+training the capsules when they matched the CNN's familiar error). ``select_matched`` does
+this after the fact: the target is the larger of the two models' best familiar errors (the
+level both reach), and each model is taken at its FIRST epoch whose familiar error is at or
+below the target. The result names the chosen epochs, their familiar and novel errors, the
+familiar-error gap that remains and whether it is within the tolerance.
+
+The stage writes, atomically as one directory, ``<out_dir>/<kind>/<model>.pt``
+(the selected weights, with the history and selection in the checkpoint's metrics)
+and ``<out_dir>/viewpoints.json``, then ``<out_dir>.csv`` beside the directory (kind, model,
+epoch, familiar_error, novel_error; a small file git keeps, so `dvc plots show` draws it on a
+fresh clone). With smallNORB switched off it writes ``DISABLED.txt`` and ``viewpoints.json``
+= {"disabled": reason}, never numbers, and the CSV's header.
+
+No torch, Ray, DVC or W&B here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "viewpoints.json"
+CSV_COLUMNS = ("kind", "model", "epoch", "familiar_error", "novel_error")
+# Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
+PAPER_NOVEL_ERROR = {
+    "azimuth": {"cnn": 0.20, "capsules": 0.135},
+    "elevation": {"cnn": 0.178, "capsules": 0.123},
+}
+PAPER_NOTE = (
+    "Hinton, Sabour, Frosst 2018, section 5.2: smallNORB test error on novel viewpoints of "
+    "the baseline CNN and the capsules at matched familiar-viewpoint error"
+)
+RULE = (
+    "target = the larger of the models' best familiar test errors; each model is taken at "
+    "its first epoch whose familiar error is <= target"
+)
+
+# --- the matching rule (pure) -------------------------------------------------------------------
+
+
+def select_matched(
+    histories: Mapping[str, Sequence[Mapping[str, Any]]], tolerance: float = 0.0
+) -> dict[str, Any]:
+    """The matched pair of epochs for per-model histories.
+
+    ``histories``: {model or role: [{"epoch", "familiar_error", "novel_error"}, ...]} in
+    epoch order. Returns {"target_familiar_error", "gap", "tolerance", "matched", "models":
+    {key: {"epoch", "familiar_error", "novel_error", "best_familiar_error"}}}, where
+    target = max over models of their minimum familiar error, each model's epoch is the
+    first whose familiar error <= target, gap = the spread of the chosen familiar errors and
+    matched = gap <= tolerance. ValueError for no models, an empty history or a NaN error.
+    """
+    if not histories:
+        raise ValueError("select_matched needs at least one model history")
+    best: dict[str, float] = {}
+    for key, history in histories.items():
+        errors = [float(record["familiar_error"]) for record in history]
+        if not errors:
+            raise ValueError(f"{key}: empty history (no epoch was measured)")
+        if any(math.isnan(e) for e in errors):
+            raise ValueError(f"{key}: a familiar error is NaN (empty test subset?)")
+        best[key] = min(errors)
+    target = max(best.values())
+    chosen: dict[str, dict[str, Any]] = {}
+    for key, history in histories.items():
+        index = next(i for i, r in enumerate(history) if float(r["familiar_error"]) <= target)
+        record = history[index]
+        novel = record.get("novel_error")
+        chosen[key] = {
+            "epoch": int(record.get("epoch", index + 1)),
+            "familiar_error": float(record["familiar_error"]),
+            "novel_error": None if novel is None else float(novel),
+            "best_familiar_error": best[key],
+        }
+    familiar = [c["familiar_error"] for c in chosen.values()]
+    gap = max(familiar) - min(familiar)
+    return {
+        "target_familiar_error": target,
+        "gap": gap,
+        "tolerance": float(tolerance),
+        "matched": bool(gap <= tolerance + 1e-12),
+        "models": chosen,
+    }
+
+
+def candidate_epochs(familiar_errors: Sequence[float]) -> list[int]:
+    """1-based epochs that ``select_matched`` can ever choose: those whose familiar error is
+    a new strict minimum (an epoch at or above an earlier one is never the first <= any
+    target). Only these epochs' weights need keeping."""
+    out, low = [], math.inf
+    for epoch, error in enumerate(familiar_errors, start=1):
+        if error < low:
+            out.append(epoch)
+            low = error
+    return out
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+def csv_path(out_dir: str | Path) -> Path:
+    """The per-epoch CSV of ``out_dir``: ``<out_dir>.csv``, beside the directory."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".csv")
+
+
+def read_results(out_dir: str | Path) -> tuple[dict | None, str | None]:
+    """(viewpoints.json content, None), or (None, why there are no results) for a missing,
+    switched-off or unreadable ``out_dir``."""
+    from capsnet.io.errors import CapsnetError
+    from capsnet.io.files import read_disabled, read_json
+
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None, f"{out} not found (run `capsnet viewpoints` or `dvc repro viewpoints`)"
+    reason = read_disabled(out)
+    if reason is not None:
+        return None, reason
+    path = out / RESULTS_FILE
+    try:
+        payload = read_json(path)
+    except CapsnetError as exc:
+        return None, str(exc)
+    if not isinstance(payload, dict) or not isinstance(payload.get("kinds"), dict):
+        return None, f"{path}: no per-kind results"
+    return payload, None

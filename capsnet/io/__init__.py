@@ -1,0 +1,1 @@
+"""Errors and files: atomic writes, output sets, safe torch-file reading."""

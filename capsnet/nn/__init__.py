@@ -1,0 +1,1 @@
+"""The building blocks: routing, capsule layers and losses."""

@@ -1,0 +1,1 @@
+"""Training: the run recipe, fit, scoring, the device and precision policy."""

@@ -1,0 +1,294 @@
+"""Evaluation: scores over a dataset, accuracy, and the rotated-MNIST sweep."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from capsnet.config import EvaluateParams
+from capsnet.io.errors import NonFiniteOutputs
+from capsnet.training.device import autocast
+
+EVAL_BATCH_SIZE = EvaluateParams.batch_size
+
+
+def _batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):
+    """Yield (images float (B, C, H, W) in [0, 1], targets) in dataset order, on ``device``
+    (default: the CPU); an in-memory set is moved there once, as uint8."""
+    device = device or torch.device("cpu")
+    if hasattr(dataset, "tensors"):
+        images, targets = (t.to(device) for t in dataset.tensors)  # (N, C, H, W) uint8, (N,)
+        for start in range(0, images.shape[0], batch_size):
+            yield (
+                images[start : start + batch_size].float().div_(255.0),
+                targets[start : start + batch_size],
+            )
+    else:
+        for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            # items may carry more (MultiMNIST digit components)
+            yield batch[0].to(device, non_blocking=True), torch.as_tensor(batch[1]).to(device)
+
+
+def model_device(model: nn.Module, device: torch.device | str | None = None) -> torch.device:
+    """``device``, else the device of the model's parameters."""
+    return torch.device(device) if device is not None else next(model.parameters()).device
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device: torch.device | str | None = None,
+    amp: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class scores (N, K) float32 on the CPU and the targets, in dataset order;
+    NonFiniteOutputs when a score is NaN or infinite (a score of 0.1 would look real).
+
+    Runs on ``device`` (default: the model's) under the ``amp`` precision policy; scores and
+    targets stay there until one transfer at the end."""
+    device = model_device(model, device)
+    was_training = model.training
+    model.eval()
+    all_scores, all_targets = [], []
+    try:
+        for images, targets in _batches(dataset, batch_size, device):
+            torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
+            with autocast(device, amp):
+                scores = model(images).scores  # (B, K)
+            all_scores.append(scores.float().clone())
+            all_targets.append(targets)
+    finally:
+        model.train(was_training)
+    if not all_scores:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
+    scores = torch.cat(all_scores).cpu()  # (N, K)
+    bad = int((~torch.isfinite(scores)).any(dim=1).sum())
+    if bad:
+        raise NonFiniteOutputs(
+            f"the model's class scores are NaN or infinite for {bad} of {scores.shape[0]} "
+            "image(s); not scored"
+        )
+    return scores, torch.cat(all_targets).cpu()
+
+
+def accuracy(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
+) -> dict:
+    """{"accuracy": fraction correct (argmax of scores), "n": number of examples}.
+
+    For multi-hot targets (MultiMNIST) the accuracy is the strict one: both true classes
+    are the two highest scores. ``device`` and ``amp`` as for ``predict``.
+    """
+    scores, targets = predict(model, dataset, batch_size, device, amp)
+    if targets.dim() == 2:
+        multi = multimnist_scores(scores, targets)
+        return {"accuracy": multi["strict_accuracy"], "n": multi["n"]}
+    correct = (scores.argmax(dim=1) == targets).sum().item()
+    n = int(targets.shape[0])
+    return {"accuracy": correct / n if n else float("nan"), "n": n}
+
+
+def format_angle(angle: float) -> str:
+    return f"{float(angle):g}"
+
+
+def rotation_sweep(
+    model: nn.Module,
+    dataset: Dataset,
+    angles,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
+) -> dict:
+    """Accuracy on copies of ``dataset`` (a TensorImageDataset) rotated by each angle.
+
+    Returns {"n": n, "accuracy": {"<angle>": x, ...}}.
+    """
+    from capsnet.data.datasets import rotated
+
+    targets = dataset.tensors[1]
+    result: dict[str, float] = {}
+    for angle in angles:
+        scored = accuracy(model, rotated(dataset, angle), batch_size, device, amp)
+        result[format_angle(angle)] = scored["accuracy"]
+    return {"n": int(targets.shape[0]), "accuracy": result}
+
+
+def multimnist_scores(scores: torch.Tensor, targets: torch.Tensor) -> dict:
+    """MultiMNIST accuracy from class scores (N, K) and multi-hot targets (N, K).
+
+    strict_accuracy: both true digits are the two highest scores (the paper's measure);
+    at_least_one: at least one of them is; half_credit: half a point per digit found.
+    """
+    top2 = scores.topk(2, dim=1).indices  # (N, 2)
+    hits = targets.float().gather(1, top2).sum(dim=1)  # (N,) in {0, 1, 2}
+    n = int(scores.shape[0])
+    if n == 0:
+        return {
+            "strict_accuracy": float("nan"),
+            "at_least_one": float("nan"),
+            "half_credit": float("nan"),
+            "n": 0,
+        }
+    return {
+        "strict_accuracy": (hits == 2).float().mean().item(),
+        "at_least_one": (hits >= 1).float().mean().item(),
+        "half_credit": (hits / 2).mean().item(),
+        "n": n,
+    }
+
+
+def evaluate_multimnist(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
+) -> dict:
+    """``multimnist_scores`` of the model on ``dataset`` (``device`` and ``amp`` as for
+    ``predict``)."""
+    scores, targets = predict(model, dataset, batch_size, device, amp)
+    return multimnist_scores(scores, targets)
+
+
+def score(
+    model: nn.Module,
+    name: str,
+    dataset: Dataset,
+    batch_size: int = EVAL_BATCH_SIZE,
+    device=None,
+    amp: str | None = None,
+    angles=(),
+) -> dict:
+    """The model's numbers on evaluation set ``name`` as its registry declaration says: a
+    rotation sweep over ``angles`` (``rotations_of``), the multi-label scores, or accuracy."""
+    from capsnet.data import registry
+
+    spec = registry.of_evaluation(name)
+    if spec.rotations_of is not None:
+        return rotation_sweep(model, dataset, angles, batch_size, device, amp)
+    if spec.multi_label:
+        return evaluate_multimnist(model, dataset, batch_size, device, amp)
+    return accuracy(model, dataset, batch_size, device, amp)
+
+
+def classification_loss(model: nn.Module, scores: torch.Tensor, targets: torch.Tensor):
+    """The model's classification loss without extras (no reconstruction term): the margin
+    loss for dynamic-routing capsules, cross-entropy on the scores otherwise."""
+    from capsnet.nn import losses
+
+    if getattr(model, "default_loss", "") == "margin":
+        return losses.margin_loss(scores, targets)
+    return losses.cross_entropy(scores, targets)
+
+
+def adversarial_images(
+    model: nn.Module,
+    images: torch.Tensor,
+    targets: torch.Tensor,
+    epsilon: float,
+    steps: int = 1,
+    step_size: float | None = None,
+) -> torch.Tensor:
+    """Untargeted L-inf attack: FGSM for steps=1, BIM (iterated, projected) for steps>1.
+
+    images (B, C, H, W) in [0, 1] -> adversarial images of the same shape, within epsilon
+    of the originals and clipped to [0, 1].
+    """
+    step_size = epsilon if steps == 1 else (step_size or epsilon / steps * 1.25)
+    was_training = model.training
+    model.eval()
+    adv = images.detach().clone()
+    try:
+        for _ in range(steps):
+            adv.requires_grad_(True)
+            loss = classification_loss(model, model(adv).scores, targets)
+            (grad,) = torch.autograd.grad(loss, adv)
+            adv = adv.detach() + step_size * grad.sign()  # (B, C, H, W)
+            adv = torch.min(torch.max(adv, images - epsilon), images + epsilon).clamp_(0.0, 1.0)
+    finally:
+        model.train(was_training)
+    return adv.detach()
+
+
+def robustness(
+    model: nn.Module,
+    dataset: Dataset,
+    epsilons: tuple[float, ...],
+    bim_steps: int,
+    batch_size: int = 200,
+    device=None,
+) -> dict:
+    """Accuracy under FGSM and BIM at each epsilon: {"fgsm": {"<eps>": x}, "bim": {...}, "n"}."""
+    device = model_device(model, device)
+    counts = {attack: {format_angle(e): 0 for e in epsilons} for attack in ("fgsm", "bim")}
+    n = 0
+    for images, targets in _batches(dataset, batch_size, device):
+        n += images.shape[0]
+        for eps in epsilons:
+            for attack, steps in (("fgsm", 1), ("bim", bim_steps)):
+                adv = adversarial_images(model, images, targets, eps, steps)
+                with torch.no_grad():
+                    predicted = model.eval()(adv).scores.argmax(dim=1)
+                counts[attack][format_angle(eps)] += int((predicted == targets).sum())
+    result = {attack: {k: v / n for k, v in per_eps.items()} for attack, per_eps in counts.items()}
+    result["n"] = n
+    return result
+
+
+@torch.no_grad()
+def pose_equivariance(
+    model: nn.Module, dataset: Dataset, angles, batch_size: int = EVAL_BATCH_SIZE, device=None
+) -> dict | None:
+    """How the true class capsule's pose moves as the input rotates.
+
+    For each image the pose p(angle) of its true class is taken at every angle. Returns
+    per-dimension Pearson correlation between angle and pose (pooled over images after
+    removing each image's mean pose), the share of pose-change variance explained by the
+    first principal direction, and the mean pose change |p(angle) - p(0)| per angle.
+    None for models without poses.
+    """
+    from capsnet.data.datasets import rotated
+
+    device = model_device(model, device)
+    model.eval()
+    angles = [float(a) for a in angles]
+    poses = []
+    for angle in angles:
+        per_angle = []
+        for batch, labels in _batches(rotated(dataset, angle), batch_size, device):
+            out = model(batch)
+            if out.poses is None:
+                return None
+            index = labels.view(-1, 1, 1).expand(-1, 1, out.poses.shape[-1])  # (B, 1, D)
+            per_angle.append(out.poses.float().gather(1, index).squeeze(1))  # (B, D)
+        poses.append(torch.cat(per_angle).cpu())
+    stacked = torch.stack(poses, dim=1)  # (N, A, D)
+    centred = stacked - stacked.mean(dim=1, keepdim=True)  # (N, A, D)
+    angle_t = torch.tensor(angles)
+    angle_c = (angle_t - angle_t.mean()).view(1, -1, 1)  # (1, A, 1)
+    cov = (centred * angle_c).sum(dim=(0, 1))  # (D,)
+    denom = (
+        centred.pow(2).sum(dim=(0, 1)).sqrt()
+        * angle_c.pow(2).sum().sqrt()
+        * (stacked.shape[0] ** 0.5)
+    )
+    correlation = torch.where(denom > 0, cov / denom, torch.zeros_like(cov))  # (D,)
+    reference = angles.index(0.0) if 0.0 in angles else 0
+    change = stacked - stacked[:, reference : reference + 1]  # (N, A, D)
+    flat = change.reshape(-1, change.shape[-1])  # (N*A, D)
+    singular = torch.linalg.svdvals(flat - flat.mean(dim=0))
+    explained = (singular[0] ** 2 / singular.pow(2).sum()).item() if singular.sum() > 0 else 0.0
+    return {
+        "angles": angles,
+        "dim_correlation": correlation.tolist(),
+        "first_direction_explained": explained,
+        "mean_pose_change": change.norm(dim=-1).mean(dim=0).tolist(),
+        "n": int(stacked.shape[0]),
+    }
