@@ -1,5 +1,7 @@
-"""Size limits that keep the code easy to read: no module in capsnet/ or pipeline/ over 450
-lines, no function over 60 lines (docstring included, decorators not)."""
+"""The shape of the code: capsnet/'s layers (no import from a lower layer up to a higher
+one, no cycle between subpackages, a top level of at most 8 parts) and the size guides (a
+module in capsnet/ or pipeline/ over 450 lines, a function over 60 lines, docstring included,
+decorators not, is reported as a warning naming the seam to look for)."""
 
 from __future__ import annotations
 
@@ -92,3 +94,164 @@ def test_the_project_metadata_builds_without_setuptools_deprecations(monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         apply_configuration(Distribution(), "pyproject.toml")
+
+
+#: capsnet's layers from the lowest up (README.md, Layout): a module imports from its
+#: own layer or lower ones only. A module belongs to the longest entry its name starts with,
+#: so the dataset registry (torch-free declarations, which config validates names against)
+#: sits below config while the dataset code that reads config sits above it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("capsnet.io",),  # errors, atomic files, output sets, torch files
+    ("capsnet.nn",),  # routing, capsule layers, losses
+    ("capsnet.models",),  # the model registry, one module per family, checkpoints
+    ("capsnet.data.registry",),  # each dataset declared once
+    ("capsnet.config",),  # params.yaml, the only validator
+    ("capsnet.data",),  # sources, formats, one module per dataset, augmentation
+    ("capsnet.training",),  # RunSpec -> train_run, fit, scoring, device and precision
+    ("capsnet.evaluation",),  # checkpoints x datasets -> results, figures
+    ("capsnet.cli", "capsnet.__main__"),  # the capsnet group and its commands
+    ("pipeline",),  # the DVC stages, Ray Tune, W&B: above the whole library
+)
+#: capsnet/'s top level holds at most this many parts; __init__.py and __main__.py are the
+#: package's own machinery, not parts, and do not count.
+MAX_TOP_LEVEL = 8
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages=("capsnet", "pipeline")) -> dict[str, set[str]]:
+    """Each module under ``root``'s ``packages`` -> the modules of those packages it imports
+    (at any depth: functions, try blocks); ``from a import b`` names module a.b where b is one."""
+    paths = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
+    modules = {module_name(p, root): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in modules else base)
+        graph[name] = {m for m in found if m.split(".")[0] in packages}
+    return graph
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of ``module``; None for the package root (it imports nothing)."""
+    if module == "capsnet":
+        return None
+    best = max(
+        (
+            (len(p), i)
+            for i, layer in enumerate(LAYERS)
+            for p in layer
+            if module == p or module.startswith(p + ".")
+        ),
+        default=None,
+    )
+    return best[1] if best else -1
+
+
+def layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """``a imports b (layer x below y)`` for each import up the layers, and each module
+    that no layer holds."""
+    found = []
+    for module, imports in sorted(graph.items()):
+        here = layer_of(module)
+        if here == -1:
+            found.append(f"{module}: in no layer (add its package to LAYERS)")
+            continue
+        for target in sorted(imports):
+            there = layer_of(target)
+            if module == "capsnet" and target.startswith("capsnet."):
+                found.append(f"capsnet/__init__.py imports {target}: the root imports nothing")
+            elif here is not None and there is not None and there > here:
+                found.append(
+                    f"{module} imports {target}: layer {LAYERS[here][0]} is below "
+                    f"{LAYERS[there][0]}"
+                )
+    return found
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles between the packages of LAYERS (each module counted in its layer's package)."""
+    owner = {}
+    for module in graph:
+        index = layer_of(module)
+        if index is not None and index >= 0:
+            owner[module] = max(
+                (p for p in LAYERS[index] if module == p or module.startswith(p + ".")), key=len
+            )
+    edges: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        for target in imports:
+            if module in owner and target in owner and owner[module] != owner[target]:
+                edges.setdefault(owner[module], set()).add(owner[target])
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def top_level_parts(package: Path) -> list[str]:
+    return sorted(
+        p.name
+        for p in package.iterdir()
+        if p.name not in ("__init__.py", "__main__.py", "__pycache__")
+        and not p.name.startswith(".")
+    )
+
+
+def test_capsnet_imports_only_down_its_layers_and_has_no_package_cycle():
+    graph = import_graph(ROOT)
+    assert layer_breaches(graph) == []
+    assert package_cycles(graph) == []
+
+
+def test_capsnet_top_level_shows_its_parts():
+    parts = top_level_parts(ROOT / "capsnet")
+    assert len(parts) <= MAX_TOP_LEVEL, parts
+    assert [p for p in parts if not (ROOT / "capsnet" / p / "__init__.py").is_file()] == []
+
+
+def test_an_upward_import_a_cycle_and_an_unlayered_package_are_reported(tmp_path):
+    files = {
+        "capsnet/__init__.py": "",
+        "capsnet/io/__init__.py": "from capsnet.training import fit\n",
+        "capsnet/training/__init__.py": "",
+        "capsnet/training/fit.py": "def f():\n    from capsnet.io import errors\n",
+        "capsnet/io/errors.py": "",
+        "capsnet/extra/__init__.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, packages=("capsnet",))
+    assert layer_breaches(graph) == [
+        "capsnet.extra: in no layer (add its package to LAYERS)",
+        "capsnet.io imports capsnet.training.fit: layer capsnet.io is below capsnet.training",
+    ]
+    assert package_cycles(graph) == [["capsnet.io", "capsnet.training", "capsnet.io"]]
+    (tmp_path / "capsnet" / "loose.py").write_text("")
+    assert top_level_parts(tmp_path / "capsnet") == ["extra", "io", "loose.py", "training"]
