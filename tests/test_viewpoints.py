@@ -138,15 +138,16 @@ def test_params_defaults_and_errors(tmp_path):
 
 
 def test_default_run_trains_the_capsules_as_measured_to_learn(tmp_path):
-    """params.yaml's viewpoint capsules: 2 routing iterations and at least 96 steps, the
-    setting measured at 32.3% familiar azimuth error (docs/em.md, "Learning on the
-    stand-in"); 3 iterations or 32 steps stayed near chance (80%)."""
+    """params.yaml's viewpoint capsules: 2 routing iterations and at least 128 steps, the
+    setting measured at 32.0% familiar elevation error (96 steps: 32.3% azimuth, 40.3%
+    elevation; docs/em.md, "Learning on the stand-in"); 3 iterations for 32 steps stayed
+    near chance (80%)."""
     repo = config.load(Path(__file__).resolve().parents[1] / "params.yaml")
     spec = viewpoints.kind_spec(repo, tmp_path, "azimuth", "capsules")
     built = models.build(spec.model, **spec.overrides)
     assert built.config.routing_iterations == 2
     steps = spec.train.epochs * -(-spec.train_size // spec.train.batch_size)
-    assert steps >= 96, steps
+    assert steps >= 128, steps
 
 
 def test_both_models_train_at_the_sections_precision(tmp_path):
