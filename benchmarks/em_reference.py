@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 
-def _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps):
+def _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps, normalise=False):
     """Weighted Gaussian fit per parent and its activation: votes (B, I, J, P), r (B, I, J)
-    -> mu (B, J, P), var (B, J, P), activation (B, J)."""
+    -> mu (B, J, P), var (B, J, P), activation (B, J). ``normalise``: the costs are
+    standardised over the J parents first (mean 0, standard deviation 1)."""
     n_in = votes.shape[1]
     r_a = r * activations[:, :, None]  # (B, I, J)
     mass = r_a.sum(dim=1)  # (B, J)
@@ -24,6 +25,10 @@ def _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps):
     mu = (weight[..., None] * votes).sum(dim=1)  # (B, J, P)
     var = (weight[..., None] * (votes - mu[:, None]) ** 2).sum(dim=1) + min_var  # (B, J, P)
     cost = ((beta_v[:, None] + torch.log(torch.sqrt(var))) * mass[..., None]).sum(dim=2)
+    if normalise:
+        mean = cost.mean(dim=1, keepdim=True)  # (B, 1)
+        std = torch.sqrt(((cost - mean) ** 2).mean(dim=1, keepdim=True) + eps)  # (B, 1)
+        cost = (cost - mean) / std  # (B, J)
     return mu, var, torch.sigmoid(lam * (beta_a - cost))  # (B, J, P), (B, J, P), (B, J)
 
 
@@ -46,14 +51,17 @@ def em_routing_reference(
     final_lambda: float = 0.01,
     min_var: float = 0.0005,
     eps: float = 1e-6,
+    normalise: bool = False,
 ):
     """votes (B, I, J, P), activations (B, I) -> pose (B, J, P), activation (B, J),
-    assignments R (B, I, J), variance (B, J, P)."""
+    assignments R (B, I, J), variance (B, J, P); ``normalise`` as in ``_m_step``."""
     batch, n_in, n_out, _ = votes.shape
     r = torch.full((batch, n_in, n_out), 1.0 / n_out, dtype=votes.dtype, device=votes.device)
     for it in range(iterations):
         lam = final_lambda * (1.0 - 0.95 ** (it + 1))
-        mu, var, activation = _m_step(votes, activations, r, beta_v, beta_a, lam, min_var, eps)
+        mu, var, activation = _m_step(
+            votes, activations, r, beta_v, beta_a, lam, min_var, eps, normalise
+        )
         if it == iterations - 1:
             break
         r = torch.softmax(_log_posterior(votes, mu, var, activation), dim=2)  # (B, I, J)
@@ -94,7 +102,7 @@ def conv_caps_reference(layer, poses: torch.Tensor, activations: torch.Tensor):
             votes, a = _window_votes(layer, poses, activations, y, x)  # (B, KKT, J, 16)
             pose, act, _, _ = em_routing_reference(
                 votes, a, layer.beta_v, layer.activation_bias(), layer.iterations,
-                layer.final_lambda, layer.min_var,
+                layer.final_lambda, layer.min_var, normalise=layer.normalise_cost,
             )  # fmt: skip
             out_poses[y][x], out_acts[y][x] = pose, act
     return _stack_grid(out_poses), _stack_grid(out_acts)  # (B,H',W',J,16), (B,H',W',J)
@@ -129,8 +137,9 @@ def conv_caps_global_reference(layer, poses, activations, eps: float = 1e-6):
     for it in range(layer.iterations):
         lam = layer.final_lambda * (1.0 - 0.95 ** (it + 1))
         beta_a = layer.activation_bias()  # (J,)
+        norm = layer.normalise_cost
         fit = {
-            w: _m_step(votes[w], acts[w], r[w], layer.beta_v, beta_a, lam, layer.min_var, eps)
+            w: _m_step(votes[w], acts[w], r[w], layer.beta_v, beta_a, lam, layer.min_var, eps, norm)
             for w in windows
         }  # window -> (mu (B, J, 16), var (B, J, 16), activation (B, J))
         if it == layer.iterations - 1:
@@ -167,7 +176,7 @@ def class_caps_reference(layer, poses: torch.Tensor, activations: torch.Tensor, 
     votes = torch.cat(all_votes, dim=1)  # (B, HWT, E, 16): position-major like the fast layer
     pose, act, _, _ = em_routing_reference(
         votes, activations.reshape(batch, -1), layer.beta_v, layer.activation_bias(),
-        layer.iterations, layer.final_lambda, layer.min_var,
+        layer.iterations, layer.final_lambda, layer.min_var, normalise=layer.normalise_cost,
     )  # fmt: skip
     return pose, act
 

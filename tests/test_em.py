@@ -172,21 +172,27 @@ def test_identical_votes_hit_the_variance_floor():
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
 @pytest.mark.parametrize("rows", [4, 1])
-@pytest.mark.parametrize(("block", "bias"), [(None, False), (1, True), (3, False), (None, True)])
-def test_em_matches_reference(iterations, rows, block, bias):
+@pytest.mark.parametrize(
+    ("block", "bias", "normalise"),
+    [(None, False, False), (1, True, False), (3, False, False), (None, True, False),
+     (2, True, True)],
+)  # fmt: skip
+def test_em_matches_reference(iterations, rows, block, bias, normalise):
     """em_routing (votes made inside, ``block`` groups per call with the last padded) == the
     loop reference on einsum votes in fp64: values and the gradients of every input, for
-    4x4 matrices and the 16-vector ablation, with and without a vote bias."""
+    4x4 matrices and the 16-vector ablation, with and without a vote bias, with raw and
+    standardised costs (``normalise_cost``)."""
     g = torch.Generator().manual_seed(iterations + 10 * rows)
     tensors = _routing_inputs(batch=4, n_in=9, n_out=5, rows=rows, seed=iterations,
                               dtype=torch.float64)  # fmt: skip
     vote_bias = torch.randn(9, 1, 16, generator=g, dtype=torch.float64) if bias else None
     inputs = [t.clone().requires_grad_(True) for t in tensors]
     ref_inputs = [t.clone().requires_grad_(True) for t in tensors]
-    pose, act = em_routing(*inputs, iterations, vote_bias=vote_bias, block=block)
+    pose, act = em_routing(*inputs, iterations, vote_bias=vote_bias, block=block,
+                           normalise_cost=normalise)  # fmt: skip
     kids, a, weight, bv, ba = ref_inputs
     ref_pose, ref_act, _, _ = em_routing_reference(
-        _votes(kids, weight, vote_bias), a, bv, ba, iterations
+        _votes(kids, weight, vote_bias), a, bv, ba, iterations, normalise=normalise
     )
     torch.testing.assert_close(pose, ref_pose, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(act, ref_act, rtol=1e-10, atol=1e-12)
@@ -196,6 +202,24 @@ def test_em_matches_reference(iterations, rows, block, bias):
     for name, fast, ref in zip(("children", "acts", "weight", "beta_v", "beta_a"), inputs,
                                ref_inputs):  # fmt: skip
         torch.testing.assert_close(fast.grad, ref.grad, rtol=1e-8, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_normalised_cost_sets_the_activations_scale(iterations):
+    """With normalise_cost each group's activation logits are lambda (beta_a - z), z the
+    costs standardised over the parents (mean 0, mean square 1), whatever the votes' scale;
+    the raw cost's logits grow with it."""
+    children, act, weight, beta_v, beta_a = _routing_inputs(batch=3, n_in=18, n_out=5)
+    lam = em_inverse_temperatures(iterations, 1.0)[-1]
+    for scale in (1.0, 100.0):
+        _, a = em_routing(scale * children, act, weight, beta_v, beta_a, iterations, 1.0,
+                          normalise_cost=True)  # fmt: skip
+        z = beta_a - torch.logit(a.double()) / lam  # (3, 5)
+        torch.testing.assert_close(z.mean(1), torch.zeros(3, dtype=z.dtype), atol=1e-4, rtol=0)
+        torch.testing.assert_close(z.square().mean(1), torch.ones(3, dtype=z.dtype), atol=1e-3,
+                                   rtol=0)  # fmt: skip
+    _, raw = em_routing(100 * children, act, weight, beta_v, beta_a, iterations, 1.0)
+    assert (torch.logit(raw.double()) / lam - beta_a).abs().max() > 10
 
 
 @pytest.mark.parametrize("scoped", [False, True])
@@ -268,13 +292,17 @@ def test_compiled_routing_matches_eager_model(scope):
 # ---- layers and models ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scope", ["global", "window"])
-@pytest.mark.parametrize("form", ["paper", "first-entries"])
-def test_model_matches_loop_reference(scope, form):
+@pytest.mark.parametrize(
+    ("scope", "form", "normalise"),
+    [("global", "paper", False), ("window", "paper", False), ("global", "first-entries", False),
+     ("window", "first-entries", False), ("global", "paper", True), ("window", "paper", True)],
+)  # fmt: skip
+def test_model_matches_loop_reference(scope, form, normalise):
     """The whole network against the readable reference (loops over positions, its own
     coordinate offsets) in fp64: scores, poses and every parameter's gradient."""
     torch.manual_seed(0)
-    model = models.build("em-capsnet-small", routing_scope=scope, coordinate_form=form, **TINY)
+    model = models.build("em-capsnet-small", routing_scope=scope, coordinate_form=form,
+                         normalise_cost=normalise, **TINY)  # fmt: skip
     model = model.double()
     x = torch.rand(3, 1, 24, 24, dtype=torch.float64)
     out = model(x)
@@ -478,12 +506,13 @@ def test_checkpoint_without_new_fields_loads_with_what_it_trained_with(tmp_path)
     path = tmp_path / "old.pt"
     checkpoint.save(path, model)
     payload = torch.load(path, weights_only=False)
-    for name in ("routing_scope", "coordinate_form", "beta_a_scale"):
+    for name in ("routing_scope", "coordinate_form", "beta_a_scale", "normalise_cost"):
         del payload["model_config"][name]
     torch.save(payload, path)
     loaded, meta = checkpoint.load(path)
     assert loaded.config.routing_scope == "window" == loaded.caps1.routing_scope
     assert loaded.config.beta_a_scale == 1.0 == loaded.classes.beta_a_scale
+    assert loaded.config.normalise_cost is False is loaded.caps1.normalise_cost
     assert loaded.config.coordinate_form == "first-entries"
     assert meta["model_config"]["coordinate_form"] == "first-entries"
     assert loaded.classes.coordinate_entries == (0, 1)

@@ -64,12 +64,16 @@ class EMCapsNetConfig:
     # beta_a enters the activation logit lambda (beta_a_scale * beta_a - cost): with lambda
     # about 1e-3 an unscaled beta_a barely moves an activation (docs/em.md, "Learning")
     beta_a_scale: float = BETA_A_SCALE
+    # standardise each routing group's costs over its parents before the activation
+    # (em_routing's normalise_cost); false: the paper's raw cost (docs/em.md, "Learning")
+    normalise_cost: bool = False
 
     # Saved configs without a field were trained with this value (capsnet.models.checkpoint.load).
     missing_field_defaults: ClassVar[dict[str, object]] = {
         "routing_scope": "window",
         "coordinate_form": "first-entries",
         "beta_a_scale": 1.0,
+        "normalise_cost": False,
     }
 
     def __post_init__(self):
@@ -137,6 +141,7 @@ class EMCapsNet(nn.Module):
             "min_var": config.min_var,
             "pose": config.pose,
             "beta_a_scale": config.beta_a_scale,
+            "normalise_cost": config.normalise_cost,
         }
         scope = {"routing_scope": config.routing_scope}
         self.conv1 = nn.Conv2d(config.in_channels, config.A, kernel_size=5, stride=2)

@@ -43,11 +43,17 @@ class _EMRoutingLayer(nn.Module):
     routing with its fallback to eager."""
 
     def __init__(
-        self, iterations: int, final_lambda: float, min_var: float, beta_a_scale: float = 1.0
+        self,
+        iterations: int,
+        final_lambda: float,
+        min_var: float,
+        beta_a_scale: float = 1.0,
+        normalise_cost: bool = False,
     ):
         super().__init__()
         self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
         self.beta_a_scale = beta_a_scale
+        self.normalise_cost = normalise_cost  # em_routing's normalise_cost
         self.compiled = False  # torch.compile the routing steps (EMCapsNet.compile_routing)
 
     def activation_bias(self) -> torch.Tensor:
@@ -62,9 +68,10 @@ class _EMRoutingLayer(nn.Module):
         torch.compile cannot build kernels here (no C++ compiler)."""
         args = (children, activations, weight, self.beta_v, self.activation_bias(), self.iterations,
                 self.final_lambda, self.min_var)  # fmt: skip
+        options = {"vote_bias": vote_bias, "scope": scope, "normalise_cost": self.normalise_cost}
         if self.compiled:
             try:
-                return em_routing(*args, vote_bias=vote_bias, scope=scope, compiled=True)
+                return em_routing(*args, compiled=True, **options)
             except Exception as exc:
                 if not _is_compile_failure(exc):
                     raise
@@ -74,7 +81,7 @@ class _EMRoutingLayer(nn.Module):
                     stacklevel=3,
                 )
                 self.compiled = False
-        return em_routing(*args, vote_bias=vote_bias, scope=scope)
+        return em_routing(*args, **options)
 
 
 def _is_compile_failure(exc: Exception) -> bool:
@@ -121,8 +128,9 @@ class ConvMatrixCaps(_EMRoutingLayer):
         pose: str = "matrix",
         routing_scope: str = "global",
         beta_a_scale: float = 1.0,
+        normalise_cost: bool = False,
     ):
-        super().__init__(iterations, final_lambda, min_var, beta_a_scale)
+        super().__init__(iterations, final_lambda, min_var, beta_a_scale, normalise_cost)
         if routing_scope not in ROUTING_SCOPES:
             raise ValueError(
                 f"routing_scope must be one of {', '.join(ROUTING_SCOPES)}, got {routing_scope!r}"
@@ -211,8 +219,9 @@ class ClassCaps(_EMRoutingLayer):
         pose: str = "matrix",
         coordinate_entries: tuple[int, int] = COORDINATE_ENTRIES["paper"],
         beta_a_scale: float = 1.0,
+        normalise_cost: bool = False,
     ):
-        super().__init__(iterations, final_lambda, min_var, beta_a_scale)
+        super().__init__(iterations, final_lambda, min_var, beta_a_scale, normalise_cost)
         self.coordinate_addition = coordinate_addition
         self.coordinate_entries = tuple(coordinate_entries)
         self.rows, cols = pose_shape(pose)

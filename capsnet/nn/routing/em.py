@@ -73,11 +73,24 @@ def expand_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return we.reshape(n_in, n_out, cols, rows * cols)  # (I, J, c, 16)
 
 
-def m_step(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = EM_EPS):
+def activation_logits(cost, beta_a, lam, normalise: bool = False, eps: float = EM_EPS):
+    """cost (n, 1, J) -> activation logits lam (beta_a - cost) (n, 1, J). ``normalise``:
+    the cost standardised over the J parents of each group first (mean 0, standard deviation
+    1), so the logit compares parents instead of following the mass-weighted log-sigmas'
+    scale (docs/em.md, "Learning")."""
+    if normalise:
+        centred = cost - cost.mean(dim=2, keepdim=True)  # (n, 1, J)
+        cost = centred / torch.sqrt(centred.square().mean(dim=2, keepdim=True) + eps)
+    return lam * (beta_a.reshape(1, 1, -1) - cost)  # (n, 1, J)
+
+
+def m_step(r_a, votes, beta_v, beta_a, lam, min_var: float, normalise: bool = False,
+           eps: float = EM_EPS):  # fmt: skip
     """The M-step over child-major votes (n, I, J, P) with activation-weighted assignments
     r_a (n, I, J) -> mu (n, 1, J, P), squared deviations (n, I, J, P), var (n, 1, J, P),
-    log sigma (n, 1, J, P), activation logits (n, 1, J). The variance is the weighted mean
-    of the squared deviations (two passes, no E[V^2] - mu^2 cancellation)."""
+    log sigma (n, 1, J, P), activation logits (n, 1, J) (``activation_logits``). The
+    variance is the weighted mean of the squared deviations (two passes, no E[V^2] - mu^2
+    cancellation)."""
     n_in, n_out = votes.shape[1], votes.shape[2]
     mass = r_a.sum(dim=1, keepdim=True)  # (n, 1, J) = sum_i r_ij a_i
     weights = ((r_a + eps) / (mass + n_in * eps)).unsqueeze(3)  # (n, I, J, 1): sum_i 1
@@ -86,7 +99,7 @@ def m_step(r_a, votes, beta_v, beta_a, lam, min_var: float, eps: float = EM_EPS)
     var = (weights * sq_diff).sum(dim=1, keepdim=True) + min_var  # (n, 1, J, P)
     log_sigma = 0.5 * torch.log(var)  # (n, 1, J, P)
     cost = ((beta_v.reshape(1, 1, n_out, 1) + log_sigma) * mass.unsqueeze(3)).sum(3)  # (n,1,J)
-    logit_a = lam * (beta_a.reshape(1, 1, n_out) - cost)  # (n, 1, J)
+    logit_a = activation_logits(cost, beta_a, lam, normalise)  # (n, 1, J)
     return mu, sq_diff, var, log_sigma, logit_a
 
 
@@ -122,23 +135,26 @@ def matrix_votes(children, weight, bias=None):
     return votes
 
 
-def _fit(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+def _fit(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var, normalise):
     """Assignments from the previous E-step, then the M-step -> the outputs of ``m_step``."""
     r = torch.exp(logits - log_total.unsqueeze(2))  # (n, I, J): the E-step's assignments
-    return m_step(r * activations.unsqueeze(2), votes, beta_v, beta_a, lam, min_var)
+    return m_step(r * activations.unsqueeze(2), votes, beta_v, beta_a, lam, min_var, normalise)
 
 
-def step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+def step_from_votes(
+    votes, activations, logits, log_total, beta_v, beta_a, lam, min_var, normalise=False
+):
     """One EM iteration but the last, on a block of n groups with votes (n, I, J, 16).
 
     activations (n, I); the assignments are ``exp(logits - log_total)`` for the previous
     E-step's logits (n, I, J) (zeros at first) and log_total (n, I), the log of the child's
-    sum of exp(logits) over all its parents; lam a 0-d tensor. -> the E-step logits
+    sum of exp(logits) over all its parents; lam a 0-d tensor; ``normalise`` as in
+    ``activation_logits``. -> the E-step logits
     (n, I, J), log a_j + log N(V_ij; mu_j, var_j), with their maximum over the parents
     (n, I) (no gradient) and the sum of exp(logits - maximum) (n, I).
     """
     _, sq_diff, var, log_sigma, logit_a = _fit(
-        votes, activations, logits, log_total, beta_v, beta_a, lam, min_var
+        votes, activations, logits, log_total, beta_v, beta_a, lam, min_var, normalise
     )
     half_quad = (sq_diff * (0.5 / var)).sum(dim=3)  # (n, I, J): sum_h (V - mu)^2 / 2 var
     log_norm = log_sigma.sum(dim=3) + 0.5 * votes.shape[3] * _LOG_2PI  # (n, 1, J)
@@ -147,11 +163,13 @@ def step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, 
     return out, peak, torch.exp(out - peak.unsqueeze(2)).sum(dim=2)  # (n,I,J), (n,I), (n,I)
 
 
-def last_step_from_votes(votes, activations, logits, log_total, beta_v, beta_a, lam, min_var):
+def last_step_from_votes(
+    votes, activations, logits, log_total, beta_v, beta_a, lam, min_var, normalise=False
+):
     """The last EM iteration (the arguments of ``step_from_votes``) -> pose (n, J, 16),
     activation (n, J)."""
     mu, _, _, _, logit_a = _fit(votes, activations, logits, log_total, beta_v, beta_a, lam,
-                                min_var)  # fmt: skip
+                                min_var, normalise)  # fmt: skip
     return mu.squeeze(1), torch.sigmoid(logit_a).squeeze(1)  # (n, J, P), (n, J)
 
 
@@ -290,6 +308,7 @@ def em_routing(
     scope: GlobalScope | None = None,
     block: int | None = None,
     compiled: bool = False,
+    normalise_cost: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EM routing (Hinton, Sabour, Frosst 2018) of N groups of I children to J parents,
     votes V_nij = M_ni W_ij (+ vote_bias_ij).
@@ -307,6 +326,8 @@ def em_routing(
             off the CPU); the last block is padded with inactive all-zero children, so every
             call has one shape.
         compiled: run the steps compiled (``compiled_steps``); raises where it cannot.
+        normalise_cost: standardise each group's costs over its parents before the
+            activation (``activation_logits``); False: the paper's lambda (beta_a - cost).
 
     Returns pose (N, J, 16) Gaussian means, activation (N, J) in (0, 1). Routing runs in
     fp32 (fp64 for fp64 inputs) whatever the autocast state; likelihoods and activations
@@ -332,7 +353,7 @@ def em_routing(
             step, last_step = _eager_steps()
             votes = matrix_votes(padded, weight.to(dtype), bias)  # (N + pad, I, J, 16)
             groups = [(v,) for v in votes.split(block)]  # (block, I, J, 16) each
-        constants = (beta_v.to(dtype), beta_a.to(dtype), lams, min_var)
+        constants = (beta_v.to(dtype), beta_a.to(dtype), lams, min_var, normalise_cost)
         return _iterate((step, last_step), groups, acts, scope, (n, n_out), constants)
 
 
@@ -348,7 +369,7 @@ def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants):
     sum of exponentials, and the next call turns the logits into assignments inside.
     """
     step, last_step = steps
-    b_v, b_a, lams, min_var = constants
+    b_v, b_a, lams, min_var, normalise = constants
     n, n_out = sizes
     block, n_in = acts[0].shape
     padded = block * len(acts)  # N + pad
@@ -359,13 +380,13 @@ def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants):
     logits = [acts[0].new_zeros(block, n_in, n_out)] * len(acts)  # (block, I, J) each
     for it in range(lams.shape[0] - 1):
         outs = [
-            step(*g, a, lg, t, b_v, b_a, lams[it], min_var)
+            step(*g, a, lg, t, b_v, b_a, lams[it], min_var, normalise)
             for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
         ]  # logits (block, I, J), peak (block, I), sumexp (block, I) per block
         logits = [o[0] for o in outs]  # (block, I, J) each
         log_total = _log_totals(scope, outs, n)  # (N + pad, I)
     outs = [
-        last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var)
+        last_step(*g, a, lg, t, b_v, b_a, lams[-1], min_var, normalise)
         for g, a, lg, t in zip(groups, acts, logits, log_total.split(block))
     ]  # pose (block, J, 16), activation (block, J) per block
     pose = torch.cat([o[0] for o in outs])[:n]  # (N, J, 16)
