@@ -379,7 +379,6 @@ class SmallnorbTrainConfig(FinalTrainConfig):
     baselines: list[str] = field(default_factory=lambda: ["smallnorb-cnn"])
     out_dir: str = "models-smallnorb"
     test_size: int | None = None  # the first N smallNORB test images (null: all 24,300)
-    seeds: int = 1
     equal_time: bool = False
 
     def __post_init__(self):
