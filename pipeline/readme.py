@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from capsnet.data import registry
 from capsnet.evaluation.metrics import (
     Entry,
     EvalResults,
@@ -67,6 +68,36 @@ def _test_sizes(picks: dict[str, dict[str, Entry]]) -> str:
     return "Test images per cell: " + ", ".join(f"{n:,}" for n in sorted(sizes)) + "."
 
 
+#: A run whose accuracy is below this multiple of chance (1 / classes) learned nothing.
+AT_CHANCE = 1.25
+
+
+def at_chance_line(
+    metrics: EvalResults, picks: dict[str, dict[str, Entry]], titles: dict[str, str]
+) -> str:
+    """One sentence naming each checkpoint behind a cell (a seed of a mean included) whose
+    accuracy is at chance, so the cell supports no conclusion; "" when there is none."""
+    by_checkpoint = {e.checkpoint: name for name, e in metrics.entries.items() if e.checkpoint}
+    found = {}
+    for chosen in picks.values():
+        for column, entry in chosen.items():
+            chance = registry.chance(column)
+            members = entry.checkpoints or (entry.checkpoint,)
+            for name in (by_checkpoint.get(c) for c in members):
+                value = None if name is None else metrics.entries[name].value(column)
+                if chance is not None and value is not None and value < AT_CHANCE * chance:
+                    where = titles.get(column, column)
+                    found[name, column] = (
+                        f"{name} on {where}, {percent(value)} (chance {percent(chance)})"
+                    )
+    if not found:
+        return ""
+    return (
+        "At chance (below 1.25 times 1 / classes): " + "; ".join(found.values()) + ". That run"
+        " learned nothing, so no conclusion about its model follows from a cell that includes it."
+    )
+
+
 def viewpoints_lines(section: Viewpoints | None) -> list[str]:
     """The smallNORB novel-viewpoint comparison (test error at matched familiar error)."""
     if section is None:
@@ -106,6 +137,7 @@ def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:
         cells = [_cell(c, model, chosen[c]) if c in chosen else "–" for c in columns]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     notes = [_sources_line(picks, titles), _test_sizes(picks), SOURCES_LINE] if columns else []
+    notes.append(at_chance_line(metrics, picks, titles))
     text = "\n".join(lines) + "\n\n" + " ".join(n for n in notes if n)
     comparison = comparison_text.markdown(metrics.comparison, angle)
     viewpoints = viewpoints_lines(metrics.viewpoints)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +14,8 @@ from comparisonhelpers import seeded_results
 from capsnet import config
 from capsnet.io.errors import CapsnetError
 from pipeline import readme
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _entry(model: str, checkpoint: str, **sets) -> dict:
@@ -270,3 +273,30 @@ def test_cpu_profile_doc_table_matches_its_metrics(repo_root):
     assert (repo_root / "docs" / "cpu-profile" / "rotation.png").stat().st_size > 0
     capsules = metrics["comparison"]["arms"]["equal_augmentation"]["models"]["capsnet-small"]
     assert capsules["seeds"] == 3 and capsules["augment"] == "shift"
+
+
+def test_a_run_at_chance_is_named_under_the_table():
+    """A single checkpoint below 1.25 / classes is named; so is one seed of a mean."""
+    assert "At chance" not in readme.results_table(METRICS)
+    lost = json.loads(json.dumps(METRICS))
+    lost["lenet5"]["mnist"]["accuracy"] = 0.11  # 10 classes: chance 10%
+    table = readme.results_table(lost)
+    assert (
+        "At chance (below 1.25 times 1 / classes): lenet5 on MNIST, 11.00% (chance 10.00%)."
+        in table
+    )
+    committed = json.loads((ROOT / "eval" / "metrics.json").read_text())
+    seeds = committed["smallnorb-cnn (mean)"]["checkpoints"]
+    names = [
+        n for n, e in committed.items() if isinstance(e, dict) and e.get("checkpoint") in seeds
+    ]
+    for name in names:
+        committed[name]["smallnorb"]["accuracy"] = 0.6
+    assert "smallnorb-cnn" not in readme.at_chance_line(
+        readme.parse_results(committed),
+        readme.model_picks(readme.parse_results(committed).main_entries(), ["smallnorb"]),
+        {},
+    )
+    committed[names[1]]["smallnorb"]["accuracy"] = 0.21  # 5 classes: chance 20%
+    line = readme.results_table(committed)
+    assert f"{names[1]} on smallNORB (synth stand-in), 21.00% (chance 20.00%)" in line

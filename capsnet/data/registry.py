@@ -40,6 +40,7 @@ class DatasetSpec:
     evaluation: tuple[str, ...] = ()  # the evaluation set names it offers (evaluate.datasets)
     channels_from_model: bool = False  # evaluation keeps the model's channels (stereo)
     confusion: bool = False  # evaluation draws each scored model's confusion matrix on it
+    classes: int | None = None  # label count where ``shape`` is None (chance is 1 / classes)
     # Behaviour: "module:function" hooks and flags; unset, the plain behaviour.
     split: str | None = None  # run_split(run_spec) -> (train, val); None: the last val_size
     test_set: str | None = None  # run_test_set(run_spec, subset) -> the test set of a run
@@ -107,7 +108,8 @@ REGISTRY: dict[str, DatasetSpec] = {
                 "smallnorb", "smallnorb-azimuth-familiar", "smallnorb-azimuth-novel",
                 "smallnorb-elevation-familiar", "smallnorb-elevation-novel",
             ),
-            channels_from_model=True, confusion=True, split="capsnet.data.smallnorb:run_split",
+            channels_from_model=True, confusion=True, classes=5,
+            split="capsnet.data.smallnorb:run_split",
             test_set="capsnet.data.smallnorb:run_test_set",
             evaluation_set="capsnet.data.smallnorb:evaluation_set",
             data_record="capsnet.data.smallnorb:data_record", subsets=True, self_augmenting=True,
@@ -186,6 +188,16 @@ def of_column(column: str) -> DatasetSpec | None:
     for a key that names no evaluation set (``robustness``)."""
     base = column.split("@")[0]
     return next((s for s in REGISTRY.values() if base in s.evaluation), None)
+
+
+def chance(column: str) -> float | None:
+    """Accuracy at chance on a results column's set (1 / classes), None for a multi-label set
+    or a key that names no evaluation set."""
+    spec = of_column(column)
+    if spec is None or spec.multi_label:
+        return None
+    classes = spec.shape[2] if spec.shape is not None else spec.classes
+    return None if not classes else 1.0 / classes
 
 
 def subset_of(name: str) -> str:
