@@ -249,6 +249,7 @@ smallnorb_train:
   train_size: 24
   val_size: 16
   test_size: 20
+  seeds: 1
   out_dir: {tmp_path / "models-smallnorb"}
 """
     )
