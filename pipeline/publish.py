@@ -94,7 +94,7 @@ def publish_runs(
                 wandb_dir,
                 {"model": entry.model, "checkpoint": entry.checkpoint, "entry": name},
                 job_type="eval",
-                content=provenance.content_hash(entry.canonical()),
+                content=provenance.content_hash(entry.to_dict()),
             )
             metrics = entry.numbers()
             points = entry.rotation()
@@ -125,7 +125,7 @@ def _comparison_run(comparison: Comparison, project: str, group: str, mode: str,
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=provenance.content_hash(comparison.canonical()),
+        content=provenance.content_hash(comparison.to_dict()),
     )
     table = wandb.Table(
         columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)

@@ -5,6 +5,7 @@ schema errors."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_entry_reads_each_test_set_through_its_accessors():
     assert numbers["rotated-mnist/accuracy/-30"] == 0.85 and numbers["multimnist/n"] == 200
     assert not any(k.startswith(("affnist", "smallnorb")) for k in numbers)  # skipped sets
     assert "robustness/attack" not in numbers  # text is not a metric
-    canonical = entry.canonical()
+    canonical = entry.to_dict()
     assert canonical == original
     canonical["mnist"]["accuracy"] = 0.0
     assert entry.value("mnist") == 0.97  # a copy
@@ -150,18 +151,27 @@ def test_comparison_is_typed_for_the_sentences_and_tables():
     assert (group.epochs, group.train_seconds, group.time_ratio) == (30.5, 59.0, 0.98)
     assert group.within_tolerance is True and group.train_seconds_std is None
     assert group.accuracy == {"0": 0.97, "35": None} and group.std == {"0": 0.01}
-    assert comparison.canonical() == section and comparison.canonical() is not section
+    written = comparison.to_dict()  # the typed section: the malformed parts are not kept
+    assert written["angles"] == [0, 35] and list(written["arms"]) == ["equal_time"]
+    assert list(written["arms"]["equal_time"]["models"]) == ["lenet5"]
+    assert written["arms"]["equal_time"]["models"]["lenet5"]["accuracy"] == {"0": 0.97, "35": None}
 
 
-def test_the_committed_metrics_json_round_trips_byte_for_byte():
-    """One contract: the file the evaluate stage wrote, read into the types and written
-    back through the same module, is the same bytes."""
-    from pathlib import Path
+@pytest.mark.parametrize("committed", ["eval/metrics.json", "docs/cpu-profile/metrics.json"])
+def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committed):
+    """One contract: each committed file the evaluate stage wrote, read into the
+    dataclasses (which keep no copy of what was read) and written back by the same
+    serialiser, is the same bytes."""
+    import dataclasses
 
     from capsnet.evaluation import metrics
 
-    path = Path(__file__).resolve().parents[1] / "eval" / "metrics.json"
+    path = repo_root / committed
     text = path.read_text()
     results = metrics.load_results(path)
+    kept = {f.name for cls in (metrics.EvalResults, metrics.Entry, metrics.Comparison,
+                               metrics.Viewpoints) for f in dataclasses.fields(cls)}  # fmt: skip
+    assert not any(name.startswith("_") for name in kept)  # no raw dict behind the types
     assert results.to_json() == text
     assert metrics.metrics_json(results.to_dict()) == text
+    assert metrics.parse_results(json.loads(text)) == results

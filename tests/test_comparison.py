@@ -20,6 +20,7 @@ from capsnet.config import EvaluateParams
 from capsnet.config.training import TrainConfig
 from capsnet.evaluation.comparison import TIME_TOLERANCE, comparison_lines, comparison_section
 from capsnet.evaluation.figures import rotation_curves
+from capsnet.evaluation.metrics import parse_results
 from capsnet.io.errors import CapsnetError
 from capsnet.models import checkpoint
 
@@ -58,8 +59,8 @@ def save_run(folder, stem, model, seed, arm, label, seconds, epochs):
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, mnist_root):
-    """(results, figure drawer, folder) of the real evaluation of every run plus an older
-    lenet5 checkpoint without comparison metadata."""
+    """(metrics.json's content, figure drawer, folder, the results) of the real evaluation
+    of every run plus an older lenet5 checkpoint without comparison metadata."""
     folder = tmp_path_factory.mktemp("compared")
     for stem, run in RUNS.items():
         save_run(folder, stem, *run)
@@ -77,7 +78,7 @@ def evaluated(tmp_path_factory, mnist_root):
     asked = evaluation.EvalRequest(params, data_root=mnist_root)
     drawer = evaluation.FigureDrawer(folder / "figures")
     results = evaluation.evaluate_checkpoints(paths, asked, figures=drawer)
-    return results, drawer, folder
+    return results.to_dict(), drawer, folder, results
 
 
 def expected_row(results, names):
@@ -112,7 +113,7 @@ def runs_of(names, field):
 
 
 def test_equal_augmentation_rows_are_the_seeds_mean_and_std(evaluated):
-    results, _, _ = evaluated
+    results, _, _, _ = evaluated
     section = results["comparison"]
     assert section["angles"] == list(ANGLES)
     assert list(section["arms"]) == ["equal_augmentation", "equal_time"]  # none augmented
@@ -129,7 +130,7 @@ def test_equal_augmentation_rows_are_the_seeds_mean_and_std(evaluated):
 
 
 def test_equal_time_rows_ratio_and_the_reference(evaluated):
-    results, _, _ = evaluated
+    results, _, _, _ = evaluated
     equal_time = results["comparison"]["arms"]["equal_time"]
     assert equal_time["reference"] == "capsnet-small"
     assert equal_time["tolerance"] == TIME_TOLERANCE == 0.25
@@ -147,20 +148,18 @@ def test_equal_time_rows_ratio_and_the_reference(evaluated):
 
 
 def test_checkpoints_without_comparison_take_no_part(evaluated):
-    results, _, _ = evaluated
+    results, _, _, typed = evaluated
     arms = results["comparison"]["arms"].values()
     compared = {n for arm in arms for row in arm["models"].values() for n in row["names"]}
     assert compared == set(RUNS)
     assert "model" in results["lenet5@old"]  # still evaluated, only left out of the section
-    without = {n: e for n, e in results.items() if n not in ("comparison",)}
-    metas = {
-        n: checkpoint.load(e["checkpoint"])[1] for n, e in without.items() if "checkpoint" in e
-    }
+    without = typed.entries
+    metas = {n: checkpoint.load(e.checkpoint)[1] for n, e in typed.checkpoints().items()}
     assert comparison_section(without, {"lenet5@old": metas["lenet5@old"]}) is None
 
 
 def test_seed_means_are_named_after_their_first_checkpoint(evaluated):
-    results, _, _ = evaluated
+    results, _, _, _ = evaluated
     means = {n: e["names"] for n, e in results.items() if "names" in e and "checkpoint" not in e}
     assert means == {
         "capsnet-small (mean)": names_of("equal_augmentation", "capsnet-small"),
@@ -174,8 +173,8 @@ def test_seed_means_are_named_after_their_first_checkpoint(evaluated):
 
 
 def test_outputs_rotation_csv_and_figure(evaluated):
-    results, drawer, folder = evaluated
-    written = evaluation.write_outputs(results, folder / "eval")
+    results, drawer, folder, typed = evaluated
+    written = evaluation.write_outputs(typed, folder / "eval")
     metrics = json.loads(written["metrics"].read_text())
     assert metrics["comparison"] == json.loads(json.dumps(results["comparison"]))
     rows = list(csv.DictReader(io.StringIO(written["rotation_csv"].read_text())))
@@ -194,7 +193,7 @@ def test_outputs_rotation_csv_and_figure(evaluated):
         assert (seed["group"], seed["kind"]) == ("lenet5@equal-time (mean)", "seed")
         assert (by_key[("lenet5@old", angle)]["kind"]) == "checkpoint"
     assert drawer.written["rotation"].read_bytes()[:4] == b"\x89PNG"
-    curves, bands = rotation_curves(results)
+    curves, bands = rotation_curves(typed)
     assert set(curves) == {
         "capsnet-small (mean ± std, 3 seeds)",
         "lenet5 (mean ± std, 3 seeds)",
@@ -205,16 +204,39 @@ def test_outputs_rotation_csv_and_figure(evaluated):
     assert bands["lenet5@equal-time (mean ± std, 3 seeds)"] == pytest.approx(std)
 
 
-def test_summary_prints_the_comparison_not_as_a_checkpoint(evaluated):
-    from capsnet.evaluation.headline import model_entries
+def test_the_written_metrics_json_reads_back_into_the_writers_dataclasses(evaluated, tmp_path):
+    """One contract, writer side: the entries, seed means and comparison the evaluation
+    built (and a viewpoint section as the stage adds it) are written and read back equal."""
+    from capsnet.evaluation.metrics import (
+        EvalResults,
+        ViewpointKind,
+        ViewpointModel,
+        Viewpoints,
+        load_results,
+    )
 
-    results, _, _ = evaluated
+    _, _, _, results = evaluated
+    assert isinstance(results, EvalResults) and results.comparison is not None
+    written = evaluation.write_outputs(results, tmp_path / "eval")
+    assert load_results(written["metrics"]) == results
+    model = ViewpointModel("cnn", "smallnorb-cnn", 3, 0.25, 0.5, 0.2, "vp/cnn.pt", 24, 30)
+    kind = ViewpointKind("azimuth", None, (model,), 0.25, 0.0, True, 0.005,
+                         {"target_familiar_error": 0.25}, {"cnn": 0.2})  # fmt: skip
+    off = ViewpointKind("elevation", "no data")
+    for section in (Viewpoints("rule", None, (kind, off), "paper"), Viewpoints(skipped="off")):
+        full = dataclasses.replace(results, viewpoints=section)
+        written = evaluation.write_outputs(full, tmp_path / "eval")
+        assert load_results(written["metrics"]) == full
+
+
+def test_summary_prints_the_comparison_not_as_a_checkpoint(evaluated):
+    _, _, _, results = evaluated
     lines = evaluation.summary_lines(results)
     table = lines[: lines.index("comparison (mean ± std over seeds)")]
     assert not any(line.startswith("comparison") for line in table)
     lenet = next(line for line in lines if line.startswith("  lenet5: ") and "(x" in line)
     assert "3 seed(s)" in lenet and "14.7 epochs" in lenet and "0°" in lenet and "35°" in lenet
-    assert "comparison" not in model_entries(results)
+    assert "comparison" not in results.entries
 
 
 def meta(seed, arm, label, seconds, budget=None, model="lenet5"):
@@ -233,6 +255,12 @@ def entry(accuracy):
     return {"model": "lenet5", "checkpoint": "x.pt", "rotated-mnist": {"accuracy": accuracy}}
 
 
+def section_of(results: dict, metas: dict) -> dict | None:
+    """``comparison_section`` of entries given as metrics.json content, as written."""
+    section = comparison_section(parse_results(results).entries, metas)
+    return None if section is None else section.to_dict()
+
+
 def test_one_seed_outside_tolerance_and_budget_from_the_reference():
     results = {
         "caps": entry({"0": 0.9, "35": 0.6}),
@@ -244,7 +272,7 @@ def test_one_seed_outside_tolerance_and_budget_from_the_reference():
         "slow": meta(0, "equal_time", "lenet5", 13.0),  # no budget recorded: the reference's
         "aug": meta(0, "baseline_augmentation", "lenet5 (rotate)", 3.0),
     }
-    section = comparison_section(results, metas)
+    section = section_of(results, metas)
     assert section["angles"] == [0, 35]
     slow = section["arms"]["equal_time"]["models"]["lenet5"]
     assert section["arms"]["equal_time"]["time_budget_seconds"] == 10.0
@@ -260,7 +288,7 @@ def test_one_seed_outside_tolerance_and_budget_from_the_reference():
 def test_malformed_comparison_metadata_names_the_checkpoint(tmp_path):
     bad = meta(0, "equal_speed", "lenet5", 1.0)
     with pytest.raises(CapsnetError, match=r"lenet5@x.*equal_augmentation"):
-        comparison_section({"lenet5@x": entry({"0": 0.5})}, {"lenet5@x": bad})
+        section_of({"lenet5@x": entry({"0": 0.5})}, {"lenet5@x": bad})
     path = checkpoint.save(
         tmp_path / "m.pt", models.build("lenet5"), extra={"comparison": {"arm": "equal_time"}}
     )
@@ -282,7 +310,7 @@ def test_models_not_scored_on_rotated_mnist_take_no_part_and_lines_end_cleanly()
         "em": meta(0, "equal_augmentation", "em-capsnet-small", 5.0, model="em-capsnet-small"),
     }
     metas["lenet5"]["metrics"]["epochs"] = 76.66666666666667
-    section = comparison_section(results, metas)
+    section = section_of(results, metas)
     assert list(section["arms"]["equal_augmentation"]["models"]) == ["capsnet-small", "lenet5"]
     lines = comparison_lines(section)
     assert not any("em-capsnet-small" in line for line in lines)

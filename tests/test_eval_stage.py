@@ -15,6 +15,7 @@ from clihelpers import assert_one_line_error, run_cli
 from capsnet import evaluation, models
 from capsnet.cli import main
 from capsnet.config import EvaluateParams
+from capsnet.evaluation.metrics import parse_results
 from capsnet.models import checkpoint
 from capsnet.training.scoring import multimnist_scores
 
@@ -122,7 +123,7 @@ def test_training_checkpoint_reproduces_training_accuracy(tmp_path, mnist_root):
     trained = json.loads((out / "metrics.json").read_text())["mnist"]
     assert trained["n"] == 200
     asked = request(mnist_root, datasets=("mnist",), angles=(0, 35), limit=200)
-    results = evaluation.evaluate_checkpoints([out / "model.pt"], asked)
+    results = evaluation.evaluate_checkpoints([out / "model.pt"], asked).to_dict()
     assert set(results) == {"run"}
     assert results["run"]["mnist"] == trained
     assert trained["accuracy"] > 0.2  # it learned something in a few short epochs
@@ -131,7 +132,7 @@ def test_training_checkpoint_reproduces_training_accuracy(tmp_path, mnist_root):
 def test_rotated_mnist_at_zero_equals_mnist(untrained, mnist_root):
     asked = request(mnist_root, datasets=("mnist", "rotated-mnist"), angles=(0, 90), limit=64)
     paths = [untrained["lenet5"], untrained["capsnet-small"]]
-    results = evaluation.evaluate_checkpoints(paths, asked)
+    results = evaluation.evaluate_checkpoints(paths, asked).to_dict()
     for entry in results.values():
         assert entry["rotated-mnist"]["accuracy"]["0"] == entry["mnist"]["accuracy"]
         assert entry["rotated-mnist"]["n"] == entry["mnist"]["n"] == 64
@@ -151,7 +152,8 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
         figure_examples=3,
     )
     drawer = evaluation.FigureDrawer(tmp_path / "eval" / "figures")
-    results = evaluation.evaluate_checkpoints(list(untrained.values()), asked, figures=drawer)
+    typed = evaluation.evaluate_checkpoints(list(untrained.values()), asked, figures=drawer)
+    results = typed.to_dict()  # as metrics.json holds it
     assert set(results) == set(untrained)
     for name, entry in results.items():
         assert entry["checkpoint"] == str(untrained[name])
@@ -176,7 +178,7 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     assert wide["affnist"]["source"] == "affnist-synth"  # no real affNIST under mnist_root
     assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
 
-    written = evaluation.write_outputs(results, tmp_path / "eval")
+    written = evaluation.write_outputs(typed, tmp_path / "eval")
     assert set(written) == {"metrics", "rotation_csv", "summary"}
     figures = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {
@@ -232,7 +234,8 @@ def test_written_metrics_match_accuracy_computed_from_the_models(untrained, mnis
 
 
 def test_metrics_json_writes_nan_as_null(tmp_path):
-    results = {"m": {"model": "lenet5", "mnist": {"accuracy": float("nan"), "n": 0}}}
+    results = {"m": {"model": "lenet5", "checkpoint": "m.pt",
+                     "mnist": {"accuracy": float("nan"), "n": 0}}}  # fmt: skip
     evaluation.write_outputs(results, tmp_path)
     assert json.loads((tmp_path / "metrics.json").read_text())["m"]["mnist"] == {
         "accuracy": None,
@@ -252,7 +255,8 @@ def test_seed_checkpoints_are_reported_with_mean_and_std():
         }
 
     results = {"s0": entry("s0/model.pt", 0.9, 0.6), "s1": entry("s1/model.pt", 0.8, 0.4)}
-    agg = evaluation.aggregate_seeds(results)["capsnet-small"]
+    results = parse_results(results).entries
+    agg = evaluation.aggregate_seeds(results)["capsnet-small"].to_dict()
     assert agg["seeds"] == 2 and agg["checkpoints"] == ["s0/model.pt", "s1/model.pt"]
     assert agg["mnist"] == {"accuracy": pytest.approx(0.85), "n": 100}
     assert agg["rotated-mnist"]["accuracy"]["35"] == pytest.approx(0.5)
@@ -272,10 +276,12 @@ def test_seed_means_are_named_after_their_first_checkpoint_when_the_model_name_i
         "lenet5@equal-time": ("time", 0, 0.8),
         "lenet5@seed1": ("equal", 1, 0.6),
     }
-    results = {name: entry(name, acc) for name, (_, _, acc) in runs.items()}
+    results = parse_results({name: entry(name, acc) for name, (_, _, acc) in runs.items()}).entries
     experiments = {name: key for name, (key, _, _) in runs.items()}
     seeds = {name: seed for name, (_, seed, _) in runs.items()}
-    means = evaluation.aggregate_seeds(results, experiments, seeds)
+    means = {
+        n: e.to_dict() for n, e in evaluation.aggregate_seeds(results, experiments, seeds).items()
+    }
     assert list(means) == ["lenet5 (mean)", "lenet5@equal-time (mean)"]
     assert means["lenet5 (mean)"]["names"] == ["lenet5", "lenet5@seed1"]
     timed = means["lenet5@equal-time (mean)"]
@@ -334,7 +340,7 @@ def test_eval_groups_checkpoints_differing_only_in_seed(mnist_root, tmp_path):
             )
         )
     asked = request(mnist_root, datasets=("mnist",), limit=20)
-    results = evaluation.evaluate_checkpoints(paths, asked, names=list(runs))
+    results = evaluation.evaluate_checkpoints(paths, asked, names=list(runs)).to_dict()
     means = {k: v for k, v in results.items() if "checkpoint" not in v}
     assert list(means) == ["lenet5"]
     grouped = means["lenet5"]

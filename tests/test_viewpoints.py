@@ -194,9 +194,9 @@ def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
     assert viewpoints.csv_path(out).read_text() == header
     assert sorted(p.name for p in out.iterdir()) == ["DISABLED.txt", "viewpoints.json"]
     section = evaluation.evaluate_viewpoints(out, evaluation.EvalRequest())
-    assert "switched off" in section["skipped"]
+    assert "switched off" in section.skipped
     missing = evaluation.evaluate_viewpoints(tmp_path / "none", evaluation.EvalRequest())
-    assert "not found" in missing["skipped"]
+    assert "not found" in missing.skipped
     lines = evaluation.summary_lines({"viewpoints": section})
     assert any("novel viewpoints: skipped" in line for line in lines)
 
@@ -291,9 +291,15 @@ def test_experiment_outputs(experiment):
 
 
 def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
-    experiment, norb_root, tmp_path, mnist_root
+    experiment, norb_root, tmp_path, mnist_root, monkeypatch
 ):
     from capsnet import models
+    from capsnet.evaluation import stage
+    from capsnet.evaluation.metrics import load_results
+
+    built = []  # what the stage's writers built, as it is handed to write_outputs
+    write = stage.write_outputs
+    monkeypatch.setattr(stage, "write_outputs", lambda r, *a: built.append(r) or write(r, *a))
 
     _, out, result = experiment
     assert result.exit_code == 0, result.stderr
@@ -339,6 +345,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
     assert "28x28" in cnn["mnist"]["skipped"] and "32x32" in cnn["mnist"]["skipped"]
     assert "32x32" in metrics["lenet5"]["smallnorb"]["skipped"]  # an MNIST model: skipped
     assert metrics["models-smallnorb/lenet5"]["smallnorb"]["n"] == 30  # one channel
+    assert load_results(tmp_path / "eval" / "metrics.json") == built[0]  # one contract
     section = metrics["viewpoints"]
     payload = json.loads((out / "viewpoints.json").read_text())
     for kind in ("azimuth", "elevation"):

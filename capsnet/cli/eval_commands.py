@@ -219,9 +219,8 @@ def evaluate_stage_command(params_path, data_root, mirror):
     check_output(params.evaluate.out_dir, f"{params_path.name}: evaluate.out_dir")
     mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
-    import json
+    from capsnet.evaluation.metrics import load_results
 
-    results = json.loads(written["metrics"].read_text())
-    for line in evaluation.summary_lines(results):
+    for line in evaluation.summary_lines(load_results(written["metrics"])):
         click.echo(line)
     click.echo(f"wrote {len(written)} file(s) to {params.evaluate.out_dir}")

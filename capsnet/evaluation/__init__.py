@@ -10,10 +10,12 @@ checkpoints under "names". Checkpoints the train stage made for the comparison a
 "comparison" section (capsule model against baselines over seeds). The stage adds a
 "viewpoints" section.
 
-Modules by job: request (the settings of one evaluation), datasets (test sets, model fit),
-checkpoints (evaluating), seeds (aggregating), comparison (its section), figures (drawn
-while each model is loaded), outputs (metrics.json, rotation.csv, the summary table),
-viewpoints (the smallNORB novel-viewpoint section), stage (the DVC stage).
+Modules by job: metrics (the dataclasses of metrics.json, built by the writers below and
+returned by its reader, and the one serialiser), headline (which entry fills a table cell),
+request (the settings of one evaluation), datasets (test sets, model fit), checkpoints
+(evaluating), seeds (aggregating), comparison (its section), figures (drawn while each
+model is loaded), outputs (metrics.json, rotation.csv, summary.json, the summary table),
+novel_viewpoints (the smallNORB novel-viewpoint section), stage (the DVC stage).
 """
 
 #: each name -> the module that defines it, imported on first use (PEP 562), so the
@@ -28,7 +30,7 @@ _HOMES = {
     "evaluate_checkpoints": "capsnet.evaluation.checkpoints",
     "evaluate_model": "capsnet.evaluation.checkpoints",
     "evaluate_viewpoints": "capsnet.evaluation.novel_viewpoints",
-    "metrics_json": "capsnet.evaluation.outputs",
+    "metrics_json": "capsnet.evaluation.metrics",
     "model_fit": "capsnet.evaluation.datasets",
     "rotation_csv": "capsnet.evaluation.outputs",
     "run_stage": "capsnet.evaluation.stage",

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from capsnet.evaluation.comparison import COMPARISON_KEY, comparison_meta, comparison_section
+from capsnet.evaluation.comparison import comparison_meta, comparison_section
 from capsnet.evaluation.datasets import TestSets, check_preprocessing, image_shape, model_fit
 from capsnet.evaluation.figures import FigureDrawer
+from capsnet.evaluation.metrics import COMPARISON_KEY, Entry, EvalResults
 from capsnet.evaluation.request import EvalRequest
 from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, seed_of
 from capsnet.io.errors import CapsnetError, DataError, DatasetDisabled
@@ -38,11 +39,11 @@ def evaluate_checkpoints(
     request: EvalRequest | None = None,
     names: Sequence[str] | None = None,
     figures: FigureDrawer | None = None,
-) -> dict[str, dict]:
+) -> EvalResults:
     """Evaluate every checkpoint on ``request.params.datasets``; one entry per checkpoint
     (named ``names``, default ``checkpoint_names(paths)``) plus a mean entry per experiment
     with several seeds (``capsnet.evaluation.seeds``) and, when some checkpoint takes part in
-    the comparison, the "comparison" section (``capsnet.evaluation.comparison``). ``figures``
+    the comparison, the comparison section (``capsnet.evaluation.comparison``). ``figures``
     draws each model's figures while it is loaded."""
     from capsnet.models import checkpoint
 
@@ -54,26 +55,24 @@ def evaluate_checkpoints(
         path = paths[names.index(COMPARISON_KEY)]
         raise CapsnetError(f"{path}: the name {COMPARISON_KEY!r} is the comparison section's")
     data = TestSets(request)
-    results: dict[str, dict] = {}
+    entries: dict[str, Entry] = {}
     for name, path, (model, meta) in zip(names, paths, loaded):
         model.to(request.device)
         request.say(f"evaluating {name} ({meta['model_name']})")
-        entry = {"model": meta["model_name"], "checkpoint": str(path)}
         with checkpoint.scoring(path):
-            entry.update(evaluate_model(model, data, request, (path, meta)))
+            scores = evaluate_model(model, data, request, (path, meta))
+        entry = Entry(name, meta["model_name"], str(path), scores=scores)
         if figures is not None:
             figures.add_model(name, model, entry, data, request)
-        results[name] = entry
+        entries[name] = entry
         model.cpu()
-    metas = {name: meta for name, (_, meta) in zip(results, loaded)}
+    metas = {name: meta for name, (_, meta) in zip(entries, loaded)}
     experiments = {name: experiment_key(meta) for name, meta in metas.items()}
     seeds = {name: seed_of(meta) for name, meta in metas.items()}
-    results.update(aggregate_seeds(results, experiments, seeds))
-    section = comparison_section(results, metas)
+    entries.update(aggregate_seeds(entries, experiments, seeds))
+    results = EvalResults(entries, comparison_section(entries, metas))
     if figures is not None:
         figures.finish(results)
-    if section is not None:
-        results[COMPARISON_KEY] = section
     return results
 
 

@@ -15,18 +15,24 @@ row from the equal-augmentation arm and gives each baseline its time over the bu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
 
-from capsnet.evaluation.headline import (
+from capsnet.evaluation.headline import epochs_text
+from capsnet.evaluation.metrics import (
+    ARMS,
     COMPARISON_KEY,  # noqa: F401  (the section's name)
-    epochs_text,
+    Comparison,
+    ComparisonArm,
+    ComparisonGroup,
+    Entry,
+    as_comparison,
 )
 from capsnet.evaluation.seeds import seed_of
 from capsnet.io.errors import CapsnetError
 
-ARMS = ("equal_augmentation", "equal_time", "baseline_augmentation")
 #: How far a baseline's mean training time may lie from the budget, as a fraction of it.
 TIME_TOLERANCE = 0.25
 
@@ -56,107 +62,105 @@ def comparison_meta(meta: dict[str, Any], source: str) -> dict[str, Any] | None:
 
 
 def comparison_section(
-    results: dict[str, dict], metas: dict[str, dict[str, Any]]
-) -> dict[str, Any] | None:
-    """metrics.json's "comparison" from the evaluated ``results`` and each checkpoint's
-    metadata ``metas`` ({entry name: meta}); None when no checkpoint takes part."""
+    results: dict[str, Entry], metas: dict[str, dict[str, Any]]
+) -> Comparison | None:
+    """metrics.json's "comparison" from the evaluated entries ``results`` and each
+    checkpoint's metadata ``metas`` ({entry name: meta}); None when no checkpoint takes part."""
     groups: dict[str, dict[str, list[str]]] = {}
     for name, meta in metas.items():
         found = comparison_meta(meta, name)
-        if found is not None and _sweep(results.get(name) or {}):
+        entry = results.get(name)
+        if found is not None and entry is not None and entry.sweep():
             groups.setdefault(found["arm"], {}).setdefault(found["label"], []).append(name)
     if not groups:
         return None
     rows = {
         arm: {
-            label: group_row(sorted(names, key=lambda n: seed_of(metas[n])), results, metas)
+            label: group_row(label, sorted(names, key=lambda n: seed_of(metas[n])), results, metas)
             for label, names in groups[arm].items()
         }
         for arm in ARMS
         if arm in groups
     }
-    arms: dict[str, Any] = {}
+    arms: dict[str, ComparisonArm] = {}
     equal = rows.get("equal_augmentation", {})
     if equal:
-        arms["equal_augmentation"] = {
-            "augment": _common([row["augment"] for row in equal.values()]),
-            "epochs": _common([row["epochs"] for row in equal.values()]),
-            "reference": _reference(equal, metas),
-            "models": equal,
-        }
+        arms["equal_augmentation"] = ComparisonArm(
+            "equal_augmentation", equal, reference=_reference(equal, metas),
+            augment=_common([row.augment for row in equal.values()]),
+            epochs=_common([row.epochs for row in equal.values()]),
+        )  # fmt: skip
     if "equal_time" in rows:
         arms["equal_time"] = _equal_time(rows["equal_time"], equal, metas)
     if "baseline_augmentation" in rows:
-        arms["baseline_augmentation"] = {"models": rows["baseline_augmentation"]}
-    sweeps = [row["accuracy"] for arm in rows.values() for row in arm.values()]
-    angles = sorted({float(a) for sweep in sweeps for a in sweep})
-    return {"angles": [int(a) if a.is_integer() else a for a in angles], "arms": arms}
+        arms["baseline_augmentation"] = ComparisonArm(
+            "baseline_augmentation", rows["baseline_augmentation"]
+        )
+    angles = sorted(
+        {float(a) for arm in rows.values() for row in arm.values() for a in row.accuracy}
+    )
+    return Comparison([int(a) if a.is_integer() else a for a in angles], arms)
 
 
-def group_row(names: list[str], results: dict[str, dict], metas: dict[str, dict]) -> dict:
-    """One row: the seeds ``names`` (entries of ``results``) of one arm and label."""
+def group_row(
+    label: str, names: list[str], results: dict[str, Entry], metas: dict[str, dict]
+) -> ComparisonGroup:
+    """One row: the seeds ``names`` (entries of ``results``) of one arm and ``label``."""
     metas_ = [metas[n] for n in names]
     metrics = [m.get("metrics") or {} for m in metas_]
     seconds = [float(m["train_seconds"]) for m in metrics if _is_number(m.get("train_seconds"))]
     epochs = [float(m["epochs"]) for m in metrics if _is_number(m.get("epochs"))]
-    sweeps = [_sweep(results[n]) for n in names]
+    sweeps = [results[n].sweep() for n in names]
     angles = [a for a in sweeps[0] if all(_is_number(s.get(a)) for s in sweeps)]
     extra = metas_[0].get("extra") or {}
-    return {
-        "model": metas_[0].get("model_name"),
-        "names": names,
-        "seeds": len(names),
-        "augment": extra.get("augment", metrics[0].get("augment")),
-        "epochs": statistics.fmean(epochs) if epochs else None,
-        "train_seconds": statistics.fmean(seconds) if seconds else None,
-        "train_seconds_std": _std(seconds) if seconds else None,
-        "accuracy": {a: statistics.fmean(float(s[a]) for s in sweeps) for a in angles},
-        "std": {a: _std([float(s[a]) for s in sweeps]) for a in angles},
-    }
+    return ComparisonGroup(
+        label,
+        model=metas_[0].get("model_name"),
+        names=tuple(names),
+        seeds=len(names),
+        augment=extra.get("augment", metrics[0].get("augment")),
+        epochs=statistics.fmean(epochs) if epochs else None,
+        train_seconds=statistics.fmean(seconds) if seconds else None,
+        train_seconds_std=_std(seconds) if seconds else None,
+        accuracy={a: statistics.fmean(float(s[a]) for s in sweeps) for a in angles},
+        std={a: _std([float(s[a]) for s in sweeps]) for a in angles},
+    )
 
 
-def _equal_time(rows: dict[str, dict], equal: dict[str, dict], metas: dict) -> dict[str, Any]:
+def _equal_time(
+    rows: dict[str, ComparisonGroup], equal: dict[str, ComparisonGroup], metas: dict
+) -> ComparisonArm:
     """The equal-time arm: the reference's row, then each baseline's with its time ratio."""
     reference = _reference(rows, metas)
     budgets = [
         float(b)
         for row in rows.values()
-        for n in row["names"]
+        for n in row.names
         if _is_number(b := comparison_meta(metas[n], n).get("time_budget_seconds"))
     ]
     budget = statistics.fmean(budgets) if budgets else None
     if budget is None and reference in equal:
-        budget = equal[reference]["train_seconds"]
+        budget = equal[reference].train_seconds
     models = {reference: equal[reference]} if reference in equal else {}
     for label, row in rows.items():
-        seconds = row["train_seconds"]
+        seconds = row.train_seconds
         ratio = seconds / budget if seconds is not None and budget else None
         within = ratio is not None and abs(ratio - 1) <= TIME_TOLERANCE
-        models[label] = {**row, "time_ratio": ratio, "within_tolerance": within}
-    return {
-        "reference": reference,
-        "time_budget_seconds": budget,
-        "tolerance": TIME_TOLERANCE,
-        "models": models,
-    }
+        models[label] = dataclasses.replace(row, time_ratio=ratio, within_tolerance=within)
+    return ComparisonArm(
+        "equal_time", models, reference, time_budget_seconds=budget, tolerance=TIME_TOLERANCE
+    )
 
 
-def _reference(rows: dict[str, dict], metas: dict) -> str | None:
+def _reference(rows: dict[str, ComparisonGroup], metas: dict) -> str | None:
     """The capsule model the rows' checkpoints name as their reference (None if they differ)."""
-    found = [
-        comparison_meta(metas[n], n).get("reference") for r in rows.values() for n in r["names"]
-    ]
+    found = [comparison_meta(metas[n], n).get("reference") for r in rows.values() for n in r.names]
     return _common(found)
 
 
 def _common(values: list):
     """The value all of ``values`` share, None when they differ."""
     return values[0] if values and all(v == values[0] for v in values) else None
-
-
-def _sweep(entry: dict) -> dict:
-    sweep = entry.get("rotated-mnist")
-    return sweep.get("accuracy", {}) if isinstance(sweep, dict) else {}
 
 
 def _is_number(value) -> bool:
@@ -168,23 +172,26 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def comparison_lines(section: dict | None, angles: tuple[str, ...] = ("0", "35")) -> list[str]:
+def comparison_lines(
+    section: Comparison | None, angles: tuple[str, ...] = ("0", "35")
+) -> list[str]:
     """The comparison as printed lines: per arm and row the seeds, epochs, training time
     (and its ratio to the budget) and mean ± std accuracy at ``angles`` (those evaluated)."""
-    if not section:
+    section = as_comparison(section)
+    if section is None:
         return []
     lines = ["", "comparison (mean ± std over seeds)"]
-    for arm, body in section.get("arms", {}).items():
-        budget = body.get("time_budget_seconds")
-        lines.append(f"{arm}" + (f" (budget {budget:.1f} s)" if _is_number(budget) else ""))
-        for label, row in body.get("models", {}).items():
-            shown = [a for a in angles if a in row["accuracy"]] or list(row["accuracy"])[:2]
-            cells = [f"{a}° {_pct(row['accuracy'][a])} ± {_pct(row['std'][a])}" for a in shown]
-            ratio = row.get("time_ratio")
-            time = _fmt(row["train_seconds"], "s")
-            if _is_number(ratio):
-                time += f" (x{ratio:.2f}{'' if row['within_tolerance'] else ', outside tolerance'})"
-            parts = [f"{row['seeds']} seed(s)", epochs_text(row["epochs"]), time, *cells]
+    for name, arm in section.arms.items():
+        budget = arm.time_budget_seconds
+        lines.append(f"{name}" + (f" (budget {budget:.1f} s)" if _is_number(budget) else ""))
+        for label, row in arm.groups.items():
+            shown = [a for a in angles if a in row.accuracy] or list(row.accuracy)[:2]
+            cells = [f"{a}° {_pct(row.accuracy[a])} ± {_pct(row.std.get(a))}" for a in shown]
+            time = _fmt(row.train_seconds, "s")
+            if _is_number(row.time_ratio):
+                outside = "" if row.within_tolerance else ", outside tolerance"
+                time += f" (x{row.time_ratio:.2f}{outside})"
+            parts = [f"{row.seeds} seed(s)", epochs_text(row.epochs), time, *cells]
             lines.append(f"  {label}: " + ", ".join(parts))
     return lines
 

@@ -21,6 +21,7 @@ import torch
 
 from capsnet.evaluation import plots as draw
 from capsnet.evaluation.datasets import TestSets, model_fit
+from capsnet.evaluation.metrics import Entry, EvalResults
 from capsnet.evaluation.request import EvalRequest
 from capsnet.training import scoring as evaluate
 
@@ -39,19 +40,19 @@ class FigureDrawer:
         self._recon_rows: list[torch.Tensor] = []  # each (k, 1, 28, 28)
         self._recon_labels: list[str] = []
 
-    def add_model(self, name: str, model, entry: dict, data: TestSets, request: EvalRequest):
+    def add_model(self, name: str, model, entry: Entry, data: TestSets, request: EvalRequest):
         """The figures of one evaluated model, which is on ``request.device``."""
         from capsnet.data.registry import CONFUSION_SETS
 
         if model_fit(model, "mnist") is None:
             self._mnist_figures(name, model, data, request)
         for test_set in CONFUSION_SETS:
-            scored = entry.get(test_set)
-            if isinstance(scored, dict) and "accuracy" in scored:
+            if "accuracy" in entry.block(test_set):
                 self._set_confusion(name, model, test_set, data, request)
-        multi = entry.get("multimnist")
-        scored = isinstance(multi, dict) and "strict_accuracy" in multi
-        if scored and getattr(model, "decoder", None) is not None:
+        if (
+            "strict_accuracy" in entry.block("multimnist")
+            and getattr(model, "decoder", None) is not None
+        ):
             self.written[f"multimnist-{name}"] = multimnist_figure(
                 model,
                 data.get("multimnist")[0],
@@ -131,17 +132,16 @@ class FigureDrawer:
                 title=f"{name}: each pose dimension of the class capsule perturbed",
             )
 
-    def finish(self, results: dict) -> dict[str, Path]:
+    def finish(self, results: EvalResults) -> dict[str, Path]:
         """The figures across models (from ``results``' checkpoint entries); returns ``written``."""
-        singles = {name: e for name, e in results.items() if "checkpoint" in e}
         curves, bands = rotation_curves(results)
         if curves:
             path = self.fig_dir / "rotation.png"
             self.written["rotation"] = draw.rotation_curve(curves, path, bands=bands)
         diagnostics = {
-            name: e["equivariance"]
-            for name, e in singles.items()
-            if "dim_correlation" in e.get("equivariance", {})
+            name: e.block("equivariance")
+            for name, e in results.checkpoints().items()
+            if e.has_pose_diagnostic
         }
         if diagnostics:
             path = self.fig_dir / "equivariance.png"
@@ -156,28 +156,21 @@ class FigureDrawer:
         return self.written
 
 
-def rotation_curves(results: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+def rotation_curves(results: EvalResults) -> tuple[dict[str, dict], dict[str, dict]]:
     """({legend label: {"<angle>": accuracy}}, {label: {"<angle>": std}}): the mean of every
     seed group with its deviations, and each checkpoint that is in no group."""
     curves: dict[str, dict] = {}
     bands: dict[str, dict] = {}
-    means = {n: e for n, e in results.items() if "names" in e and _rotation(e)}
-    grouped = {n for e in means.values() for n in e["names"]}
-    for name, entry in results.items():
+    means = {n: e for n, e in results.means().items() if e.sweep()}
+    grouped = {n for e in means.values() for n in e.names}
+    for name, entry in results.entries.items():
         if name in means:
-            base = name.removesuffix(" (mean)")
-            label = f"{base} (mean ± std, {entry['seeds']} seeds)"
-            curves[label] = _rotation(entry)
-            bands[label] = _rotation(entry.get("std") or {})
-        elif "checkpoint" in entry and name not in grouped and _rotation(entry):
-            curves[name] = _rotation(entry)
+            label = f"{name.removesuffix(' (mean)')} (mean ± std, {entry.seeds} seeds)"
+            curves[label] = entry.sweep()
+            bands[label] = entry.sweep_std()
+        elif entry.checkpoint is not None and name not in grouped and entry.sweep():
+            curves[name] = entry.sweep()
     return curves, bands
-
-
-def _rotation(entry: dict) -> dict:
-    """An entry's (or its "std" tree's) rotated-MNIST accuracy per angle; {} without one."""
-    sweep = entry.get("rotated-mnist")
-    return sweep.get("accuracy") or {} if isinstance(sweep, dict) else {}
 
 
 @torch.no_grad()

@@ -1,32 +1,24 @@
-"""The headline numbers of an evaluation: which entry fills a model's cell for a test set
-(the checkpoint trained for that set, a seed mean over a single checkpoint), its number and
-deviation. Shared by the evaluate stage's summary metrics (``capsnet.evaluation.outputs``), the
-report and the README table (``capsnet.evaluation.metrics``)."""
+"""The headline numbers of an evaluation, on the metrics.json dataclasses
+(``capsnet.evaluation.metrics``): which entry fills a model's cell for a test set (the
+checkpoint trained for that set, a seed mean over a single checkpoint), its number and
+deviation. One code path for the evaluate stage's summary metrics
+(``capsnet.evaluation.outputs``), the report, the README table and the W&B runs."""
 
 from __future__ import annotations
 
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-VIEWPOINTS_KEY = "viewpoints"  # metrics.json's novel-viewpoint section, not a checkpoint
-COMPARISON_KEY = "comparison"  # metrics.json's seeds comparison, not a checkpoint
-
-
-def model_entries(results: dict) -> dict[str, dict]:
-    """The checkpoint and seed-mean entries of ``results`` (without the "viewpoints" and
-    "comparison" sections)."""
-    return {
-        n: e
-        for n, e in results.items()
-        if n not in (VIEWPOINTS_KEY, COMPARISON_KEY) and isinstance(e, dict) and "model" in e
-    }
+if TYPE_CHECKING:
+    from capsnet.evaluation.metrics import Comparison, Entry, EvalResults
 
 
-def _angle_key(entry: dict, column: str) -> str | None:
+def _angle_key(entry: Entry, column: str) -> str | None:
     """The key of ``column``'s angle (``rotated-mnist@35``) in its sweep's accuracies."""
     base, _, angle = column.partition("@")
-    accuracies = entry.get(base, {}).get("accuracy", {})
+    accuracies = entry.block(base).get("accuracy") or {}
     return next((k for k in accuracies if float(k) == float(angle)), None)
 
 
@@ -46,30 +38,35 @@ def _metric(column: str) -> str:
     return "accuracy" if spec is None else spec.headline_metric
 
 
-def cell_value(entry: dict, column: str) -> float | None:
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def cell_value(entry: Entry, column: str) -> float | None:
     """The accuracy ``column`` stands for ("mnist", "rotated-mnist@35", "multimnist", ...),
     None when absent or skipped."""
+    base = column.split("@")[0]
     if _swept(column):
         key = _angle_key(entry, column)
-        return None if key is None else entry[column.split("@")[0]]["accuracy"][key]
-    value = entry.get(column)
-    if not isinstance(value, dict) or "skipped" in value:
+        return None if key is None else _number(entry.block(base)["accuracy"][key])
+    block = entry.block(column)
+    return None if "skipped" in block else _number(block.get(_metric(column)))
+
+
+def std_value(entry: Entry, column: str) -> float | None:
+    """The seeds' deviation of ``cell_value`` (None for a single checkpoint)."""
+    base = column.split("@")[0]
+    spread = entry.deviations.get(base)
+    if not isinstance(spread, dict):
         return None
-    found = value.get(_metric(column))
-    return found if isinstance(found, (int, float)) else None
-
-
-def std_value(entry: dict, column: str) -> float | None:
-    std = entry.get("std") or {}
     if _swept(column):
         key = _angle_key(entry, column)
-        return (std.get(column.split("@")[0]) or {}).get("accuracy", {}).get(key)
-    value = std.get(column) or {}
-    return value.get(_metric(column))
+        return None if key is None else _number((spread.get("accuracy") or {}).get(key))
+    return _number(spread.get(_metric(column)))
 
 
-def table_columns(results: dict, angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number, in a fixed order."""
+def table_columns(entries: dict[str, Entry], angle: float = 35.0) -> list[str]:
+    """The result columns that hold at least one number of ``entries``, in a fixed order."""
     candidates = [
         "mnist",
         f"rotated-mnist@{angle:g}",
@@ -81,7 +78,7 @@ def table_columns(results: dict, angle: float = 35.0) -> list[str]:
         "smallnorb-azimuth-novel",
         "smallnorb-elevation-novel",
     ]
-    return [c for c in candidates if any(cell_value(e, c) is not None for e in results.values())]
+    return [c for c in candidates if any(cell_value(e, c) is not None for e in entries.values())]
 
 
 def count_text(value) -> str:
@@ -128,68 +125,66 @@ def _tag(stem: str) -> str:
     return _SEED.sub("", stem.partition("@")[2])
 
 
-def _stems(name: str, entry: dict) -> list[str]:
-    paths = [entry.get("checkpoint"), *(entry.get("checkpoints") or [])]
-    return [Path(p).stem for p in paths if p] or [name]
+def _stems(entry: Entry) -> list[str]:
+    paths = [entry.checkpoint, *entry.checkpoints]
+    return [Path(p).stem for p in paths if p] or [entry.name]
 
 
-def trained_on(name: str, entry: dict) -> str | None:
+def trained_on(entry: Entry) -> str | None:
     """The training set a checkpoint name announces (``lenet5@multimnist`` -> multimnist),
     None for a checkpoint trained on its model's own set (``lenet5``, ``lenet5@seed1``)."""
-    return _tag(_stems(name, entry)[0]) or None
+    return _tag(_stems(entry)[0]) or None
 
 
-def comparison_run(name: str, entry: dict, comparison: dict | None = None) -> bool:
+def comparison_run(entry: Entry, comparison: Comparison | None = None) -> bool:
     """Whether an entry is an equal-time or augmented-baseline run (or their mean): named
     with an arm or strategy after "@", or listed in such an arm of ``comparison``."""
-    tags = {_tag(stem) for stem in _stems(name, entry)}
+    tags = {_tag(stem) for stem in _stems(entry)}
     if any(tag and not _training_set(tag) for tag in tags):
         return True
     listed = {
         listed_name
-        for arm, section in ((comparison or {}).get("arms") or {}).items()
-        if arm != "equal_augmentation" and isinstance(section, dict)
-        for group in (section.get("models") or {}).values()
-        if isinstance(group, dict) and group.get("model") != section.get("reference")
-        for listed_name in group.get("names") or []
+        for arm in (comparison.arms.values() if comparison is not None else ())
+        if arm.name != "equal_augmentation"
+        for group in arm.groups.values()
+        if group.model != arm.reference
+        for listed_name in group.names
     }
-    return name in listed or bool(set(entry.get("names") or []) & listed)
+    return entry.name in listed or bool(set(entry.names) & listed)
 
 
-def pick(entries: dict[str, dict], column: str) -> tuple[str, dict] | None:
+def pick(entries: dict[str, Entry], column: str) -> Entry | None:
     """The entry of one model that fills ``column``: among those with a number for it, the
     one trained for the column's set, then a seed mean over a single checkpoint, then the
     first; None when no entry has a number."""
     wanted = trained_for(column)
-    found = [(n, e) for n, e in entries.items() if cell_value(e, column) is not None]
+    found = [e for e in entries.values() if cell_value(e, column) is not None]
     if not found:
         return None
 
-    def rank(item: tuple[str, dict]) -> tuple[bool, bool]:
-        name, entry = item
-        return trained_on(name, entry) == wanted, "checkpoint" not in entry
+    def rank(entry: Entry) -> tuple[bool, bool]:
+        return trained_on(entry) == wanted, entry.checkpoint is None
 
-    best = max(rank(item) for item in found)
-    return next(item for item in found if rank(item) == best)
+    best = max(rank(entry) for entry in found)
+    return next(entry for entry in found if rank(entry) == best)
 
 
-def main_entries(results: dict) -> dict[str, dict]:
-    """The entries the main table is built from: ``model_entries`` without the comparison
-    runs (equal time, augmented baselines) and their means."""
-    comparison = results.get(COMPARISON_KEY)
+def main_entries(results: EvalResults) -> dict[str, Entry]:
+    """The entries the main table is built from: the checkpoint and seed-mean entries
+    without the comparison runs (equal time, augmented baselines) and their means."""
     return {
         name: entry
-        for name, entry in model_entries(results).items()
-        if not comparison_run(name, entry, comparison)
+        for name, entry in results.entries.items()
+        if not comparison_run(entry, results.comparison)
     }
 
 
-def model_picks(entries: dict[str, dict], columns: list[str]) -> dict[str, dict[str, tuple]]:
-    """{model: {column: (entry name, entry)}}: one row per model, each cell from ``pick``
-    over that model's ``entries``."""
-    models: dict[str, dict[str, dict]] = {}
+def model_picks(entries: dict[str, Entry], columns: list[str]) -> dict[str, dict[str, Entry]]:
+    """{model: {column: entry}}: one row per model, each cell from ``pick`` over that
+    model's ``entries``."""
+    models: dict[str, dict[str, Entry]] = {}
     for name, entry in entries.items():
-        models.setdefault(entry["model"], {})[name] = entry
+        models.setdefault(entry.model, {})[name] = entry
     return {
         model: {c: found for c in columns if (found := pick(group, c)) is not None}
         for model, group in models.items()

@@ -1,14 +1,16 @@
-"""The eval/metrics.json contract, one home for its writer and its readers: the text the
-evaluate stage writes (``metrics_json``, NaN as null) and the same file read once, checked
-and typed (``load_results`` -> ``EvalResults``, whose ``to_json`` gives the bytes back).
-The report, the README table and the W&B eval runs (pipeline/) read the results only
-through these types: an ``Entry``'s scores per test set, rotation curve, attacks, skip
-reasons and flat numbers, the ``Viewpoints`` section, and which entry fills a model's cell
-(decided in ``capsnet.evaluation.headline``, shared with the evaluate stage's summary metrics)."""
+"""The eval/metrics.json contract: the dataclasses its writers build and its readers get
+back, and the one serialiser between them.
+
+The evaluate stage and ``capsnet eval`` construct an ``EvalResults`` (checkpoint and
+seed-mean ``Entry``s from ``capsnet.evaluation.checkpoints`` and ``seeds``, the
+``Comparison`` from ``comparison``, the ``Viewpoints`` from ``novel_viewpoints``) and write
+it with ``metrics_json``; the report, the README table and the W&B eval runs (pipeline/)
+read the file with ``load_results`` into the same classes, checked. Field names and their
+order in the file live here once (each class's ``to_dict``). Which entry fills a model's
+cell is ``capsnet.evaluation.headline``, on these classes."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -17,12 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.evaluation import headline
-from capsnet.evaluation.headline import COMPARISON_KEY, VIEWPOINTS_KEY
+from capsnet.evaluation.headline import model_picks, table_columns  # noqa: F401  (readers' API)
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import read_json
 
+VIEWPOINTS_KEY = "viewpoints"  # metrics.json's novel-viewpoint section, not a checkpoint
+COMPARISON_KEY = "comparison"  # metrics.json's seeds comparison, not a checkpoint
 #: Sections of metrics.json beside the checkpoint and seed-mean entries.
 SECTIONS = (COMPARISON_KEY, VIEWPOINTS_KEY)
+#: The comparison's arms and the fields each writes before its "models", in file order.
+ARM_FIELDS = {
+    "equal_augmentation": ("augment", "epochs", "reference"),
+    "equal_time": ("reference", "time_budget_seconds", "tolerance"),
+    "baseline_augmentation": (),
+}
+ARMS = tuple(ARM_FIELDS)
 
 
 def _finite(value):
@@ -36,9 +47,10 @@ def _finite(value):
     return value
 
 
-def metrics_json(results: dict) -> str:
-    """metrics.json's text: ``results`` indented, NaN and infinities as null."""
-    return json.dumps(_finite(results), indent=2) + "\n"
+def metrics_json(results: EvalResults) -> str:
+    """metrics.json's text: ``results`` (or its content) indented, NaN and infinities as null."""
+    content = results.to_dict() if isinstance(results, EvalResults) else results
+    return json.dumps(_finite(content), indent=2) + "\n"
 
 
 def _flatten(scores: dict, prefix: str = "") -> dict[str, float]:
@@ -56,76 +68,107 @@ def _flatten(scores: dict, prefix: str = "") -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Entry:
-    """One evaluated checkpoint (``checkpoint`` set) or seed mean (``checkpoints`` and
-    ``seeds`` set, deviations in ``std``). Read its numbers through the methods."""
+    """One evaluated checkpoint (``checkpoint`` set) or the mean of an experiment's seeds
+    (``names`` and ``checkpoints`` of the grouped entries, their count in ``seeds``, the
+    deviations in ``deviations``). ``scores``: {test set, "robustness", "equivariance":
+    its block}, a block being {"skipped": reason} where the set was not scored."""
 
     name: str
     model: str
-    checkpoint: str | None
-    checkpoints: tuple[str, ...]
-    seeds: int
-    _data: dict[str, Any] = field(repr=False, compare=False)
+    checkpoint: str | None = None
+    names: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ()
+    seeds: int = 1
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deviations: dict[str, Any] = field(default_factory=dict)
 
-    def _block(self, test_set: str) -> dict[str, Any]:
-        value = self._data.get(test_set)
-        return value if isinstance(value, dict) and test_set != "std" else {}
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as metrics.json holds it."""
+        if self.checkpoint is not None:
+            return {"model": self.model, "checkpoint": self.checkpoint, **_copy(self.scores)}
+        return {
+            "model": self.model,
+            "names": list(self.names),
+            "checkpoints": list(self.checkpoints),
+            "seeds": self.seeds,
+            **_copy(self.scores),
+            "std": _copy(self.deviations),
+        }
+
+    def block(self, test_set: str) -> dict[str, Any]:
+        """The scores of one test set ({} when absent)."""
+        value = self.scores.get(test_set)
+        return value if isinstance(value, dict) else {}
 
     def value(self, column: str) -> float | None:
         """The accuracy a table column stands for ("mnist", "rotated-mnist@35",
         "multimnist" (strict), ...), None when absent or skipped."""
-        return headline.cell_value(self._data, column)
+        return headline.cell_value(self, column)
 
     def std(self, column: str) -> float | None:
         """The seeds' standard deviation of ``value(column)``, None for a single checkpoint."""
-        return headline.std_value(self._data, column)
+        return headline.std_value(self, column)
 
     def source(self, test_set: str) -> str | None:
         """Which data a test set's numbers come from ("affnist-synth", "smallnorb-synth...")."""
-        found = self._block(test_set).get("source")
+        found = self.block(test_set).get("source")
         return None if found is None else str(found)
 
     def test_size(self, column: str) -> int | None:
         """How many test images a column's number counts."""
-        return self._block(column.split("@")[0]).get("n")
+        return self.block(column.split("@")[0]).get("n")
+
+    def sweep(self) -> dict[str, Any]:
+        """{"<angle>": accuracy} of the rotated-MNIST sweep, as written; {} without one."""
+        return self.block("rotated-mnist").get("accuracy") or {}
+
+    def sweep_std(self) -> dict[str, Any]:
+        """{"<angle>": the seeds' deviation} of a seed mean's sweep; {} otherwise."""
+        found = self.deviations.get("rotated-mnist")
+        return (found.get("accuracy") or {}) if isinstance(found, dict) else {}
 
     def rotation(self) -> list[tuple[float, float | None]]:
         """(angle, accuracy) of the rotated-MNIST sweep, by angle; [] without one."""
-        accuracy = self._block("rotated-mnist").get("accuracy") or {}
-        return sorted((float(a), acc) for a, acc in accuracy.items())
+        return sorted((float(a), acc) for a, acc in self.sweep().items())
 
     def attacks(self) -> dict[str, dict[str, float | None]]:
         """{attack ("fgsm", "bim"): {epsilon: accuracy}}; {} when robustness was skipped."""
-        robustness = self._block("robustness")
+        robustness = self.block("robustness")
         return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
 
     @property
     def has_pose_diagnostic(self) -> bool:
         """Whether the equivariance diagnostic ran: the model has class-capsule poses."""
-        return "dim_correlation" in self._block("equivariance")
+        return "dim_correlation" in self.block("equivariance")
 
     @property
     def trained_on(self) -> str | None:
         """The training set the checkpoint's name announces (``lenet5@multimnist`` ->
         "multimnist"), None for its model's own set."""
-        return headline.trained_on(self.name, self._data)
+        return headline.trained_on(self)
 
     @property
     def skipped(self) -> dict[str, str]:
         """{test set: reason} of the sets this entry was not evaluated on."""
         return {
             key: str(value["skipped"])
-            for key, value in self._data.items()
-            if isinstance(value, dict) and key != "std" and "skipped" in value
+            for key, value in self.scores.items()
+            if isinstance(value, dict) and "skipped" in value
         }
 
     def numbers(self) -> dict[str, float]:
         """Every finite number of the entry under a slash-joined key, e.g.
         ``mnist/accuracy``, ``rotated-mnist/accuracy/35``, ``robustness/fgsm/0.1``."""
-        return _flatten(self._data)
+        return _flatten(self.scores)
 
-    def canonical(self) -> dict[str, Any]:
-        """The entry as metrics.json holds it (a copy), for content hashes."""
-        return copy.deepcopy(self._data)
+
+def _copy(value):
+    """A deep copy of JSON content (dicts and lists)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -138,11 +181,27 @@ class ViewpointModel:
     familiar_error: float | None
     novel_error: float | None
     paper_novel_error: float | None
+    checkpoint: str | None = None
+    familiar_n: int | None = None
+    novel_n: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "checkpoint": self.checkpoint,
+            "epoch": self.epoch,
+            "familiar_error": self.familiar_error,
+            "familiar_n": self.familiar_n,
+            "novel_error": self.novel_error,
+            "novel_n": self.novel_n,
+            "paper_novel_error": self.paper_novel_error,
+        }
 
 
 @dataclass(frozen=True)
 class ViewpointKind:
-    """The comparison on novel azimuths or elevations, or why it was skipped."""
+    """The comparison on novel azimuths or elevations, or why it was skipped. ``selection``:
+    the choice made at training time (``capsnet.evaluation.viewpoint_matching``)."""
 
     kind: str
     skipped: str | None = None
@@ -150,17 +209,39 @@ class ViewpointKind:
     target_familiar_error: float | None = None
     gap: float | None = None
     matched: bool = False
+    tolerance: float | None = None
+    selection: dict[str, Any] | None = None
+    paper_novel_error: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        return {
+            "models": {m.role: m.to_dict() for m in self.models},
+            "target_familiar_error": self.target_familiar_error,
+            "gap": self.gap,
+            "tolerance": self.tolerance,
+            "matched": self.matched,
+            "selection": _copy(self.selection),
+            "paper_novel_error": _copy(self.paper_novel_error),
+        }
 
 
 @dataclass(frozen=True)
 class Viewpoints:
-    """metrics.json's novel-viewpoint section: the matching rule and one comparison per
-    kind, or why the experiment was not run."""
+    """metrics.json's novel-viewpoint section: the matching rule, the paper it follows and
+    one comparison per kind, or why the experiment was not run."""
 
     rule: str | None = None
     skipped: str | None = None
     kinds: tuple[ViewpointKind, ...] = ()
-    _data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    paper: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        kinds = {k.kind: k.to_dict() for k in self.kinds}
+        return {"rule": self.rule, "paper": self.paper, "kinds": kinds}
 
 
 def _num(value: Any) -> float | None:
@@ -170,9 +251,10 @@ def _num(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class ComparisonGroup:
-    """One model's seeds in a comparison arm: accuracy mean and std by angle key (None
-    where not a number), the training time and, in the equal-time arm, its share of the
-    budget."""
+    """One model's seeds in a comparison arm (``label``: its key in the arm): accuracy mean
+    and sample std by angle key (None where not a number), the training time and, for a
+    baseline of the equal-time arm, its share of the budget (``within_tolerance`` None
+    elsewhere, and then neither is written)."""
 
     label: str
     model: str | None
@@ -182,35 +264,56 @@ class ComparisonGroup:
     epochs: float | None
     train_seconds: float | None
     train_seconds_std: float | None
-    time_ratio: float | None
-    within_tolerance: bool | None
     accuracy: dict[str, float | None]
     std: dict[str, float | None]
+    time_ratio: float | None = None
+    within_tolerance: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = {
+            "model": self.model,
+            "names": list(self.names),
+            "seeds": self.seeds,
+            "augment": self.augment,
+            "epochs": self.epochs,
+            "train_seconds": self.train_seconds,
+            "train_seconds_std": self.train_seconds_std,
+            "accuracy": dict(self.accuracy),
+            "std": dict(self.std),
+        }
+        if self.within_tolerance is not None:
+            row.update(time_ratio=self.time_ratio, within_tolerance=self.within_tolerance)
+        return row
 
 
 @dataclass(frozen=True)
 class ComparisonArm:
-    """One arm (equal augmentation, equal time, augmented baseline) and its groups."""
+    """One arm (``ARM_FIELDS``: equal augmentation, equal time, augmented baseline) and its
+    groups by label; an arm writes only its own fields."""
 
     name: str
-    reference: str | None
-    augment: str | None
-    epochs: float | None
-    time_budget_seconds: float | None
-    tolerance: float | None
     groups: dict[str, ComparisonGroup]
+    reference: str | None = None
+    augment: str | None = None
+    epochs: float | None = None
+    time_budget_seconds: float | None = None
+    tolerance: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        own = {key: getattr(self, key) for key in ARM_FIELDS.get(self.name, ())}
+        return {**own, "models": {label: g.to_dict() for label, g in self.groups.items()}}
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """metrics.json's seeds comparison: its arms by name (non-mapping parts left out)."""
+    """metrics.json's seeds comparison: the evaluated angles and its arms by name."""
 
+    angles: list[float]
     arms: dict[str, ComparisonArm]
-    _data: dict[str, Any] = field(repr=False, compare=False)
 
-    def canonical(self) -> dict[str, Any]:
-        """The section as metrics.json holds it (a copy), for content hashes."""
-        return copy.deepcopy(self._data)
+    def to_dict(self) -> dict[str, Any]:
+        """The section as metrics.json holds it."""
+        return {"angles": list(self.angles), "arms": {n: a.to_dict() for n, a in self.arms.items()}}
 
 
 def _text(value: Any) -> str | None:
@@ -225,8 +328,8 @@ def _comparison_group(label: str, g: dict) -> ComparisonGroup:
     stds = {k: _num(v) for k, v in (g.get("std") or {}).items()}
     return ComparisonGroup(
         label, _text(g.get("model")), names, seeds, _text(g.get("augment")), _num(g.get("epochs")),
-        _num(g.get("train_seconds")), _num(g.get("train_seconds_std")), _num(g.get("time_ratio")),
-        within if isinstance(within, bool) else None, angles, stds,
+        _num(g.get("train_seconds")), _num(g.get("train_seconds_std")), angles, stds,
+        _num(g.get("time_ratio")), within if isinstance(within, bool) else None,
     )  # fmt: skip
 
 
@@ -234,8 +337,8 @@ def _comparison_arm(name: str, arm: dict) -> ComparisonArm:
     models = arm.get("models") if isinstance(arm.get("models"), dict) else {}
     groups = {k: _comparison_group(k, g) for k, g in models.items() if isinstance(g, dict)}
     return ComparisonArm(
-        name, _text(arm.get("reference")), _text(arm.get("augment")), _num(arm.get("epochs")),
-        _num(arm.get("time_budget_seconds")), _num(arm.get("tolerance")), groups,
+        name, groups, _text(arm.get("reference")), _text(arm.get("augment")),
+        _num(arm.get("epochs")), _num(arm.get("time_budget_seconds")), _num(arm.get("tolerance")),
     )  # fmt: skip
 
 
@@ -246,58 +349,45 @@ def as_comparison(section: Any) -> Comparison | None:
         return section if isinstance(section, Comparison) else None
     arms = section.get("arms") if isinstance(section.get("arms"), dict) else {}
     typed = {n: _comparison_arm(n, arm) for n, arm in arms.items() if isinstance(arm, dict)}
-    return Comparison(typed, section)
+    angles = section.get("angles") if isinstance(section.get("angles"), list) else []
+    return Comparison([a for a in angles if _num(a) is not None], typed)
 
 
 @dataclass(frozen=True)
 class EvalResults:
-    """metrics.json, checked: the entries by name, the comparison section (put into words
-    and tables by pipeline.comparison_text) and the viewpoint section."""
+    """metrics.json: the entries by name (checkpoints, then seed means), the comparison
+    section (put into words and tables by pipeline.comparison_text) and the viewpoint
+    section."""
 
     entries: dict[str, Entry]
-    comparison: Comparison | None
-    viewpoints: Viewpoints | None
-    _order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    comparison: Comparison | None = None
+    viewpoints: Viewpoints | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """metrics.json's content, its names in the order read (a copy)."""
-        parts = {n: e._data for n, e in self.entries.items()}
-        for key, section in ((COMPARISON_KEY, self.comparison), (VIEWPOINTS_KEY, self.viewpoints)):
-            if section is not None:
-                parts[key] = section._data
-        order = [n for n in self._order if n in parts] + [n for n in parts if n not in self._order]
-        return copy.deepcopy({n: parts[n] for n in order})
+        """metrics.json's content: the entries in order, then the sections."""
+        content = {name: entry.to_dict() for name, entry in self.entries.items()}
+        if self.comparison is not None:
+            content[COMPARISON_KEY] = self.comparison.to_dict()
+        if self.viewpoints is not None:
+            content[VIEWPOINTS_KEY] = self.viewpoints.to_dict()
+        return content
 
     def to_json(self) -> str:
-        """metrics.json's text (``metrics_json``): what was read, byte for byte."""
-        return metrics_json(self.to_dict())
+        """metrics.json's text (``metrics_json``)."""
+        return metrics_json(self)
 
     def checkpoints(self) -> dict[str, Entry]:
         """The entries of single checkpoints (no seed means)."""
         return {n: e for n, e in self.entries.items() if e.checkpoint is not None}
 
+    def means(self) -> dict[str, Entry]:
+        """The seed-mean entries."""
+        return {n: e for n, e in self.entries.items() if e.checkpoint is None}
+
     def main_entries(self) -> dict[str, Entry]:
         """The entries the results table is built from: no comparison runs (equal time,
         augmented baselines) nor their means."""
-        data = {n: e._data for n, e in self.entries.items()}
-        if self.comparison is not None:
-            data[COMPARISON_KEY] = self.comparison._data
-        return {n: self.entries[n] for n in headline.main_entries(data)}
-
-
-def table_columns(entries: dict[str, Entry], angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number of ``entries``, in a fixed order."""
-    return headline.table_columns({n: e._data for n, e in entries.items()}, angle)
-
-
-def model_picks(entries: dict[str, Entry], columns: list[str]) -> dict[str, dict[str, Entry]]:
-    """{model: {column: entry}}: one row per model, each cell from the entry trained for
-    that column's set (``capsnet.evaluation.headline.pick``)."""
-    picks = headline.model_picks({n: e._data for n, e in entries.items()}, columns)
-    return {
-        model: {column: entries[name] for column, (name, _) in chosen.items()}
-        for model, chosen in picks.items()
-    }
+        return headline.main_entries(self)
 
 
 def _is_number(value: Any) -> bool:
@@ -321,7 +411,13 @@ def _check_scores(where: str, scores: Any) -> None:
         raise CapsnetError(f"{where}: a number expected, got {scores!r:.40}")
 
 
-def _entry(path: Path, name: str, data: dict) -> Entry:
+#: The fields of an entry beside its score blocks.
+ENTRY_FIELDS = ("model", "checkpoint", "names", "checkpoints", "seeds", "std")
+
+
+def _entry(path: Path, name: str, data: Any) -> Entry:
+    if isinstance(data, Entry):
+        return data
     where = f"{path}: {name}"
     model, checkpoint = data.get("model"), data.get("checkpoint")
     checkpoints = data.get("checkpoints") or []
@@ -329,17 +425,23 @@ def _entry(path: Path, name: str, data: dict) -> Entry:
         raise CapsnetError(f"{where}: no model name")
     if checkpoint is None and not checkpoints:
         raise CapsnetError(f"{where}: neither a checkpoint nor the checkpoints of a seed mean")
+    names = data.get("names") or []
     if not isinstance(checkpoint, (str, type(None))) or not all(
-        isinstance(c, str) for c in checkpoints
+        isinstance(c, str) for c in [*checkpoints, *names]
     ):
-        raise CapsnetError(f"{where}: checkpoint paths must be text")
-    for key, value in data.items():
-        if isinstance(value, dict):
-            _check_scores(f"{where}/{key}", value)
+        raise CapsnetError(f"{where}: checkpoint paths and names must be text")
+    scores = {k: v for k, v in data.items() if k not in ENTRY_FIELDS}
+    for key, value in scores.items():
+        if not isinstance(value, dict):
+            raise CapsnetError(f"{where}/{key}: a mapping of scores expected")
+        _check_scores(f"{where}/{key}", value)
+    deviations = data.get("std") or {}
+    _check_scores(f"{where}/std", deviations)
     seeds = data.get("seeds", 1)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise CapsnetError(f"{where}/seeds: a count >= 1 expected")
-    return Entry(name, model, checkpoint, tuple(checkpoints), seeds, data)
+    return Entry(name, model, checkpoint, tuple(names), tuple(checkpoints), seeds, scores,
+                 deviations if isinstance(deviations, dict) else {})  # fmt: skip
 
 
 def _optional(where: str, data: dict, key: str, kind: type | tuple) -> Any:
@@ -347,6 +449,21 @@ def _optional(where: str, data: dict, key: str, kind: type | tuple) -> Any:
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
         raise CapsnetError(f"{where}/{key}: {getattr(kind, '__name__', 'a number')} expected")
     return value
+
+
+def _viewpoint_model(where: str, role: str, m: dict) -> ViewpointModel:
+    where, number = f"{where}/models/{role}", (int, float)
+    return ViewpointModel(
+        role,
+        str(m.get("model", "")),
+        _optional(where, m, "epoch", int),
+        _optional(where, m, "familiar_error", number),
+        _optional(where, m, "novel_error", number),
+        _optional(where, m, "paper_novel_error", number),
+        _optional(where, m, "checkpoint", str),
+        _optional(where, m, "familiar_n", int),
+        _optional(where, m, "novel_n", int),
+    )
 
 
 def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
@@ -361,35 +478,30 @@ def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
     number = (int, float)
     return ViewpointKind(
         kind,
-        models=tuple(
-            ViewpointModel(
-                role,
-                str(m.get("model", "")),
-                _optional(f"{where}/models/{role}", m, "epoch", int),
-                _optional(f"{where}/models/{role}", m, "familiar_error", number),
-                _optional(f"{where}/models/{role}", m, "novel_error", number),
-                _optional(f"{where}/models/{role}", m, "paper_novel_error", number),
-            )
-            for role, m in models.items()
-        ),
+        models=tuple(_viewpoint_model(where, role, m) for role, m in models.items()),
         target_familiar_error=_optional(where, data, "target_familiar_error", number),
         gap=_optional(where, data, "gap", number),
         matched=bool(data.get("matched")),
+        tolerance=_optional(where, data, "tolerance", number),
+        selection=_optional(where, data, "selection", dict),
+        paper_novel_error=_optional(where, data, "paper_novel_error", dict),
     )
 
 
-def _viewpoints(path: Path, data: dict | None) -> Viewpoints | None:
-    if data is None:
-        return None
+def _viewpoints(path: Path, data: Any) -> Viewpoints | None:
+    if data is None or isinstance(data, Viewpoints):
+        return data
     where = f"{path}: {VIEWPOINTS_KEY}"
+    if not isinstance(data, dict):
+        raise CapsnetError(f"{where}: a mapping expected")
     rule = _optional(where, data, "rule", str)
     if "skipped" in data:
-        return Viewpoints(rule, str(data["skipped"]), _data=data)
+        return Viewpoints(rule, str(data["skipped"]))
     kinds = {} if data.get("kinds") is None else data["kinds"]
     if not isinstance(kinds, dict):
         raise CapsnetError(f"{where}/kinds: a mapping expected")
     parsed = tuple(_viewpoint_kind(where, k, v) for k, v in kinds.items())
-    return Viewpoints(rule, None, parsed, data)
+    return Viewpoints(rule, None, parsed, _optional(where, data, "paper", str))
 
 
 def load_results(path: str | os.PathLike) -> EvalResults:
@@ -399,21 +511,26 @@ def load_results(path: str | os.PathLike) -> EvalResults:
     return parse_results(read_json(path, "run the evaluate stage first"), path)
 
 
-def parse_results(data: Any, path: str | os.PathLike = "metrics.json") -> EvalResults:
-    """``load_results`` for a value already read (``path`` names it in errors); an
-    ``EvalResults`` is returned as it is."""
+def parse_results(
+    data: Any, path: str | os.PathLike = "metrics.json", evaluated: bool = True
+) -> EvalResults:
+    """``load_results`` for a value already read (``path`` names it in errors; sections and
+    entries already typed are taken as they are); an ``EvalResults`` is returned as it is.
+    ``evaluated``: refuse a result without an evaluated checkpoint."""
     if isinstance(data, EvalResults):
         return data
     path = Path(path)
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+    if not isinstance(data, dict) or not all(
+        isinstance(v, (dict, Entry, Comparison, Viewpoints)) for v in data.values()
+    ):
         raise CapsnetError(f"{path}: not an evaluation result ({{name: {{...}}}} expected)")
     entries = {
         name: _entry(path, name, value) for name, value in data.items() if name not in SECTIONS
     }
-    if not any(e.checkpoint is not None for e in entries.values()):
+    if evaluated and not any(e.checkpoint is not None for e in entries.values()):
         raise CapsnetError(f"{path}: no evaluated checkpoint; run the evaluate stage first")
     comparison = data.get(COMPARISON_KEY)
-    if comparison is not None and not isinstance(comparison.get("arms", {}), dict):
+    if isinstance(comparison, dict) and not isinstance(comparison.get("arms", {}), dict):
         raise CapsnetError(f"{path}: {COMPARISON_KEY}/arms: a mapping expected")
     viewpoints = _viewpoints(path, data.get(VIEWPOINTS_KEY))
-    return EvalResults(entries, as_comparison(comparison), viewpoints, tuple(data))
+    return EvalResults(entries, as_comparison(comparison), viewpoints)

@@ -1,5 +1,6 @@
-"""The evaluation's files and its printed summary: metrics.json (the full results, NaN as
-null), summary.json (the headline numbers under stable keys: the stage's DVC metrics),
+"""The evaluation's files and its printed summary, from the metrics.json dataclasses
+(``capsnet.evaluation.metrics``): metrics.json (the full results, NaN as null),
+summary.json (the headline numbers under stable keys: the stage's DVC metrics),
 rotation.csv (angle, model, accuracy, std), and a table per checkpoint."""
 
 from __future__ import annotations
@@ -10,42 +11,49 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from capsnet.data import registry
-from capsnet.evaluation.comparison import COMPARISON_KEY, comparison_lines
-from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value
-from capsnet.evaluation.metrics import metrics_json
-from capsnet.evaluation.novel_viewpoints import VIEWPOINTS_KEY, viewpoint_lines
+from capsnet.evaluation.comparison import comparison_lines
+from capsnet.evaluation.headline import model_picks
+from capsnet.evaluation.metrics import (
+    ComparisonGroup,
+    Entry,
+    EvalResults,
+    metrics_json,
+    parse_results,
+)
+from capsnet.evaluation.novel_viewpoints import viewpoint_lines
 from capsnet.io.outputset import OutputSet, refuse_target
 from capsnet.training import scoring as evaluate
 
 
-def rotation_rows(results: dict) -> list[tuple[float, str, float, float | None, str, str]]:
+def _typed(results: EvalResults | dict[str, Any]) -> EvalResults:
+    """``results`` as the dataclasses (metrics.json's content is parsed and checked)."""
+    return parse_results(results, evaluated=False)
+
+
+def rotation_rows(results: EvalResults) -> list[tuple[float, str, float, float | None, str, str]]:
     """(angle, entry, accuracy, std, group, kind) rows of every checkpoint and seed-mean
     entry with a rotated-mnist sweep. kind: "mean" (a seed mean, with its std), "seed" (a
     checkpoint of a seed group) or "checkpoint" (in no group); group: the seed mean's name
     for a mean and its seeds, the entry's own name otherwise (one colour per group)."""
-    group_of = {
-        member: name
-        for name, entry in results.items()
-        if isinstance(entry, dict) and "checkpoint" not in entry
-        for member in entry.get("names") or []
-    }
+    results = _typed(results)
+    group_of = {member: name for name, mean in results.means().items() for member in mean.names}
     rows = []
-    for name, entry in results.items():
-        sweep = entry.get("rotated-mnist")
-        if "model" not in entry or not isinstance(sweep, dict) or "accuracy" not in sweep:
+    for name, entry in results.entries.items():
+        if "accuracy" not in entry.block("rotated-mnist"):
             continue
-        single = "checkpoint" in entry
+        single = entry.checkpoint is not None
         kind = "mean" if not single else "seed" if name in group_of else "checkpoint"
-        spread = ((entry.get("std") or {}).get("rotated-mnist") or {}).get("accuracy") or {}
-        for angle, acc in sweep["accuracy"].items():
+        spread = entry.sweep_std()
+        for angle, acc in entry.sweep().items():
             std = spread.get(angle) if not single else None
             rows.append((float(angle), name, acc, std, group_of.get(name, name), kind))
     return sorted(rows, key=lambda r: (r[1], r[0]))
 
 
-def rotation_csv(results: dict) -> str:
+def rotation_csv(results: EvalResults) -> str:
     """rotation.csv's text: a header ``angle,model,accuracy,std,group,kind`` and one row per
     point (std empty for a single checkpoint); see ``rotation_rows``."""
     buffer = io.StringIO()
@@ -82,53 +90,43 @@ def _rounded(value) -> float | None:
     )
 
 
-def _arm_models(results: dict, arm: str) -> dict[str, dict]:
-    section = ((results.get(COMPARISON_KEY) or {}).get("arms") or {}).get(arm) or {}
-    return {m: g for m, g in (section.get("models") or {}).items() if isinstance(g, dict)}
-
-
-def _arm_row(group: dict) -> dict[str, float | None]:
-    accuracy, std = group.get("accuracy") or {}, group.get("std") or {}
-    at = {float(k): k for k in accuracy}
+def _arm_row(group: ComparisonGroup) -> dict[str, float | None]:
+    at = {float(k): k for k in group.accuracy}
     row = {}
     for key, angle in (("mnist", 0.0), ("rot35", 35.0)):
-        row[key] = _rounded(accuracy.get(at.get(angle)))
-        row[f"{key}_sd"] = _rounded(std.get(at.get(angle)))
-    row["n_seeds"] = group.get("seeds")
-    row["train_s"] = _rounded(group.get("train_seconds"))
+        row[key] = _rounded(group.accuracy.get(at.get(angle)))
+        row[f"{key}_sd"] = _rounded(group.std.get(at.get(angle)))
+    row["n_seeds"] = group.seeds
+    row["train_s"] = _rounded(group.train_seconds)
     return row
 
 
-def summary_metrics(results: dict) -> dict[str, dict]:
+def summary_metrics(results: EvalResults) -> dict[str, dict]:
     """summary.json: per model of the results table, the accuracy on each SUMMARY_SETS set
     (mean over seeds, ``<set>_sd`` their deviation for SEEDED_SETS), the seeds and the mean
     training seconds; per comparison arm other than equal augmentation (equal training time,
     augmented baselines), the baselines' numbers under ``<arm>.<model>``."""
-    entries = main_entries(results)
+    results = _typed(results)
+    arms = results.comparison.arms if results.comparison is not None else {}
+    trained = arms["equal_augmentation"].groups if "equal_augmentation" in arms else {}
     summary: dict[str, dict] = {}
-    trained = _arm_models(results, "equal_augmentation")
-    for model, chosen in model_picks(entries, list(SUMMARY_SETS)).items():
+    for model, chosen in model_picks(results.main_entries(), list(SUMMARY_SETS)).items():
         row: dict = {}
         for column, key in SUMMARY_SETS.items():
             found = chosen.get(column)
-            row[key] = _rounded(cell_value(found[1], column)) if found else None
+            row[key] = _rounded(found.value(column)) if found else None
             if key in SEEDED_SETS:
-                row[f"{key}_sd"] = _rounded(std_value(found[1], column)) if found else None
+                row[f"{key}_sd"] = _rounded(found.std(column)) if found else None
         first = chosen.get("mnist") or chosen.get("rotated-mnist@35")
-        row["n_seeds"] = first[1].get("seeds", 1) if first else None
-        row["train_s"] = _rounded((trained.get(model) or {}).get("train_seconds"))
+        row["n_seeds"] = first.seeds if first else None
+        row["train_s"] = _rounded(trained[model].train_seconds) if model in trained else None
         summary[model] = row
-    arms = (results.get(COMPARISON_KEY) or {}).get("arms") or {}
-    for arm, section in arms.items():
-        if arm == "equal_augmentation" or not isinstance(section, dict):
+    for name, arm in arms.items():
+        if name == "equal_augmentation":
             continue
-        rows = {
-            model: _arm_row(group)
-            for model, group in _arm_models(results, arm).items()
-            if model != section.get("reference")
-        }
+        rows = {m: _arm_row(g) for m, g in arm.groups.items() if m != arm.reference}
         if rows:
-            summary[arm] = rows
+            summary[name] = rows
     return summary
 
 
@@ -148,12 +146,12 @@ def check_targets(out_dir: str | Path) -> None:
 
 
 def write_outputs(
-    results: dict, out_dir: str | Path, outputs: OutputSet | None = None
+    results: EvalResults, out_dir: str | Path, outputs: OutputSet | None = None
 ) -> dict[str, Path]:
     """``out_dir``/rotation.csv, summary.json, then metrics.json (the manifest, last),
     published as one unit: into ``outputs`` when given (the caller commits it with its
     figures), else committed here; {output name: path}."""
-    out = Path(out_dir)
+    results, out = _typed(results), Path(out_dir)
     own = outputs is None
     outputs = outputs or OutputSet()
     texts = {
@@ -167,24 +165,27 @@ def write_outputs(
     return written
 
 
-def summary_lines(results: dict) -> list[str]:
+def summary_lines(results: EvalResults) -> list[str]:
     """A human-readable table: one row per entry, accuracy per dataset (and per angle), then
-    the "comparison" and the novel-viewpoint ("viewpoints") sections when ``results`` has them."""
-    viewpoints = results.get(VIEWPOINTS_KEY)
-    entries = {n: e for n, e in results.items() if n != COMPARISON_KEY and "model" in e}
-    comparison = comparison_lines(results.get(COMPARISON_KEY))
-    return _table_lines(entries) + _skip_lines(entries) + comparison + viewpoint_lines(viewpoints)
+    the comparison and the novel-viewpoint sections when ``results`` has them."""
+    results = _typed(results)
+    comparison = comparison_lines(results.comparison)
+    entries = results.entries
+    return (
+        _table_lines(entries)
+        + _skip_lines(results)
+        + comparison
+        + viewpoint_lines(results.viewpoints)
+    )
 
 
-def _skip_lines(entries: dict) -> list[str]:
-    """Why the "skipped" cells are skipped: one line per reason, naming the pairs."""
+def _skip_lines(results: EvalResults) -> list[str]:
+    """Why the "skipped" cells are skipped: one line per reason, naming the pairs (a seed
+    mean repeats its checkpoints' reasons)."""
     reasons: dict[str, list[str]] = {}
-    for name, entry in entries.items():
-        if "checkpoint" not in entry:
-            continue  # a seed mean repeats its checkpoints' reasons
-        for key, value in entry.items():
-            if isinstance(value, dict) and "skipped" in value:
-                reasons.setdefault(str(value["skipped"]), []).append(f"{name}/{key}")
+    for name, entry in results.checkpoints().items():
+        for key, reason in entry.skipped.items():
+            reasons.setdefault(reason, []).append(f"{name}/{key}")
     return [f"skipped: {reason} ({', '.join(pairs)})" for reason, pairs in reasons.items()]
 
 
@@ -192,44 +193,39 @@ def _fmt(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
 
 
-def _cell(value, key: str) -> str:
-    if not isinstance(value, dict):
+def _cell(block: dict, key: str) -> str:
+    if not block:
         return "-"
-    if "skipped" in value:
+    if "skipped" in block:
         return "skipped"
-    return _fmt(value.get(key))
+    return _fmt(block.get(key))
 
 
-def _sweep(entry: dict, key: str) -> dict:
-    return entry.get(key, {}).get("accuracy", {})
-
-
-def _columns(results: dict) -> list[tuple[str, Callable[[dict], str]]]:
+def _columns(entries: dict[str, Entry]) -> list[tuple[str, Callable[[Entry], str]]]:
     """(title, cell of an entry) for each dataset, one per angle for rotated-mnist."""
-    keys: list[str] = []
-    for entry in results.values():
-        for key, value in entry.items():
-            if isinstance(value, dict) and key not in keys and key != "std":
-                keys.append(key)
-    columns: list[tuple[str, Callable[[dict], str]]] = []
+    keys = list(dict.fromkeys(key for entry in entries.values() for key in entry.scores))
+    columns: list[tuple[str, Callable[[Entry], str]]] = []
     for key in keys:
         spec = registry.of_column(key)
         if spec is not None and spec.rotations_of is not None:
-            sweeps = [e.get(key, {}).get("accuracy", {}) for e in results.values()]
+            sweeps = [e.block(key).get("accuracy") or {} for e in entries.values()]
             angles = list(dict.fromkeys(a for sweep in sweeps for a in sweep))
-            columns += [(f"{a}°", lambda e, a=a, k=key: _fmt(_sweep(e, k).get(a))) for a in angles]
+            columns += [
+                (f"{a}°", lambda e, a=a, k=key: _fmt((e.block(k).get("accuracy") or {}).get(a)))
+                for a in angles
+            ]
         elif key not in ("robustness", "equivariance"):
             metric = "accuracy" if spec is None else spec.headline_metric
-            columns.append((key, lambda e, key=key, m=metric: _cell(e.get(key), m)))
+            columns.append((key, lambda e, key=key, m=metric: _cell(e.block(key), m)))
     return columns
 
 
-def _table_lines(results: dict) -> list[str]:
-    columns = _columns(results)
+def _table_lines(entries: dict[str, Entry]) -> list[str]:
+    columns = _columns(entries)
     header = ["checkpoint", "model", *[title for title, _ in columns]]
     rows = [
-        [name, entry["model"], *[cell(entry) for _, cell in columns]]
-        for name, entry in results.items()
+        [name, entry.model, *[cell(entry) for _, cell in columns]]
+        for name, entry in entries.items()
     ]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     return [

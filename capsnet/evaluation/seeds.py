@@ -1,5 +1,5 @@
-"""Several checkpoints of one experiment (seeds): one entry with the mean of every number
-and the standard deviations under "std".
+"""Several checkpoints of one experiment (seeds): one seed-mean ``Entry`` with the mean of
+every number and the standard deviations.
 
 An experiment is the model name, the model config, the training config without the seed
 (and without the settings that do not change what is learnt) and the training data
@@ -13,6 +13,8 @@ import json
 import math
 import statistics
 from typing import Any
+
+from capsnet.evaluation.metrics import Entry
 
 #: TrainConfig fields that do not change the trained weights' distribution: the seed
 #: itself, and how the run is shown or batched for validation.
@@ -88,21 +90,21 @@ def _combine(values: list) -> tuple[Any, Any]:
 
 
 def aggregate_seeds(
-    results: dict[str, dict],
+    results: dict[str, Entry],
     experiments: dict[str, str] | None = None,
     seeds: dict[str, int] | None = None,
-) -> dict[str, dict]:
+) -> dict[str, Entry]:
     """For each experiment with several checkpoints (``experiments``: result name ->
-    ``experiment_key``; without it, one experiment per model name): one entry holding the
-    mean of every number, the deviations under "std", the grouped result names (in the
-    order of their ``seeds``) under "names" and their files under "checkpoints". It is
-    named after the model, or "<first name> (mean)" when that name is taken."""
+    ``experiment_key``; without it, one experiment per model name): one seed-mean entry
+    with the mean of every number, the deviations, the grouped result names (in the order
+    of their ``seeds``) and their files. It is named after the model, or "<first name>
+    (mean)" when that name is taken."""
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
-        if "checkpoint" in entry:
-            key = (entry["model"], (experiments or {}).get(name, ""))
+        if entry.checkpoint is not None:
+            key = (entry.model, (experiments or {}).get(name, ""))
             groups.setdefault(key, []).append(name)
-    out = {}
+    out: dict[str, Entry] = {}
     for (model, _), names in groups.items():
         if len(names) < 2:
             continue
@@ -111,13 +113,11 @@ def aggregate_seeds(
         key, i = model, 1
         while key in results or key in out:  # a checkpoint name, or another experiment's mean
             key, i = (f"{names[0]} (mean)" if i == 1 else f"{names[0]} (mean {i})"), i + 1
-        out[key] = {
-            "model": model,
-            "names": names,
-            "checkpoints": [e["checkpoint"] for e in entries],
-            "seeds": len(entries),
-            **_mean_entry(entries),
-        }
+        means, deviations = _mean_scores([e.scores for e in entries])
+        out[key] = Entry(
+            key, model, names=tuple(names), checkpoints=tuple(e.checkpoint for e in entries),
+            seeds=len(entries), scores=means, deviations=deviations,
+        )  # fmt: skip
     return out
 
 
@@ -127,15 +127,14 @@ def seed_of(meta: dict[str, Any]) -> int:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
-def _mean_entry(entries: list[dict]) -> dict[str, Any]:
-    """The mean of every result the entries share, with the deviations under "std"."""
-    body = {k: v for k, v in entries[0].items() if k not in ("model", "checkpoint")}
+def _mean_scores(scores: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the mean of every block the entries share, their deviations)."""
     means, stds = {}, {}
-    for key in body:
-        if all(key in e for e in entries):
-            mean, std = _combine([e[key] for e in entries])
+    for key in scores[0]:
+        if all(key in s for s in scores):
+            mean, std = _combine([s[key] for s in scores])
             if mean is not None:
                 means[key] = mean
             if std is not None:
                 stds[key] = std
-    return {**means, "std": stds}
+    return means, stds

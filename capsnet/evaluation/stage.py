@@ -6,6 +6,7 @@ then rotation.csv and summary.json, then metrics.json last."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from capsnet.config import DATA_ROOT
@@ -67,7 +68,8 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
         drawer = FigureDrawer(outputs.directory(out / "figures"))
         results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
         if settings.viewpoints_dir:
-            results[VIEWPOINTS_KEY] = evaluate_viewpoints(settings.viewpoints_dir, request, drawer)
+            viewpoints = evaluate_viewpoints(settings.viewpoints_dir, request, drawer)
+            results = dataclasses.replace(results, viewpoints=viewpoints)
         written = write_outputs(results, out, outputs)
     figures = {name: out / "figures" / path.name for name, path in drawer.written.items()}
     return {**written, **figures}
