@@ -237,6 +237,7 @@ def _eval_params(tmp_path: Path, models_dir: Path):
 
 def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
     from capsnet.evaluation import stage
+    from capsnet.evaluation.metrics import parse_results
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
@@ -263,7 +264,7 @@ def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
     def evaluate(paths, request, names, figures):
         (figures.fig_dir / "confusion-a.png").write_bytes(b"new figure")
         figures.written["confusion-a"] = figures.fig_dir / "confusion-a.png"
-        return {"a": {"model": "lenet5", "checkpoint": str(paths[0])}}
+        return parse_results({"a": {"model": "lenet5", "checkpoint": str(paths[0])}})
 
     monkeypatch.setattr(stage, "evaluate_checkpoints", evaluate)
     written = stage.run_stage(params)
@@ -282,6 +283,7 @@ def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
     """A failure while writing the files (after every figure is drawn) leaves the old
     figures, rotation.csv and metrics.json: nothing is swapped in before all is written."""
     from capsnet.evaluation import outputs, stage
+    from capsnet.evaluation.metrics import parse_results
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
@@ -297,7 +299,7 @@ def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
     def evaluate(paths, request, names, figures):
         (figures.fig_dir / "rotation.png").write_bytes(b"new figure")
         figures.written["rotation"] = figures.fig_dir / "rotation.png"
-        return {"a": {"model": "lenet5", "checkpoint": str(paths[0])}}
+        return parse_results({"a": {"model": "lenet5", "checkpoint": str(paths[0])}})
 
     def no_space(results):
         raise OSError(28, "No space left on device")
