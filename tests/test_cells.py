@@ -165,6 +165,7 @@ def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committ
     import dataclasses
 
     from capsnet.evaluation import metrics
+    from capsnet.evaluation.outputs import rotation_csv, summary_metrics
 
     path = repo_root / committed
     text = path.read_text()
@@ -175,3 +176,8 @@ def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committ
     assert results.to_json() == text
     assert metrics.metrics_json(results.to_dict()) == text
     assert metrics.parse_results(json.loads(text)) == results
+    outputs = {"summary.json": json.dumps(summary_metrics(results), indent=2) + "\n",
+               "rotation.csv": rotation_csv(results)}  # fmt: skip
+    for name, written in outputs.items():  # the stage's other files, from the same types
+        if (path.parent / name).is_file():
+            assert written == (path.parent / name).read_text(), name
