@@ -11,6 +11,7 @@ cell is ``capsnet.evaluation.headline``, on these classes."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -47,7 +48,7 @@ def _finite(value):
     return value
 
 
-def metrics_json(results: EvalResults) -> str:
+def metrics_json(results: EvalResults | dict[str, Any]) -> str:
     """metrics.json's text: ``results`` (or its content) indented, NaN and infinities as null."""
     content = results.to_dict() if isinstance(results, EvalResults) else results
     return json.dumps(_finite(content), indent=2) + "\n"
@@ -85,14 +86,18 @@ class Entry:
     def to_dict(self) -> dict[str, Any]:
         """The entry as metrics.json holds it."""
         if self.checkpoint is not None:
-            return {"model": self.model, "checkpoint": self.checkpoint, **_copy(self.scores)}
+            return {
+                "model": self.model,
+                "checkpoint": self.checkpoint,
+                **copy.deepcopy(self.scores),
+            }
         return {
             "model": self.model,
             "names": list(self.names),
             "checkpoints": list(self.checkpoints),
             "seeds": self.seeds,
-            **_copy(self.scores),
-            "std": _copy(self.deviations),
+            **copy.deepcopy(self.scores),
+            "std": copy.deepcopy(self.deviations),
         }
 
     def block(self, test_set: str) -> dict[str, Any]:
@@ -162,15 +167,6 @@ class Entry:
         return _flatten(self.scores)
 
 
-def _copy(value):
-    """A deep copy of JSON content (dicts and lists)."""
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
-
-
 @dataclass(frozen=True)
 class ViewpointModel:
     """One model of a novel-viewpoint comparison, at its selected epoch."""
@@ -222,8 +218,8 @@ class ViewpointKind:
             "gap": self.gap,
             "tolerance": self.tolerance,
             "matched": self.matched,
-            "selection": _copy(self.selection),
-            "paper_novel_error": _copy(self.paper_novel_error),
+            "selection": copy.deepcopy(self.selection),
+            "paper_novel_error": copy.deepcopy(self.paper_novel_error),
         }
 
 
