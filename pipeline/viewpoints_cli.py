@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, data_root_option, params_option
 
 
 def _stderr_log(line: str) -> None:
     click.echo(line, err=True)
+
+
+COMMAND = Command(
+    "viewpoints",
+    "viewpoints_command",
+    "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel "
+    "viewpoints at matched familiar error -> viewpoints.out_dir.",
+    sections=("viewpoints",),
+    stages=("viewpoints",),
+)
 
 
 @click.command("viewpoints")
