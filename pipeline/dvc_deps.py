@@ -23,6 +23,7 @@ to one, leaves every stage as it was.
 
     python -m pipeline.dvc_deps            # check: one line per missing or extra file
     python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
+    python -m pipeline.dvc_deps --table    # every stage: command, params, reads, writes
     CAPSNET_PARAMS_TRACE=reads.tsv dvc repro -f
     python -m pipeline.dvc_deps --reads reads.tsv   # every key a stage read is a param of it
 
@@ -167,34 +168,48 @@ def _commands_values(tree: ast.Module) -> list[ast.AST]:
 
 
 def import_closure(
-    root: Path, modules: Iterable[str], subcommands: dict[str, str] | None = None
+    root: Path,
+    modules: Iterable[str],
+    subcommands: dict[str, str] | None = None,
+    memo: dict | None = None,
 ) -> set[str]:
     """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs;
-    ``subcommands`` maps a group module to the subcommand the stage runs."""
+    ``subcommands`` maps a group module to the subcommand the stage runs. ``memo`` keeps
+    the files and imports found for the next closure over the same tree (``stage_closures``)."""
     root = root.resolve()
     subcommands = subcommands or {}
+    memo = {} if memo is None else memo
+    files: dict[str, Path | None] = memo.setdefault("files", {})
+    imports: dict[tuple[Path, str | None], list[str]] = memo.setdefault("imports", {})
     seen: dict[str, Path] = {}
     todo = list(modules)
     while todo:
         name = todo.pop()
         if name.endswith(".*"):
             package = root.joinpath(*name[:-2].split("."))
-            todo += [f"{name[:-2]}.{p.stem}" for p in sorted(package.glob("*.py"))]
+            todo += [
+                f"{name[:-2]}.{p.stem}"
+                for p in sorted(package.glob("*.py"))
+                if p.stem != "__init__"
+            ]
             continue
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             prefix = ".".join(parts[:i])
             if prefix in seen:
                 continue
-            path = module_file(root, prefix)
+            if prefix not in files:
+                files[prefix] = module_file(root, prefix)
+            path = files[prefix]
             if path is None:
                 break
             seen[prefix] = path
-            is_package = path.name == "__init__.py"
-            found = imported_names(
-                path.read_text(), prefix, is_package, path, subcommands.get(prefix)
-            )
-            todo.extend(found)
+            key = (path, subcommands.get(prefix))
+            if key not in imports:
+                is_package = path.name == "__init__.py"
+                text = path.read_text()
+                imports[key] = list(imported_names(text, prefix, is_package, path, key[1]))
+            todo.extend(imports[key])
     return {path.relative_to(root).as_posix() for path in seen.values()}
 
 
@@ -313,12 +328,13 @@ def dep_path(entry) -> str:
 def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
     """Import closure of every stage's command."""
     scripts = project_scripts(root)
-    closures = {}
+    closures: dict[str, set[str]] = {}
+    memo: dict = {}
     for name, stage in stages.items():
         if "cmd" not in stage:
             raise ConfigError(f"dvc.yaml stage {name}: no cmd")
         modules, subcommands = stage_modules(root, name, stage["cmd"], scripts)
-        closures[name] = import_closure(root, modules, subcommands)
+        closures[name] = import_closure(root, modules, subcommands, memo)
     return closures
 
 
@@ -412,6 +428,27 @@ def rewrite(root: Path, text: str) -> str:
     return buffer.getvalue()
 
 
+def stage_table(root: Path, stages: dict) -> str:
+    """The stages as a markdown table: the command each runs, the params it lists, what it
+    reads besides code (its other deps) and what it writes (outs, metrics, plots)."""
+
+    def cell(paths: list[str]) -> str:
+        return ", ".join(f"`{p}`" for p in paths) or "–"
+
+    packages = project_packages(root)
+    lines = ["| stage | command | params | reads | writes |", "|---|---|---|---|---|"]
+    for name, stage in stages.items():
+        cmd = stage.get("cmd", "")
+        cmd = " ".join(cmd) if isinstance(cmd, list) else str(cmd)
+        params = [dep_path(p) for p in stage.get("params") or []]
+        deps = [dep_path(d) for d in stage.get("deps") or []]
+        outs = [dep_path(o) for key in ("outs", "metrics", "plots") for o in stage.get(key) or []]
+        reads = [d for d in deps if not is_code(d, packages)]
+        command = f"`{cmd.partition(' -m ')[2] or cmd}`"
+        lines.append(f"| `{name}` | {command} | {cell(params)} | {cell(reads)} | {cell(outs)} |")
+    return "\n".join(lines)
+
+
 def load_stages(dvc_yaml: Path) -> dict:
     try:
         document = _yaml().load(dvc_yaml.read_text())
@@ -432,15 +469,23 @@ def load_stages(dvc_yaml: Path) -> dict:
 )
 @click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
 @click.option(
+    "--table",
+    is_flag=True,
+    help="Print the stages instead: command, params, what each reads and writes (markdown).",
+)
+@click.option(
     "--reads",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
     help="A $CAPSNET_PARAMS_TRACE file of a traced `dvc repro`: check instead that every "
     "params key each stage read is listed in its params.",
 )
-def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
+def main(dvc_yaml: Path, write: bool, table: bool, reads: Path | None) -> None:
     """Check (or rewrite) that each stage's code deps are its command's import closure."""
     root = dvc_yaml.resolve().parent
+    if table:
+        click.echo(stage_table(root, load_stages(dvc_yaml)))
+        return
     if reads is not None:
         from capsnet.config.yamlfile import read_yaml
 

@@ -1,7 +1,6 @@
 """``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage),
 ``pipeline.viewpoints`` run in this process or, when this machine has no GPU and the Ray
-cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``).
-capsnet/cli/__init__.py attaches it."""
+cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``)."""
 
 from __future__ import annotations
 

@@ -96,6 +96,7 @@ __all__ = [
     "SEARCHABLE",
     "SEARCHABLE_TYPES",
     "SECTIONS",
+    "SECTION_MODULES",
     "STRATEGIES",
     "AffineAugment",
     "AffnistParams",
@@ -134,6 +135,7 @@ __all__ = [
     "TrialCheckpointConfig",
     "ViewpointsParams",
     "WandbConfig",
+    "find_sections",
     "from_dict",
     "load",
     "load_or_default",
@@ -146,13 +148,14 @@ __all__ = [
 SECTION_MODULES = "capsnet.config.*"
 
 
-def _sections() -> dict[str, type]:
+def find_sections(modules: str = SECTION_MODULES) -> dict[str, type]:
     """Section name -> its dataclass: each class that sets its own ``SECTION`` in a module
-    of this package, modules by name and classes in their order there."""
-    package = SECTION_MODULES.removesuffix(".*")
+    of the package ``modules`` names (``"package.*"``), modules by name and classes in
+    their order there."""
+    package = importlib.import_module(modules.removesuffix(".*"))
     found: dict[str, type] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{package}.{info.name}")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
         for value in vars(module).values():
             own = isinstance(value, type) and value.__module__ == module.__name__
             name = vars(value).get("SECTION") if own else None
@@ -169,7 +172,7 @@ def _sections() -> dict[str, type]:
 
 #: Every params.yaml section, found in this package's modules (a new section is a
 #: dataclass with ``SECTION`` in a module here; its defaults live only there).
-SECTIONS: dict[str, type] = _sections()
+SECTIONS: dict[str, type] = find_sections()
 
 #: All of params.yaml: one field per section, defaulting to the section's defaults.
 Params = dataclasses.make_dataclass(
