@@ -25,6 +25,8 @@ from capsnet.cli.options import dvc_stage
 from capsnet.io.errors import CapsnetError
 
 DEBUG_ENV = "CAPSNET_DEBUG"
+#: The folder holding capsnet/ (a checkout, or site-packages): the command packages' root.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
@@ -32,7 +34,7 @@ def declared() -> tuple[Command, ...]:
     """Every command, as its module declares it (``capsnet.cli.declared``), found once."""
     from capsnet.config import SECTIONS
 
-    return discover(Path(__file__).resolve().parents[2], sections=SECTIONS)
+    return discover(ROOT, sections=SECTIONS)
 
 
 def __getattr__(name: str):
@@ -40,7 +42,7 @@ def __getattr__(name: str):
     and ``SHORT_HELP`` (name -> help line), made on first use so that a broken declaration
     is a one-line error of ``capsnet`` rather than of this import."""
     tables = {
-        "DECLARED": lambda: declared(),
+        "DECLARED": declared,
         "COMMANDS": lambda: {c.name: c.target for c in declared()},
         "SHORT_HELP": lambda: {c.name: c.help for c in declared()},
     }
@@ -51,10 +53,12 @@ def __getattr__(name: str):
 
 
 def _commands() -> dict[str, str]:
+    """The module's ``COMMANDS`` (the one table, which tests extend)."""
     return sys.modules[__name__].COMMANDS
 
 
 def _short_help() -> dict[str, str]:
+    """The module's ``SHORT_HELP``."""
     return sys.modules[__name__].SHORT_HELP
 
 
@@ -96,8 +100,7 @@ def _missing(command: str, exc: ModuleNotFoundError) -> MissingPart | None:
 
 def source_checkout() -> Path | None:
     """The checkout capsnet/ was imported from when it holds benchmarks/, else None."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "benchmarks" / "__init__.py").is_file() else None
+    return ROOT if (ROOT / "benchmarks" / "__init__.py").is_file() else None
 
 
 def _import_module(name: str):

@@ -5,8 +5,9 @@ A command module holds, at its top level, ``COMMAND = Command(...)`` (or ``COMMA
 statements in the top-level modules of ``PACKAGES`` by their text and reads each one's
 literal arguments with ``ast``: nothing is executed, so ``capsnet --help`` and shell
 completion import neither torch nor the pipeline's libraries, and a new command is its
-module alone. Only the declaring statement is parsed (a whole-module parse of every
-command package costs more than the rest of ``capsnet --help``).
+module alone. Only the declaring statement is parsed: parsing every module of the command
+packages whole would cost about as much as the rest of ``capsnet --help``. Importing
+them instead would load torch and Ray; a central list would be one more file per command.
 """
 
 from __future__ import annotations
