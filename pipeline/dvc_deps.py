@@ -4,13 +4,14 @@ A stage's ``cmd`` is ``python -m capsnet COMMAND ...``: a console script of this
 run as a package (pyproject.toml's ``[project.scripts]``), so the stage imports the code of
 the repository DVC runs it in. Each command's module declares it (``COMMAND =
 Command(...)``, found by ``capsnet.cli.declared.discover``). The closure starts from the
-package's ``__main__``, the script's module and the command's module and follows, in every module
-reached, every import statement at every level (inside functions and ``if
+package's ``__main__``, the script's module and the command's module and follows, in every
+module reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
 module's dotted name (the model registry imports its families by name), a
-``"module:attribute"`` reference (the dataset registry's loaders and hooks) or a package's
-every module, ``"package.*"`` (capsnet.config imports each module to find the sections). Importing
-``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
+``"module:attribute"`` reference (the dataset registry's loaders and hooks) or every module
+of a package, ``"package.*"`` (capsnet.config imports each of its modules to find the
+sections). Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are
+in the closure too.
 In a command group's module only what the stage's subcommand runs counts: the module's
 top-level statements, the function registered as that subcommand and the module's
 functions it names (``capsnet data download`` does not depend on what ``capsnet data
