@@ -82,7 +82,11 @@ def test_a_declaration_is_read_without_running_its_module(tmp_path):
         ),
         (
             {"one.py": GOOD.replace('stages=("toy",)', 'stages="toy"')},
-            r"pkg/one\.py: command 'toy': stages must be a tuple$",
+            r"pkg/one\.py: command 'toy': stages must be tuple\[str, \.\.\.\]$",
+        ),
+        (
+            {"one.py": GOOD.replace('stages=("toy",)', 'torch_free_help="no"')},
+            r"pkg/one\.py: command 'toy': torch_free_help must be bool$",
         ),
         (
             {"one.py": "COMMAND = make_command()\n"},

@@ -82,10 +82,16 @@ def _literal_command(node: ast.expr, path: Path, module: str) -> Command:
             f"{path}: Command(...) takes literal name, attribute, help, sections, stages, "
             f"torch_free_help ({exc})"
         ) from None
-    for field in ("sections", "stages"):
-        value = getattr(command, field)
-        if not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
-            raise DeclarationError(f"{path}: command {command.name!r}: {field} must be a tuple")
+    for field in dataclasses.fields(Command):
+        value = getattr(command, field.name)
+        if field.name in ("sections", "stages"):
+            fits = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        else:
+            fits = isinstance(value, bool if field.name == "torch_free_help" else str)
+        if not fits:
+            raise DeclarationError(
+                f"{path}: command {command.name!r}: {field.name} must be {field.type}"
+            )
     return command
 
 
