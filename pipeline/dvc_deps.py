@@ -24,7 +24,6 @@ to one, leaves every stage as it was.
 
     python -m pipeline.dvc_deps            # check: one line per missing or extra file
     python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
-    python -m pipeline.dvc_deps --table    # every stage: command, params, reads, writes
     CAPSNET_PARAMS_TRACE=reads.tsv dvc repro -f
     python -m pipeline.dvc_deps --reads reads.tsv   # every key a stage read is a param of it
 
@@ -429,27 +428,6 @@ def rewrite(root: Path, text: str) -> str:
     return buffer.getvalue()
 
 
-def stage_table(root: Path, stages: dict) -> str:
-    """The stages as a markdown table: the command each runs, the params it lists, what it
-    reads besides code (its other deps) and what it writes (outs, metrics, plots)."""
-
-    def cell(paths: list[str]) -> str:
-        return ", ".join(f"`{p}`" for p in paths) or "–"
-
-    packages = project_packages(root)
-    lines = ["| stage | command | params | reads | writes |", "|---|---|---|---|---|"]
-    for name, stage in stages.items():
-        cmd = stage.get("cmd", "")
-        cmd = " ".join(cmd) if isinstance(cmd, list) else str(cmd)
-        params = [dep_path(p) for p in stage.get("params") or []]
-        deps = [dep_path(d) for d in stage.get("deps") or []]
-        outs = [dep_path(o) for key in ("outs", "metrics", "plots") for o in stage.get(key) or []]
-        reads = [d for d in deps if not is_code(d, packages)]
-        command = f"`{cmd.partition(' -m ')[2] or cmd}`"
-        lines.append(f"| `{name}` | {command} | {cell(params)} | {cell(reads)} | {cell(outs)} |")
-    return "\n".join(lines)
-
-
 def load_stages(dvc_yaml: Path) -> dict:
     try:
         document = _yaml().load(dvc_yaml.read_text())
@@ -460,20 +438,19 @@ def load_stages(dvc_yaml: Path) -> dict:
     return document["stages"]
 
 
-@click.command()
-@click.option(
+#: ``--dvc-yaml FILE``: the pipeline file of the commands that read it.
+DVC_YAML_OPTION = click.option(
     "--dvc-yaml",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=Path("dvc.yaml"),
     show_default=True,
     help="The pipeline file; its directory is the project root.",
 )
+
+
+@click.command()
+@DVC_YAML_OPTION
 @click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
-@click.option(
-    "--table",
-    is_flag=True,
-    help="Print the stages instead: command, params, what each reads and writes (markdown).",
-)
 @click.option(
     "--reads",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -481,12 +458,9 @@ def load_stages(dvc_yaml: Path) -> dict:
     help="A $CAPSNET_PARAMS_TRACE file of a traced `dvc repro`: check instead that every "
     "params key each stage read is listed in its params.",
 )
-def main(dvc_yaml: Path, write: bool, table: bool, reads: Path | None) -> None:
+def main(dvc_yaml: Path, write: bool, reads: Path | None) -> None:
     """Check (or rewrite) that each stage's code deps are its command's import closure."""
     root = dvc_yaml.resolve().parent
-    if table:
-        click.echo(stage_table(root, load_stages(dvc_yaml)))
-        return
     if reads is not None:
         from capsnet.config.yamlfile import read_yaml
 

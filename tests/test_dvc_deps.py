@@ -327,18 +327,3 @@ def test_every_training_section_shows_its_precision_and_compile(repo_root, stage
         assert getattr(params, section).amp == TrainConfig.amp
         trace += f"{stage}\t{section}.amp\n{stage}\t{section}.compile\n"
     assert dvc_deps.unlisted_reads(trace, stages, raw) == []
-
-
-def test_the_stage_table_prints_each_stage_with_its_command_and_files(repo_root, stages):
-    """docs/pipeline.md shows the stages with ``python -m pipeline.dvc_deps --table``."""
-    from click.testing import CliRunner
-
-    done = CliRunner().invoke(dvc_deps.main, ["--dvc-yaml", str(repo_root / "dvc.yaml"), "--table"])
-    assert done.exit_code == 0, done.output
-    rows = done.output.splitlines()
-    assert rows[0] == "| stage | command | params | reads | writes |"
-    assert [r.split(" | ")[0] for r in rows[2:]] == [f"| `{name}`" for name in stages]
-    (evaluate,) = [r for r in rows if r.startswith("| `evaluate` |")]
-    assert "| `capsnet evaluate-stage --params params.yaml` | `evaluate`, " in evaluate
-    assert "`data/prepared/mnist`" in evaluate and "`eval/summary.json`" in evaluate
-    assert "capsnet/" not in evaluate.split(" | ")[3]  # code deps are not what it reads

@@ -17,6 +17,7 @@ from test_walls import dataset_comparisons, dvc_stage_commands, wall_breaches
 
 from capsnet.cli.declared import discover
 from pipeline import dvc_deps
+from pipeline.stage_table import stage_table
 
 TOY_FILES = {
     "pipeline/toystage.py": '''
@@ -140,6 +141,8 @@ def test_a_new_stage_is_five_files(copy):
     assert "pipeline/toystage.py" in stages["toystage"]["deps"]
     assert "capsnet/config/toystage.py" in stages["train"]["deps"]  # every stage loads Params
 
+    row = "| `toystage` | `capsnet toystage --params params.yaml` | `toystage` | – | `toy.txt` |"
+    assert row in stage_table(copy, stages).splitlines()  # docs/pipeline.md's table
     declared = {stage: c.name for c in discover(copy) for stage in c.stages}
     assert declared["toystage"] == dvc_stage_commands(copy)["toystage"] == "toystage"
     assert wall_breaches(copy / "capsnet") == dataset_comparisons(copy) == []
