@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import MAX_COUNT, count, train_default
 from capsnet.config.training import TrainConfig
 from capsnet.io.errors import CapsnetError
@@ -446,6 +447,14 @@ def _implementations(ctx, param, value: str) -> list[str]:
         shown = ", ".join(unknown) or repr(value)
         raise click.BadParameter(f"{shown} unknown; choose from {', '.join(IMPLEMENTATIONS)}")
     return names
+
+
+COMMAND = Command(
+    "bench",
+    "throughput_command",
+    "Throughput of a capsule model against its naive reference and the conv ceiling.",
+    torch_free_help=False,
+)
 
 
 @click.command("bench")

@@ -2,14 +2,16 @@
 
 A stage's ``cmd`` is ``python -m capsnet COMMAND ...``: a console script of this project
 run as a package (pyproject.toml's ``[project.scripts]``), so the stage imports the code of
-the repository DVC runs it in. The script's module declares each command's
-``"module:attr"`` in ``DECLARED`` (``capsnet.cli``). The closure starts from the package's
-``__main__``, the script's module and the command's module and follows, in every module
-reached, every import statement at every level (inside functions and ``if
+the repository DVC runs it in. Each command's module declares it (``COMMAND =
+Command(...)``, found by ``capsnet.cli.declared.discover``). The closure starts from the
+package's ``__main__``, the script's module and the command's module and follows, in every
+module reached, every import statement at every level (inside functions and ``if
 TYPE_CHECKING:`` blocks too), relative imports, and string constants that spell a project
-module's dotted name (the model registry imports its families by name) or a
-``"module:attribute"`` reference (the dataset registry's loaders and hooks). Importing
-``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are in the closure too.
+module's dotted name (the model registry imports its families by name), a
+``"module:attribute"`` reference (the dataset registry's loaders and hooks) or every module
+of a package, ``"package.*"`` (capsnet.config imports each of its modules to find the
+sections). Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so they are
+in the closure too.
 In a command group's module only what the stage's subcommand runs counts: the module's
 top-level statements, the function registered as that subcommand and the module's
 functions it names (``capsnet data download`` does not depend on what ``capsnet data
@@ -45,6 +47,8 @@ from capsnet.io.errors import ConfigError
 
 #: A string constant naming a module: dotted identifiers, at least one dot.
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+#: A string constant naming every module of a package: ``"capsnet.config.*"``.
+EVERY_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.\*")
 SKIPPED_DIRS = ("__pycache__",)
 
 
@@ -141,12 +145,14 @@ def imported_names(
                 reference = colon and attribute.isidentifier() and id(node) not in table
                 if MODULE_NAME.fullmatch(name) and (not colon or reference):
                     yield name
+                elif EVERY_MODULE.fullmatch(node.value):
+                    yield node.value
 
 
 def _commands_values(tree: ast.Module) -> list[ast.AST]:
-    """The command targets of a CLI module's top-level ``COMMANDS`` table or ``DECLARED``
-    tuple: commands run one at a time, never imports of the module (the stage's own command
-    is followed separately)."""
+    """The command targets of a CLI module's top-level ``COMMANDS`` table: commands run one
+    at a time, never imports of the module (the stage's own command is followed
+    separately)."""
     values: list[ast.AST] = []
     for node in tree.body:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -158,37 +164,52 @@ def _commands_values(tree: ast.Module) -> list[ast.AST]:
         }
         if "COMMANDS" in names and isinstance(node.value, ast.Dict):
             values.extend(node.value.values)
-        if "DECLARED" in names and isinstance(node.value, (ast.Tuple, ast.List)):
-            calls = [e for e in node.value.elts if isinstance(e, ast.Call)]
-            values.extend(a for call in calls for a in call.args[1:2])
     return values
 
 
 def import_closure(
-    root: Path, modules: Iterable[str], subcommands: dict[str, str] | None = None
+    root: Path,
+    modules: Iterable[str],
+    subcommands: dict[str, str] | None = None,
+    memo: dict | None = None,
 ) -> set[str]:
     """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs;
-    ``subcommands`` maps a group module to the subcommand the stage runs."""
+    ``subcommands`` maps a group module to the subcommand the stage runs. ``memo`` keeps
+    the files and imports found for the next closure over the same tree (``stage_closures``)."""
     root = root.resolve()
     subcommands = subcommands or {}
+    memo = {} if memo is None else memo
+    files: dict[str, Path | None] = memo.setdefault("files", {})
+    imports: dict[tuple[Path, str | None], list[str]] = memo.setdefault("imports", {})
     seen: dict[str, Path] = {}
     todo = list(modules)
     while todo:
         name = todo.pop()
+        if name.endswith(".*"):
+            package = root.joinpath(*name[:-2].split("."))
+            todo += [
+                f"{name[:-2]}.{p.stem}"
+                for p in sorted(package.glob("*.py"))
+                if p.stem != "__init__"
+            ]
+            continue
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             prefix = ".".join(parts[:i])
             if prefix in seen:
                 continue
-            path = module_file(root, prefix)
+            if prefix not in files:
+                files[prefix] = module_file(root, prefix)
+            path = files[prefix]
             if path is None:
                 break
             seen[prefix] = path
-            is_package = path.name == "__init__.py"
-            found = imported_names(
-                path.read_text(), prefix, is_package, path, subcommands.get(prefix)
-            )
-            todo.extend(found)
+            key = (path, subcommands.get(prefix))
+            if key not in imports:
+                is_package = path.name == "__init__.py"
+                text = path.read_text()
+                imports[key] = list(imported_names(text, prefix, is_package, path, key[1]))
+            todo.extend(imports[key])
     return {path.relative_to(root).as_posix() for path in seen.values()}
 
 
@@ -197,41 +218,35 @@ def command_target(root: Path, script_module: str, command: str) -> str:
     path = module_file(root, script_module)
     if path is None:
         raise ConfigError(f"console script module {script_module} is not in {root}")
-    commands = _static_commands(path)
+    commands = _static_commands(root, path)
     if command not in commands:
         raise ConfigError(f"{path}: COMMANDS has no command {command!r}")
     return commands[command]
 
 
-def _static_commands(path: Path) -> dict[str, str]:
-    """The commands a CLI module declares without running it: its literal ``DECLARED``
-    tuple of ``Command("name", "module:attr", ...)`` or literal ``COMMANDS`` dict."""
+def _static_commands(root: Path, path: Path) -> dict[str, str]:
+    """The commands of a CLI module, read without running anything: its literal
+    ``COMMANDS`` dict, else the commands declared in their own modules under ``root``
+    (``capsnet.cli.declared``)."""
+    from capsnet.cli.declared import DeclarationError, discover
+
     for node in ast.parse(path.read_text(), filename=str(path)).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if not isinstance(target, ast.Name) or node.value is None:
+        if not isinstance(target, ast.Name) or node.value is None or target.id != "COMMANDS":
             continue
-        if target.id == "DECLARED" and isinstance(node.value, (ast.Tuple, ast.List)):
-            declared = [_declared(e) for e in node.value.elts]
-            if declared and None not in declared:
-                return dict(declared)
-        if target.id == "COMMANDS":
-            try:
-                commands = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-            if isinstance(commands, dict):
-                return {str(k): str(v) for k, v in commands.items()}
-    raise ConfigError(f"{path}: no literal COMMANDS dict mapping command names to module:attr")
-
-
-def _declared(node: ast.expr) -> tuple[str, str] | None:
-    """(name, target) of a ``Command("name", "module:attr", ...)`` call, else None."""
-    if not isinstance(node, ast.Call) or len(node.args) < 2:
-        return None
-    name, target = node.args[:2]
-    if not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (name, target)):
-        return None
-    return name.value, target.value
+        try:
+            commands = ast.literal_eval(node.value)
+        except ValueError:
+            continue
+        if isinstance(commands, dict):
+            return {str(k): str(v) for k, v in commands.items()}
+    try:
+        declared = {c.name: c.target for c in discover(root)}
+    except DeclarationError as exc:
+        raise ConfigError(str(exc)) from None
+    if not declared:
+        raise ConfigError(f"{path}: no literal COMMANDS dict and no command declarations")
+    return declared
 
 
 #: The interpreters a stage may name: ``python``, ``python3``, ``python3.11``.
@@ -313,12 +328,13 @@ def dep_path(entry) -> str:
 def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
     """Import closure of every stage's command."""
     scripts = project_scripts(root)
-    closures = {}
+    closures: dict[str, set[str]] = {}
+    memo: dict = {}
     for name, stage in stages.items():
         if "cmd" not in stage:
             raise ConfigError(f"dvc.yaml stage {name}: no cmd")
         modules, subcommands = stage_modules(root, name, stage["cmd"], scripts)
-        closures[name] = import_closure(root, modules, subcommands)
+        closures[name] = import_closure(root, modules, subcommands, memo)
     return closures
 
 
@@ -422,14 +438,18 @@ def load_stages(dvc_yaml: Path) -> dict:
     return document["stages"]
 
 
-@click.command()
-@click.option(
+#: ``--dvc-yaml FILE``: the pipeline file of the commands that read it.
+DVC_YAML_OPTION = click.option(
     "--dvc-yaml",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=Path("dvc.yaml"),
     show_default=True,
     help="The pipeline file; its directory is the project root.",
 )
+
+
+@click.command()
+@DVC_YAML_OPTION
 @click.option("--write", is_flag=True, help="Rewrite the code deps instead of checking them.")
 @click.option(
     "--reads",

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import params_option, usage_check
 from capsnet.config.schema import DISTRIBUTIONS
 from capsnet.io.errors import CapsnetError, ConfigError
@@ -198,6 +199,13 @@ def _shown(value: Any) -> str:
     import json
 
     return json.dumps(value)
+
+
+COMMAND = Command(
+    "profile",
+    "profile_command",
+    "Check a params profile (profiles/NAME.yaml) against the params file; --apply writes it.",
+)
 
 
 @click.command("profile")

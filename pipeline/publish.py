@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, params_option
 from capsnet.evaluation.metrics import (
     COMPARISON_KEY,
@@ -324,6 +325,15 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
         changed = new_readme != readme_text
         say(f"{readme_path}: results table {'updated' if changed else 'unchanged'}")
     return summary
+
+
+COMMAND = Command(
+    "publish",
+    "publish_command",
+    "report.html, results.md and W&B eval runs; with --readme the README's table.",
+    sections=("publish",),
+    stages=("publish",),
+)
 
 
 @click.command("publish")

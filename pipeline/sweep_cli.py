@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, count, mirror_option, resolve_mirror
 from capsnet.io.errors import CapsnetError
 from pipeline.sweep_sections import (
@@ -17,6 +18,14 @@ from pipeline.sweep_sections import (
     check_sweep_outputs,
     load_params,
     sigint_seen,
+)
+
+COMMAND = Command(
+    "sweep",
+    "sweep_command",
+    "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
+    sections=("sweep", "smallnorb_sweep"),
+    stages=("sweep", "sweep_smallnorb"),
 )
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, mirror_option, resolve_mirror
 from pipeline.sweep_sections import (
     DATA_ROOT_OPTION,
@@ -14,6 +15,14 @@ from pipeline.sweep_sections import (
     SWEEP_SECTIONS,
     TRAIN_SECTIONS,
     load_params,
+)
+
+COMMAND = Command(
+    "train-final",
+    "train_final_command",
+    "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",
+    sections=("train", "smallnorb_train"),
+    stages=("train", "train_smallnorb"),
 )
 
 

@@ -1,17 +1,27 @@
 """``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage),
 ``pipeline.viewpoints`` run in this process or, when this machine has no GPU and the Ray
-cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``).
-capsnet/cli/__init__.py attaches it."""
+cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``)."""
 
 from __future__ import annotations
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, data_root_option, params_option
 
 
 def _stderr_log(line: str) -> None:
     click.echo(line, err=True)
+
+
+COMMAND = Command(
+    "viewpoints",
+    "viewpoints_command",
+    "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel "
+    "viewpoints at matched familiar error -> viewpoints.out_dir.",
+    sections=("viewpoints",),
+    stages=("viewpoints",),
+)
 
 
 @click.command("viewpoints")

@@ -249,3 +249,50 @@ def test_capsnet_config_does_not_import_torch():
     code = "import sys, capsnet.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+SECTION_MODULE = """
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from capsnet.config.schema import Section
+
+
+@dataclass(frozen=True)
+class {name}(Section):
+    SECTION: ClassVar[str] = {section!r}
+
+    size: int = 1
+"""
+
+
+def _section_package(root, name: str, modules: dict[str, tuple[str, str]]) -> str:
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module, (cls, section) in modules.items():
+        (package / f"{module}.py").write_text(SECTION_MODULE.format(name=cls, section=section))
+    return f"{name}.*"
+
+
+def test_params_has_a_field_for_each_section_class_in_module_order():
+    """capsnet.config.Params is made from the classes naming a SECTION in its modules."""
+    assert SECTIONS == [
+        "data", "augment", "evaluate", "publish", "sweep", "train", "smallnorb_sweep",
+        "smallnorb_train", "viewpoints",
+    ]  # fmt: skip
+    assert config.SECTIONS["viewpoints"] is config.ViewpointsParams
+    assert isinstance(config.Params().viewpoints, config.ViewpointsParams)
+
+
+def test_section_modules_are_found_and_a_duplicate_names_its_module(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = config.find_sections(
+        _section_package(tmp_path, "toysections_a", {"b": ("B", "beta"), "a": ("A", "alpha")})
+    )
+    assert {name: cls.__name__ for name, cls in found.items()} == {"alpha": "A", "beta": "B"}
+    twice = _section_package(tmp_path, "toysections_b", {"a": ("A", "same"), "b": ("B", "same")})
+    with pytest.raises(ConfigError, match=r"toysections_b/b\.py: section 'same' is already "):
+        config.find_sections(twice)

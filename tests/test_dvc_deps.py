@@ -116,6 +116,31 @@ def test_closure_follows_module_attribute_references_but_not_a_command_table(tmp
     }
 
 
+def test_closure_follows_a_package_s_every_module(tmp_path):
+    """``"pkg.sections.*"``: a package whose modules are all imported to find what they
+    declare (capsnet.config's sections), including one nothing names."""
+    root = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/config.py": 'MODULES = "pkg.sections.*"\n',
+            "pkg/sections/__init__.py": "",
+            "pkg/sections/a.py": "",
+            "pkg/sections/new.py": "from pkg import helper\n",
+            "pkg/helper.py": "",
+            "pkg/other.py": "",
+        },
+    )
+    assert dvc_deps.import_closure(root, ["pkg.config"]) == {
+        "pkg/__init__.py",
+        "pkg/config.py",
+        "pkg/sections/__init__.py",
+        "pkg/sections/a.py",
+        "pkg/sections/new.py",
+        "pkg/helper.py",
+    }
+
+
 def test_closure_refuses_an_unparsable_module(tmp_path):
     root = write(tmp_path, {"pkg/__init__.py": "", "pkg/bad.py": "def broken(:\n"})
     with pytest.raises(ConfigError, match=r"pkg/bad\.py: cannot parse"):
@@ -217,7 +242,7 @@ def test_a_stage_must_run_a_project_command(repo_root):
 
 
 def test_the_command_targets_are_read_from_the_cli_declaration(repo_root):
-    """dvc_deps reads ``capsnet.cli.DECLARED`` without importing it: the same targets."""
+    """dvc_deps reads each command's declaration without importing it: the same targets."""
     from capsnet import cli
 
     for name, target in cli.COMMANDS.items():

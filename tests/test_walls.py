@@ -133,30 +133,24 @@ def test_the_help_table_and_the_commands_name_the_same_commands():
     assert all(target.count(":") == 1 for target in cli.COMMANDS.values())
 
 
-def _dvc_stages() -> dict[str, str]:
+def dvc_stage_commands(root: Path = ROOT) -> dict[str, str]:
     """dvc.yaml's stage name -> its command (the word after ``-m capsnet``)."""
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     return {
         name: stage["cmd"].split("-m capsnet", 1)[1].split()[0] for name, stage in stages.items()
     }
 
 
 def test_every_dvc_stage_is_declared_by_the_command_it_runs():
-    """``cli.DECLARED`` names each pipeline stage once, beside the command dvc.yaml runs for
-    it and the params sections it reads; the data stages are the dataset registry's."""
+    """Each pipeline stage is declared once, by the command dvc.yaml runs for it (its
+    ``Command(...)``, with the params sections it reads); the data stages are the dataset
+    registry's."""
     declared = {stage: c.name for c in cli.DECLARED for stage in c.stages}
-    ran = {stage: command for stage, command in _dvc_stages().items() if command != "data"}
+    ran = {s: command for s, command in dvc_stage_commands().items() if command != "data"}
     assert declared == ran
     sections = {f.name for f in dataclasses.fields(config.Params)}
     for command in cli.DECLARED:
         assert set(command.sections) <= sections, command.name
-
-
-def test_the_pipeline_doc_lists_every_declared_stage():
-    table = (ROOT / "docs" / "pipeline.md").read_text()
-    for command in cli.DECLARED:
-        for stage in command.stages:
-            assert f"| `{stage}` | `capsnet {command.name}" in table, stage
 
 
 # --- dataset names: only capsnet/data/ compares them ---------------------------------------

@@ -1,85 +1,66 @@
 """The ``capsnet`` command line: one click group that imports each command when it is used.
 
-Commands are named by ``"module:attribute"`` strings, so ``capsnet --help`` and shell
-completion import neither torch nor the pipeline's libraries, and nothing in capsnet/
-imports pipeline/: the strings in ``DECLARED`` are its only mention.
+Each command module declares its command (``COMMAND = Command(...)``), and the group finds
+the declarations by reading, not importing, the modules of ``capsnet.cli.declared.PACKAGES``:
+``capsnet --help`` and shell completion import neither torch nor the pipeline's libraries,
+and nothing in capsnet/ imports pipeline/.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
 from capsnet.cli.boundary import user_error, without_temporaries
+from capsnet.cli.declared import Command, DeclarationError, discover
 from capsnet.cli.lifetime import die_with_dvc
 from capsnet.cli.options import dvc_stage
 from capsnet.io.errors import CapsnetError
 
 DEBUG_ENV = "CAPSNET_DEBUG"
+#: The folder holding capsnet/ (a checkout, or site-packages): the command packages' root.
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass(frozen=True)
-class Command:
-    """One ``capsnet`` command: its name, its click command as ``"module:attribute"``
-    (imported on use), the line ``capsnet --help`` lists (tests/test_walls.py holds it to the
-    command's short help), and for a DVC stage command the params sections it reads and
-    the dvc.yaml stages that run it (the data stages are the dataset registry's)."""
+@functools.cache
+def declared() -> tuple[Command, ...]:
+    """Every command, as its module declares it (``capsnet.cli.declared``), found once."""
+    from capsnet.config import SECTIONS
 
-    name: str
-    target: str
-    help: str
-    sections: tuple[str, ...] = ()
-    stages: tuple[str, ...] = ()
-    torch_free_help: bool = True  # ``capsnet NAME --help`` imports no torch
+    return discover(ROOT, sections=SECTIONS)
 
 
-#: Every command, declared once: the group, its help, tests/test_walls.py,
-#: pipeline/dvc_deps.py (which reads this literal without importing) and the docs test
-#: read it. A new stage adds one entry here (docs/pipeline.md, "Adding a stage").
-DECLARED: tuple[Command, ...] = (
-    Command("bench", "benchmarks.throughput:throughput_command",
-            "Throughput of a capsule model against its naive reference and the conv ceiling.",
-            torch_free_help=False),
-    Command("data", "capsnet.cli.data_commands:data_group",
-            "Download, prepare and look at datasets (the DVC data stages).",
-            sections=("data",), torch_free_help=False),
-    Command("eval", "capsnet.cli.eval_commands:eval_command",
-            "Evaluate CHECKPOINT(s) side by side on the chosen test sets."),
-    Command("evaluate-stage", "capsnet.cli.eval_commands:evaluate_stage_command",
-            "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> "
-            "evaluate.out_dir.", sections=("evaluate",), stages=("evaluate",)),
-    Command("models", "capsnet.cli.train_commands:models_command",
-            "List the registered models with their parameter counts."),
-    Command("profile", "pipeline.profile:profile_command",
-            "Check a params profile (profiles/NAME.yaml) against the params file; --apply "
-            "writes it."),
-    Command("publish", "pipeline.publish:publish_command",
-            "report.html, results.md and W&B eval runs; with --readme the README's table.",
-            sections=("publish",), stages=("publish",)),
-    Command("sweep", "pipeline.sweep_cli:sweep_command",
-            "Run the Ray Tune sweep of a params section (resuming an interrupted one).",
-            sections=("sweep", "smallnorb_sweep"), stages=("sweep", "sweep_smallnorb")),
-    Command("train", "capsnet.cli.train_commands:train_command",
-            "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included)."),
-    Command("train-final", "pipeline.train_final_cli:train_final_command",
-            "Train the best sweep config and the baselines; write <out_dir>/<model>.pt.",
-            sections=("train", "smallnorb_train"), stages=("train", "train_smallnorb")),
-    Command("viewpoints", "pipeline.viewpoints_cli:viewpoints_command",
-            "Train capsules and the CNN on familiar smallNORB viewpoints; compare them on "
-            "novel viewpoints at matched familiar error -> viewpoints.out_dir.",
-            sections=("viewpoints",), stages=("viewpoints",)),
-)  # fmt: skip
+def __getattr__(name: str):
+    """``DECLARED`` (the discovered commands), ``COMMANDS`` (name -> ``"module:attribute"``)
+    and ``SHORT_HELP`` (name -> help line), made on first use so that a broken declaration
+    is a one-line error of ``capsnet`` rather than of this import."""
+    tables = {
+        "DECLARED": declared,
+        "COMMANDS": lambda: {c.name: c.target for c in declared()},
+        "SHORT_HELP": lambda: {c.name: c.help for c in declared()},
+    }
+    if name not in tables:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value = tables[name]()
+    return value
 
-#: Command name -> ``"module:attribute"`` and -> its help line, from ``DECLARED``.
-COMMANDS: dict[str, str] = {c.name: c.target for c in DECLARED}
-SHORT_HELP: dict[str, str] = {c.name: c.help for c in DECLARED}
+
+def _commands() -> dict[str, str]:
+    """The module's ``COMMANDS`` (the one table, which tests extend)."""
+    return sys.modules[__name__].COMMANDS
+
+
+def _short_help() -> dict[str, str]:
+    """The module's ``SHORT_HELP``."""
+    return sys.modules[__name__].SHORT_HELP
+
 
 #: Optional modules -> the extra that installs them.
 EXTRAS = {
@@ -119,8 +100,7 @@ def _missing(command: str, exc: ModuleNotFoundError) -> MissingPart | None:
 
 def source_checkout() -> Path | None:
     """The checkout capsnet/ was imported from when it holds benchmarks/, else None."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "benchmarks" / "__init__.py").is_file() else None
+    return ROOT if (ROOT / "benchmarks" / "__init__.py").is_file() else None
 
 
 def _import_module(name: str):
@@ -136,7 +116,7 @@ def _import_module(name: str):
 
 def load_command(name: str) -> click.Command:
     """Import the command ``COMMANDS[name]`` names (a one-line error when not installed)."""
-    module_name, attribute = COMMANDS[name].split(":")
+    module_name, attribute = _commands()[name].split(":")
     try:
         module = _import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -148,30 +128,35 @@ def load_command(name: str) -> click.Command:
 
 
 class LazyGroup(click.Group):
-    """A click group over ``COMMANDS``. Every error a user, the file system or the machine
+    """A click group over the declared commands. Every error a user, the file system or the machine
     causes ends as one line on stderr (capsnet.cli.boundary); a bug keeps its traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(_commands())
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return load_command(cmd_name) if cmd_name in COMMANDS else None
+        return load_command(cmd_name) if cmd_name in _commands() else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
-            formatter.write_dl([(name, SHORT_HELP[name]) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, _short_help()[name]) for name in self.list_commands(ctx)])
 
     def shell_complete(self, ctx: click.Context, incomplete: str):
         from click.shell_completion import CompletionItem
 
         names = [n for n in self.list_commands(ctx) if n.startswith(incomplete)]
-        items = [CompletionItem(name, help=SHORT_HELP[name]) for name in names]
+        items = [CompletionItem(name, help=_short_help()[name]) for name in names]
         return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def main(self, args=None, prog_name=None, **extra):
         words = sys.argv[1:] if args is None else [str(a) for a in args]
         if args is None and dvc_stage():
             die_with_dvc()
+        try:
+            declared()
+        except DeclarationError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
             _finish_params_trace()
@@ -213,7 +198,7 @@ def debug_requested(words: list[str]) -> bool:
     """``--debug`` before the command name, or $CAPSNET_DEBUG set to a true value."""
     if os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return True
-    command = next((i for i, w in enumerate(words) if w in COMMANDS), len(words))
+    command = next((i for i, w in enumerate(words) if w in _commands()), len(words))
     return "--debug" in words[:command]
 
 
@@ -227,7 +212,7 @@ def _fail(line: str, code: int, words: list[str]) -> NoReturn:
 
 def _invoked(words: list[str]) -> str:
     """The command name in ``words``."""
-    return next((w for w in words if w in COMMANDS), "")
+    return next((w for w in words if w in _commands()), "")
 
 
 @click.group(cls=LazyGroup)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import (
     SEED,
     FiniteFloat,
@@ -36,6 +37,15 @@ params_option = click.option(
     help=PARAMS_HELP,
 )
 root_option = data_root_option("--root")
+
+
+COMMAND = Command(
+    "data",
+    "data_group",
+    "Download, prepare and look at datasets (the DVC data stages).",
+    sections=("data",),
+    torch_free_help=False,
+)
 
 
 @click.group("data")

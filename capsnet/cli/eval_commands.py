@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import (
     FiniteFloat,
     FloatList,
@@ -26,6 +27,22 @@ from capsnet.config import EVAL_DATASETS, EvaluateParams
 
 def _stderr_log(line: str) -> None:
     click.echo(line, err=True)
+
+
+COMMANDS = (
+    Command(
+        "eval",
+        "eval_command",
+        "Evaluate CHECKPOINT(s) side by side on the chosen test sets.",
+    ),
+    Command(
+        "evaluate-stage",
+        "evaluate_stage_command",
+        "The DVC evaluate stage: every checkpoint in evaluate.models_dir -> evaluate.out_dir.",
+        sections=("evaluate",),
+        stages=("evaluate",),
+    ),
+)
 
 
 @click.command("eval")

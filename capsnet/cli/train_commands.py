@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from capsnet.cli.declared import Command
 from capsnet.cli.options import (
     SEED,
     FiniteFloat,
@@ -44,6 +45,20 @@ def known_model(name: str) -> None:
     from capsnet import models
 
     models.spec(name)
+
+
+COMMANDS = (
+    Command(
+        "models",
+        "models_command",
+        "List the registered models with their parameter counts.",
+    ),
+    Command(
+        "train",
+        "train_command",
+        "Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included).",
+    ),
+)
 
 
 @click.command("models")

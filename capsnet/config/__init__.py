@@ -2,15 +2,18 @@
 
 ``load(path)`` returns a ``Params``; an unknown key, a wrong type, a non-finite float or a
 duplicate key is a ConfigError naming the dotted key, e.g.
-``params.yaml: data.mnist.shfit: unknown key``. A new section is one more dataclass (in the
-module of its group) and one more field of ``Params``; its defaults live only there.
+``params.yaml: data.mnist.shfit: unknown key``. A new section is one more dataclass with a
+``SECTION`` name in a module of this package; ``Params`` has a field for each (``SECTIONS``)
+and its defaults live only there.
 No torch here: the CLI validates params before any model code loads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
-from dataclasses import dataclass, field
+import pkgutil
 from pathlib import Path
 
 from capsnet.config.data import (
@@ -92,6 +95,8 @@ __all__ = [
     "ROLES",
     "SEARCHABLE",
     "SEARCHABLE_TYPES",
+    "SECTIONS",
+    "SECTION_MODULES",
     "STRATEGIES",
     "AffineAugment",
     "AffnistParams",
@@ -130,6 +135,7 @@ __all__ = [
     "TrialCheckpointConfig",
     "ViewpointsParams",
     "WandbConfig",
+    "find_sections",
     "from_dict",
     "load",
     "load_or_default",
@@ -137,19 +143,44 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Params:
-    """All of params.yaml. Add a section as a dataclass field here (default: its defaults)."""
+#: The modules a section may live in: every module of this package (``pipeline.dvc_deps``
+#: reads the pattern, so every stage that loads params depends on each of them).
+SECTION_MODULES = "capsnet.config.*"
 
-    data: DataParams = field(default_factory=DataParams)
-    augment: AugmentParams = field(default_factory=AugmentParams)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    train: FinalTrainConfig = field(default_factory=FinalTrainConfig)
-    evaluate: EvaluateParams = field(default_factory=EvaluateParams)
-    publish: PublishParams = field(default_factory=PublishParams)
-    smallnorb_sweep: SmallnorbSweepConfig = field(default_factory=SmallnorbSweepConfig)
-    smallnorb_train: SmallnorbTrainConfig = field(default_factory=SmallnorbTrainConfig)
-    viewpoints: ViewpointsParams = field(default_factory=ViewpointsParams)
+
+def find_sections(modules: str = SECTION_MODULES) -> dict[str, type]:
+    """Section name -> its dataclass: each class that sets its own ``SECTION`` in a module
+    of the package ``modules`` names (``"package.*"``), modules by name and classes in
+    their order there."""
+    package = importlib.import_module(modules.removesuffix(".*"))
+    found: dict[str, type] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for value in vars(module).values():
+            own = isinstance(value, type) and value.__module__ == module.__name__
+            name = vars(value).get("SECTION") if own else None
+            if not name:
+                continue
+            if name in found:
+                raise ConfigError(
+                    f"{module.__file__}: section {name!r} is already declared by "
+                    f"{found[name].__module__}.{found[name].__name__}"
+                )
+            found[name] = value
+    return found
+
+
+#: Every params.yaml section, found in this package's modules (a new section is a
+#: dataclass with ``SECTION`` in a module here; its defaults live only there).
+SECTIONS: dict[str, type] = find_sections()
+
+#: All of params.yaml: one field per section, defaulting to the section's defaults.
+Params = dataclasses.make_dataclass(
+    "Params",
+    [(name, cls, dataclasses.field(default_factory=cls)) for name, cls in SECTIONS.items()],
+    frozen=True,
+    namespace={"__module__": __name__, "__doc__": "All of params.yaml, one field per section."},
+)
 
 
 def load(path: str | os.PathLike = "params.yaml") -> Params:

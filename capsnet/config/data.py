@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from capsnet.config.schema import Invalid, at_least, range_pair
+from capsnet.config.schema import Invalid, Section, at_least, range_pair
 
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
@@ -110,7 +110,9 @@ DATA_ROOT = "data"
 
 
 @dataclass(frozen=True)
-class DataParams:
+class DataParams(Section):
+    SECTION: ClassVar[str] = "data"
+
     mirror: str = ""
     mnist: MnistParams = field(default_factory=MnistParams)
     affnist: AffnistParams = field(default_factory=AffnistParams)
@@ -162,10 +164,12 @@ class ElasticAugment:
 
 
 @dataclass(frozen=True)
-class AugmentParams:
+class AugmentParams(Section):
     """Training augmentation: ``strategy`` (what ``capsnet train`` uses unless --augment says
     otherwise; sweeps name theirs in the space) picks one of the parameter blocks below. The
     draws are seeded by the run's seed."""
+
+    SECTION: ClassVar[str] = "augment"
 
     strategy: Strategy = "shift"
     shift: ShiftAugment = field(default_factory=ShiftAugment)

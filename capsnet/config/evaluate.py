@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from capsnet.config.schema import Invalid, at_least
+from capsnet.config.schema import Invalid, Section, at_least
 from capsnet.config.sweep import WandbMode
 from capsnet.data import registry
 
@@ -46,8 +46,10 @@ class EquivarianceParams:
 
 
 @dataclass(frozen=True)
-class EvaluateParams:
+class EvaluateParams(Section):
     """The evaluate stage: every checkpoint under ``models_dir`` on ``datasets``."""
+
+    SECTION: ClassVar[str] = "evaluate"
 
     models_dir: str = "models"
     # More checkpoint directories (e.g. models-smallnorb); a missing one, or one holding
@@ -81,9 +83,11 @@ class EvaluateParams:
 
 
 @dataclass(frozen=True)
-class PublishParams:
+class PublishParams(Section):
     """The publish stage: W&B eval runs (offline unless an API key is configured), a W&B
     Report when online, and eval/report.html always."""
+
+    SECTION: ClassVar[str] = "publish"
 
     project: str = "capsnet"
     experiment: str = ""  # W&B group; empty: sweep.name

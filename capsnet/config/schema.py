@@ -41,7 +41,9 @@ class Invalid(ConfigError):
 
 
 class Section:
-    """A params.yaml section: ``Cls.from_dict(values)`` errors name ``SECTION``'s keys."""
+    """A params.yaml section: a class that sets its own ``SECTION`` in a module of
+    capsnet/config/ is that section (a field of ``capsnet.config.Params``), and
+    ``Cls.from_dict(values)`` errors name ``SECTION``'s keys."""
 
     SECTION: ClassVar[str] = ""
 

@@ -7,9 +7,9 @@ starts (the registry needs torch; this module must not).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from capsnet.config.schema import Invalid, above, at_least
+from capsnet.config.schema import Invalid, Section, above, at_least
 from capsnet.config.sweep import Precision
 
 Kind = Literal["azimuth", "elevation"]
@@ -49,9 +49,11 @@ def _capsules_weight_decay() -> PerModelFloat:
 
 
 @dataclass(frozen=True)
-class ViewpointsParams:
+class ViewpointsParams(Section):
     """Train capsules and the CNN on the familiar viewpoints of each kind, measure familiar
     and novel test error after every epoch, compare both at matched familiar error."""
+
+    SECTION: ClassVar[str] = "viewpoints"
 
     kinds: tuple[Kind, ...] = KINDS
     capsules: str = "em-capsnet-small"
