@@ -12,7 +12,7 @@ angle, the same runs on the extra sets (multimnist, expanded-mnist) go to
 The comparison (``train.seeds``, ``equal_time``, ``baseline_augments``): every run is trained
 with each seed (``<model>.pt`` for the first, ``<model>@seed<k>.pt`` for the others), each
 baseline again for the best model's training time, in epochs by the cost of each model's
-fastest training steps (``capsnet.training.run.equal_time_epochs``:
+training steps measured back to back (``capsnet.training.run.equal_time_epochs``:
 ``<baseline>@equal-time[-seed<k>].pt``) and with each extra strategy
 (``<baseline>@<strategy>[-seed<k>].pt``). Each of these checkpoints carries
 ``extra["comparison"]`` (arm, label, reference model, measured time, step costs) for the

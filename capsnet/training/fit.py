@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,20 +210,23 @@ def _prepare(model: nn.Module, data: Dataset, config: TrainConfig, state: TrainS
     return batches, generators, optimizer, scheduler
 
 
-#: Timed steps per model (after one untimed warm-up step) when step costs are measured.
-STEP_SAMPLES = 20
+#: Timed rounds (one step of each model after one untimed warm-up round) when step costs are
+#: measured: enough that the median ratio moves little between measurements.
+STEP_SAMPLES = 60
 
 
-def fastest_steps(
+def paired_step_costs(
     runs: list[tuple[nn.Module, Dataset, TrainConfig]],
     clock_for: Callable[[torch.device], Callable[[], float]],
     steps: int = STEP_SAMPLES,
 ) -> list[float]:
     """Seconds of one training step (augmentation, forward, loss, backward, optimiser) of
-    each (model, training data, config) in ``runs``: the fastest of ``steps`` steps on one
-    batch of its data, each timed by a new ``clock_for(device)``, the models taken in turn
-    (one step of each, then again) so that all of them meet the same load. The least time
-    is the one least stretched by other jobs. The steps run on one CPU thread."""
+    each (model, training data, config) in ``runs``, on one batch of its data, in the first
+    run's terms: the first run's median step, and each other run's that divided by the
+    median of its pair ratios (the first run's step over its own, the two timed back to
+    back by a new ``clock_for(device)`` in each of ``steps`` rounds). Load that slows both
+    steps of a pair cancels in their ratio, and the median drops the pairs a preemption or
+    a burst split. The steps run on one CPU thread."""
     prepared = []
     for model, data, config in runs:
         batches, generators, optimizer, scheduler = _prepare(model, data, config, TrainState())
@@ -230,22 +234,25 @@ def fastest_steps(
         model.train()
         prepared.append((model, batch, config, generators[0], optimizer, scheduler, batches.device))
     threads = torch.get_num_threads()
-    best = [math.inf] * len(prepared)
+    seconds: list[list[float]] = [[] for _ in prepared]  # [run][round]
     try:
         torch.set_num_threads(1)
-        for sample in range(steps + 1):  # sample 0 warms up (allocations, kernel choice)
+        for sample in range(steps + 1):  # round 0 warms up (allocations, kernel choice)
             for i, (model, batch, config, generator, optimizer, scheduler, device) in enumerate(
                 prepared
             ):
                 clock = clock_for(device)
                 started = clock()
                 train_step(model, augment(batch, config, generator), optimizer, scheduler, config)
-                seconds = clock() - started
                 if sample:
-                    best[i] = min(best[i], seconds)
+                    seconds[i].append(clock() - started)
     finally:
         torch.set_num_threads(threads)
-    return best
+    first = statistics.median(seconds[0])
+    return [first] + [
+        first / statistics.median(a / b for a, b in zip(seconds[0], other, strict=True))
+        for other in seconds[1:]
+    ]
 
 
 def _train_epoch(model, batches, config, generators, state, optimizer, scheduler):

@@ -159,8 +159,9 @@ def budget_clock(device: torch.device) -> tuple[str, Callable[[], float]]:
 
 def step_clock(device: torch.device) -> Callable[[], float]:
     """The clock one training step's cost is read by: the calling thread's CPU time on a CPU
-    (``fastest_steps`` trains on that one thread, so a core another job holds neither counts
-    nor makes threads spin), the GPU time between CUDA events on CUDA, else the wall clock."""
+    (``paired_step_costs`` trains on that one thread, so a core another job holds neither
+    counts nor makes threads spin), the GPU time between CUDA events on CUDA, else the wall
+    clock."""
     if device.type == "cuda":
         return CudaEventClock(device)
     return time.thread_time if device.type == "cpu" else time.perf_counter
@@ -168,14 +169,15 @@ def step_clock(device: torch.device) -> Callable[[], float]:
 
 def step_costs(specs: list[RunSpec], split: Split) -> list[float]:
     """Seconds of one training step of each spec's model on ``split``'s training items, with
-    its augmentation and batch size (``capsnet.training.fit.fastest_steps``: all measured here,
-    each by its fastest steps)."""
+    its augmentation and batch size, all measured here, steps of the models taken back to
+    back (``capsnet.training.fit.paired_step_costs``: the first spec's median step, the
+    others' from the median ratio of their steps to it)."""
     from capsnet.data.datasets import shape_of
-    from capsnet.training.fit import fastest_steps
+    from capsnet.training.fit import paired_step_costs
 
     shape = shape_of(split.train)
     runs = [(build_model(spec, shape), split.train, _fit_config(spec)) for spec in specs]
-    return fastest_steps(runs, step_clock)
+    return paired_step_costs(runs, step_clock)
 
 
 def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float, float],
