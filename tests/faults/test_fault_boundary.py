@@ -203,16 +203,24 @@ def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
     assert snapshot(tmp_path / "eval") == {}
 
 
+def _reported(storage) -> bool:
+    """Whether a trial under the Tune storage ``storage`` has reported a result."""
+    return any(path.stat().st_size for path in storage.rglob("result.json"))
+
+
 def test_ctrl_c_ends_a_sweep_with_130(tmp_path, tally, prepared_root):
-    """SIGINT during a running sweep: Tune saves its state, the command exits 130."""
+    """SIGINT during a running sweep: Tune saves its state, the command exits 130.
+
+    Many short epochs: the signal lands mid-sweep, and Tune's stop of the trial (which
+    waits for the epoch in progress, forcing it after 10 s) returns at once."""
     pytest.importorskip("ray")
     (tmp_path / "params.yaml").write_text(
         textwrap.dedent(
             f"""\
             sweep:
-              epochs: 20
-              train_size: 2000
-              val_size: 200
+              epochs: 500
+              train_size: 100
+              val_size: 100
               num_samples: 1
               storage_path: {tmp_path / "ray"}
               wandb: {{mode: disabled}}
@@ -227,9 +235,8 @@ def test_ctrl_c_ends_a_sweep_with_130(tmp_path, tally, prepared_root):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any((tmp_path / "ray").rglob("params.json")):
-            time.sleep(0.5)  # a trial has started once Tune wrote its params
-        time.sleep(2)
+        while time.monotonic() < deadline and not _reported(tmp_path / "ray"):
+            time.sleep(0.2)  # a trial is training once it reported an epoch
         os.kill(sweep.pid, signal.SIGINT)
         _, stderr = sweep.communicate(timeout=120)
         outcome = Outcome(sweep.returncode, stderr, "Traceback" in stderr)

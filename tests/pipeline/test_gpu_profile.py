@@ -105,6 +105,7 @@ def test_profile_resources_run_four_trials_on_one_gpu_at_once(
         resources=resources,
         space={"model": "capsnet-small", "routing_iterations": {"grid": [1, 2, 3, 4]},
                "augment": "none"},
+        wandb={"mode": "disabled"},
     )  # fmt: skip
     occupancy = Occupancy()
     ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,

@@ -136,9 +136,7 @@ def _final(tmp_path: Path, out: str):
         {"epochs": 1, "batch_size": 50, "train_size": 200, "val_size": 100,
          "out_dir": str(tmp_path / out), "seeds": 1, "equal_time": False}
     )  # fmt: skip
-    sweep = SweepConfig.from_dict(
-        {"name": "tiny", "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")}}
-    )
+    sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
     return final, sweep
 
 
@@ -187,13 +185,16 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
     write_smallnorb_raw(root / "raw" / "smallnorb", n=72, side=48)
     on = config.Params(data=config.DataParams(smallnorb=config.SmallnorbParams(enabled=True)))
     stages.prepare("smallnorb", on, root)
-    tiny = {"capsules": {"A": 8, "B": 4, "C": 4, "D": 4},
+    # the smallest run: one batch of 12 training images, 12 familiar and 12 novel test
+    # images, one routing iteration
+    tiny = {"capsules": {"A": 8, "B": 4, "C": 4, "D": 4, "routing_iterations": 1},
             "cnn": {"channels": [4, 8], "hidden": 16}}  # fmt: skip
     params_path = tmp_path / "params.yaml"
     params_path.write_text(
         "data:\n  smallnorb: {enabled: true}\nviewpoints:\n"
         f"  out_dir: {tmp_path / 'vp'}\n  kinds: [azimuth]\n  channels: 1\n  epochs: 1\n"
-        f"  batch_size: 12\n  tolerance: 0.5\n  overrides: {json.dumps(tiny)}\n"
+        "  batch_size: 12\n  train_limit: 12\n  test_limit: 12\n  tolerance: 0.5\n"
+        f"  overrides: {json.dumps(tiny)}\n"
     )
     params = config.load(params_path)
     with placement() as runner:

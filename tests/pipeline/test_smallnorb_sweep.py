@@ -159,7 +159,7 @@ def tiny_norb_sweep(tmp_path, **overrides) -> SweepConfig:
         "val_size": 16,
         "asha": {"enabled": False},
         "storage_path": str(tmp_path / "ray"),
-        "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")},
+        "wandb": {"mode": "disabled"},
         **overrides,
     }
     return SmallnorbSweepConfig.from_dict(values)
@@ -242,7 +242,7 @@ smallnorb_sweep:
   val_size: 16
   asha: {{enabled: false}}
   storage_path: {tmp_path / "sweep-smallnorb" / "ray"}
-  wandb: {{mode: offline, dir: {tmp_path / "runs"}}}
+  wandb: {{mode: disabled}}
 smallnorb_train:
   epochs: 1
   batch_size: 8

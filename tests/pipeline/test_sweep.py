@@ -242,7 +242,10 @@ def test_changed_shift_setting_starts_a_fresh_experiment(
 
     from capsnet.config import AugmentParams, ShiftAugment
 
-    sweep = tiny_sweep(space={"model": "lenet5", "augment": "shift", "routing_iterations": 1})
+    sweep = tiny_sweep(
+        space={"model": "lenet5", "augment": "shift", "routing_iterations": 1},
+        wandb={"mode": "disabled"},
+    )
     spec, data = base(sweep), sweep_data
     first = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)
     again = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)

@@ -1,7 +1,7 @@
 """Sweeps on a two-node Ray cluster on loopback, node loss, and driver interrupt/resume.
 
-Slow: each test starts its own Ray processes (ray.cluster_utils.Cluster or a driver
-subprocess) and trains a few tiny capsnet-small trials.
+Slow: the cluster tests share one head node (each adds a fresh worker node), the resume
+test runs its own driver subprocesses; the trials are tiny, W&B off.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from ray.tune import Callback
 from sweephelpers import base
 
 from pipeline.sweep import run_sweep
@@ -47,21 +46,37 @@ def trial_results(experiment_root: Path) -> dict[str, list[dict]]:
     return found
 
 
-@pytest.fixture
-def two_node_cluster():
-    """A head and a worker node (1 CPU each) on loopback; this process is the driver."""
+@pytest.fixture(scope="module")
+def head_node():
+    """A head node (1 CPU) on loopback, this process its driver, for the module's tests.
+    Its GCS declares a node dead after 3 failed health checks 1 s apart (Ray's default:
+    5 checks 3 s apart), so a killed worker's trials move on sooner."""
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    worker = cluster.add_node(num_cpus=1, num_gpus=0)
-    cluster.wait_for_nodes()
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": health},
+    )
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        yield cluster, worker
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture
+def two_node_cluster(head_node):
+    """The shared head and a fresh worker node (1 CPU each), removed after the test."""
+    worker = head_node.add_node(num_cpus=1, num_gpus=0)
+    head_node.wait_for_nodes()
+    try:
+        yield head_node, worker
+    finally:
+        if worker in head_node.worker_nodes:
+            head_node.remove_node(worker)
 
 
 def test_two_node_sweep_runs_trials_on_both_nodes(
@@ -75,7 +90,8 @@ def test_two_node_sweep_runs_trials_on_both_nodes(
             "model": "capsnet-small",
             "routing_iterations": {"grid": [1, 2, 3, 4]},
             "augment": "none",
-        }
+        },
+        wandb={"mode": "disabled"},
     )
     run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
 
@@ -88,40 +104,39 @@ def test_two_node_sweep_runs_trials_on_both_nodes(
     assert nodes == alive and worker.node_id in nodes and len(nodes) == 2
 
 
-EPOCHS = 8
+EPOCHS = 3
+
+
+class KillAtFirstReport(Callback):
+    """Kills ``worker`` (without grace) as Tune takes the first result reported from it."""
+
+    def __init__(self, cluster, worker):
+        self.cluster, self.worker, self.killed = cluster, worker, False
+
+    def __getstate__(self):  # Tune pickles its callbacks into the experiment state
+        return {"killed": self.killed}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self.killed and result.get("node") == self.worker.node_id:
+            self.cluster.remove_node(self.worker, allow_graceful=False)
+            self.killed = True
 
 
 def test_killing_the_worker_node_retries_its_trials_elsewhere(
     two_node_cluster, tiny_sweep, sweep_data, tmp_path
 ):
     cluster, worker = two_node_cluster
-    # enough epochs that a trial on the worker is still running when the kill lands (an
-    # epoch of 300 images takes well under a second on a fast machine)
+    # the kill lands as Tune takes the worker trial's first report, while the trial waits
+    # for Tune to take it: two of its epochs are still to run
     sweep = tiny_sweep(
         epochs=EPOCHS,
         max_failures=3,
         space={"model": "capsnet-small", "routing_iterations": {"grid": [1, 2]}, "augment": "none"},
+        wandb={"mode": "disabled"},
     )
-    killed = threading.Event()
-    stop = threading.Event()
-
-    def kill_worker_after_its_first_report():
-        while not stop.is_set():
-            reports = trial_results(tmp_path / "ray")
-            if any(r.get("node") == worker.node_id for rows in reports.values() for r in rows):
-                cluster.remove_node(worker, allow_graceful=False)
-                killed.set()
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_worker_after_its_first_report, daemon=True)
-    killer.start()
-    try:
-        run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
-    finally:
-        stop.set()
-        killer.join()
-    assert killed.is_set(), "no trial ever reported from the worker node"
+    killer = KillAtFirstReport(cluster, worker)
+    run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data, callbacks=[killer])
+    assert killer.killed, "no trial ever reported from the worker node"
 
     rows = read_csv(tmp_path / "sweep" / "results.csv")
     assert {r["status"] for r in rows} == {"TERMINATED"}
@@ -142,9 +157,10 @@ def write_params(path: Path, tmp_path: Path) -> Path:
         "sweep": {
             "name": "resume",
             "space": {
-                "model": "capsnet-small",
-                "routing_iterations": {"grid": [1, 2, 3]},
+                "model": "lenet5",
+                "routing_iterations": 1,
                 "augment": "none",
+                "lr": {"grid": [0.001, 0.002, 0.003]},
             },
             "epochs": 2,
             "batch_size": 50,
@@ -153,7 +169,7 @@ def write_params(path: Path, tmp_path: Path) -> Path:
             "asha": {"enabled": False},
             "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1},
             "storage_path": str(tmp_path / "ray"),
-            "wandb": {"mode": "offline", "dir": str(tmp_path / "runs")},
+            "wandb": {"mode": "disabled"},
         },
     }
     path.write_text(yaml.safe_dump(params))
