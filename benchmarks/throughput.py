@@ -501,7 +501,7 @@ COMMAND = Command(
     help=f"Also time capsnet under bf16 autocast on the CPU ({CPU_BF16_IMPL}), alternating "
     "with the fp32 one.",
 )
-@click.option("--quick", is_flag=True, help="Smoke run: capsnet-small, batch 4, one round.")
+@click.option("--quick", is_flag=True, help="Smoke run: capsnet-small, batch 2, one round.")
 def throughput_command(
     batch_sizes, rounds, steps, implementations, model, device, rss, compile, amp, cpu_bf16, quick
 ) -> None:
@@ -509,7 +509,7 @@ def throughput_command(
 
     Prints a table, then the results as one JSON line."""
     if quick:
-        batch_sizes, rounds, steps, model = [4], 1, 1, "capsnet-small"
+        batch_sizes, rounds, steps, model = [2], 1, 1, "capsnet-small"
     try:
         select_device(device)
         result = run(

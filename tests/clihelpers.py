@@ -1,4 +1,5 @@
-"""Running `capsnet` as a user does, and checking its one-line errors."""
+"""Running `capsnet` as a user does (a subprocess) or in this process (cheaper: one real
+subprocess per behaviour is enough), and checking its one-line errors."""
 
 import os
 import subprocess
@@ -11,6 +12,24 @@ def run_cli(*args, env_extra=None, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, env=env, cwd=cwd
     )
+
+
+def invoke_cli(*args, env_extra=None):
+    """`capsnet ARGS` in this process (capsnet.cli.main's error boundary included); returns
+    a CompletedProcess like ``run_cli``'s. An exception that escaped the boundary shows as
+    a traceback on its stderr."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from capsnet.cli import main
+
+    args = [str(a) for a in args]
+    done = CliRunner().invoke(main, args, env=env_extra)
+    stderr = done.stderr
+    if done.exception is not None and not isinstance(done.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(done.exception))
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, stderr)
 
 
 def assert_one_line_error(result, *fragments):

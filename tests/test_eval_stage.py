@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from clihelpers import assert_one_line_error, run_cli
+from clihelpers import assert_one_line_error, invoke_cli, run_cli
 
 from capsnet import evaluation, models
 from capsnet.cli import main
@@ -144,11 +144,11 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
     datasets = ["mnist", "rotated-mnist", "affnist", "expanded-mnist", "multimnist"]
     asked = request(
         mnist_root,
-        robustness={"enabled": True, "epsilons": (0.1,), "bim_steps": 2, "limit": 16},
-        equivariance={"enabled": True, "angles": (-30, 0, 30), "limit": 8},
+        robustness={"enabled": True, "epsilons": (0.1,), "bim_steps": 2, "limit": 8},
+        equivariance={"enabled": True, "angles": (-30, 0, 30), "limit": 4},
         datasets=tuple(datasets),
         angles=(0, 35),
-        limit=40,
+        limit=16,
         figure_examples=3,
     )
     drawer = evaluation.FigureDrawer(tmp_path / "eval" / "figures")
@@ -160,23 +160,23 @@ def test_json_schema_skips_and_outputs(untrained, mnist_root, tmp_path):
         assert set(entry) == {"model", "checkpoint", *datasets, "robustness", "equivariance"}
 
     small = results["capsnet-small"]
-    assert small["mnist"]["n"] == 40 and 0 <= small["mnist"]["accuracy"] <= 1
+    assert small["mnist"]["n"] == 16 and 0 <= small["mnist"]["accuracy"] <= 1
     assert set(small["rotated-mnist"]["accuracy"]) == {"0", "35"}
     assert small["affnist"] == {"skipped": "images are 40x40, the model takes 28x28"}
     assert "36x36" in small["multimnist"]["skipped"]
-    assert set(small["robustness"]["fgsm"]) == {"0.1"} and small["robustness"]["n"] == 16
+    assert set(small["robustness"]["fgsm"]) == {"0.1"} and small["robustness"]["n"] == 8
     assert len(small["equivariance"]["dim_correlation"]) == 16
     assert "no capsule poses" in results["lenet5"]["equivariance"]["skipped"]
 
     multi = results["caps36"]["multimnist"]
     assert set(multi) == {"strict_accuracy", "at_least_one", "half_credit", "n"}
-    assert multi["n"] == 40
+    assert multi["n"] == 16
     assert multi["strict_accuracy"] <= multi["half_credit"] <= multi["at_least_one"]
     assert "28x28" in results["caps36"]["mnist"]["skipped"]
 
     wide = results["lenet40"]
     assert wide["affnist"]["source"] == "affnist-synth"  # no real affNIST under mnist_root
-    assert wide["affnist"]["n"] == 40 and wide["expanded-mnist"]["n"] == 40
+    assert wide["affnist"]["n"] == 16 and wide["expanded-mnist"]["n"] == 16
 
     written = evaluation.write_outputs(typed, tmp_path / "eval")
     assert set(written) == {"metrics", "rotation_csv", "summary"}
@@ -354,20 +354,20 @@ def test_cli_missing_truncated_and_foreign_checkpoints(tmp_path):
     assert_one_line_error(run_cli("eval", str(tmp_path / "none.pt")), "none.pt", "not found")
     path = checkpoint.save(tmp_path / "t.pt", models.build("lenet5"))
     path.write_bytes(path.read_bytes()[:100])
-    assert_one_line_error(run_cli("eval", str(path)), "t.pt", "truncated")
+    assert_one_line_error(invoke_cli("eval", str(path)), "t.pt", "truncated")
     foreign = tmp_path / "notes.pt"
     foreign.write_text("hello")
-    assert_one_line_error(run_cli("eval", str(foreign)), "notes.pt")
+    assert_one_line_error(invoke_cli("eval", str(foreign)), "notes.pt")
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(2)}, other)
-    assert_one_line_error(run_cli("eval", str(other)), "other.pt", "not a capsnet checkpoint")
+    assert_one_line_error(invoke_cli("eval", str(other)), "other.pt", "not a capsnet checkpoint")
 
 
 def test_cli_bad_options(untrained, tmp_path):
     path = str(untrained["lenet5"])
     assert_one_line_error(run_cli("eval", path, "--dataset", "cifar"), "--dataset")
-    assert_one_line_error(run_cli("eval", path, "--epsilons", "0.1,2"), "--epsilons")
-    assert_one_line_error(run_cli("eval", path, "--out", str(tmp_path)), "--out")
+    assert_one_line_error(invoke_cli("eval", path, "--epsilons", "0.1,2"), "--epsilons")
+    assert_one_line_error(invoke_cli("eval", path, "--out", str(tmp_path)), "--out")
 
 
 def test_evaluate_stage_from_params(untrained, mnist_root, tmp_path):
@@ -468,7 +468,7 @@ def test_cli_counts_each_checkpoint_once_and_replaces_the_figures_folder(
     assert sorted(p.name for p in figures.iterdir()) == ["confusion-lenet5.png"]
     (figures / "notes.txt").write_text("mine")
     assert_one_line_error(
-        run_cli(*args, "--figures", str(figures)), "--figures", "'notes.txt', not a figure"
+        invoke_cli(*args, "--figures", str(figures)), "--figures", "'notes.txt', not a figure"
     )
     assert (figures / "notes.txt").read_text() == "mine"
 

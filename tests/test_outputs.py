@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from clihelpers import run_cli
+from clihelpers import invoke_cli, run_cli
 
 from capsnet import models
 from capsnet.config import SweepConfig
@@ -430,14 +430,14 @@ main(["data", "prepare", "mnist", "--data-root", sys.argv[1]])
 """
 
 
-def test_killed_prepare_leaves_nothing_the_next_run_keeps(raw_mnist_root, tmp_path):
+def test_killed_prepare_leaves_nothing_the_next_run_keeps(raw_mnist_root, tmp_path, monkeypatch):
+    """The killed run is a child process; the next run, in this process."""
     killed = _run_child(PREPARE_KILLED, raw_mnist_root, cwd=tmp_path)
     assert killed.returncode == 9, killed.stderr
     assert not (raw_mnist_root / "prepared" / "mnist").exists()
     assert _debris(raw_mnist_root / "prepared")
-    done = subprocess.run(
-        _prepare_cmd(raw_mnist_root), capture_output=True, text=True, cwd=tmp_path
-    )
+    monkeypatch.chdir(tmp_path)
+    done = invoke_cli("data", "prepare", "mnist", "--data-root", raw_mnist_root)
     assert done.returncode == 0, done.stderr
     _assert_prepared(raw_mnist_root)
 
