@@ -46,25 +46,74 @@ def mnist_root(tmp_path_factory, mnist_mirror) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def shrunk_project(tmp_path_factory, repo_root, mnist_mirror):
-    """The real dvc.yaml on a shrunk params.yaml (tests/test_dvc_repro.py) in a git
-    repository after `dvc repro`, committed: (its folder, the dvc command, the environment,
-    the repro's output). The DVC end-to-end tests share this one pipeline run."""
+def _shared_temp(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this run sees (the base temp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _reproduce(work: Path, repo_root: Path, mnist_mirror: Path) -> str:
+    """The shrunk pipeline of tests/test_dvc_repro.py in ``work`` after `dvc repro`,
+    committed; the repro's output."""
     from test_dvc_repro import run, shrunk_copy
 
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    work = tmp_path_factory.mktemp("dvcproject") / "repo"
+    work.mkdir(parents=True)
     dvc, env = shrunk_copy(work, repo_root, mnist_mirror, files=(".gitignore",))
-    env.update(
-        GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org",
-        GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.org",
-    )  # fmt: skip
     run(["git", "init", "-q", "-b", "main"], work, env)
     run([dvc, "init", "-q"], work, env)
     shutil.copy(repo_root / ".dvc" / "config", work / ".dvc" / "config")  # the plots page
     log = run([dvc, "repro"], work, env)
     run(["git", "add", "-A"], work, env)
     run(["git", "commit", "-q", "-m", "baseline"], work, env)
-    return work, dvc, env, log
+    return log
+
+
+@pytest.fixture(scope="session")
+def reproduced_project(tmp_path_factory, repo_root, mnist_mirror):
+    """The real dvc.yaml on a shrunk params.yaml (tests/test_dvc_repro.py) in a git
+    repository after `dvc repro`, committed: (its folder, the dvc command, the environment,
+    the repro's output). Reproduced once per test run, by whichever pytest-xdist worker
+    asks first (the others wait for it); read-only: tests work on a ``copy_project``."""
+    from filelock import FileLock
+    from test_dvc_repro import stage_env, tools
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    dvc = tools()
+    shared = _shared_temp(tmp_path_factory)
+    work, log_file = shared / "dvcproject" / "repo", shared / "dvcproject.log"
+    with FileLock(str(shared / "dvcproject.lock")):
+        if not log_file.is_file():
+            if work.exists():
+                pytest.fail(f"the shrunk `dvc repro` in {work} failed in another worker")
+            log_file.write_text(_reproduce(work, repo_root, mnist_mirror))
+    return work, dvc, stage_env(work, mnist_mirror), log_file.read_text()
+
+
+def copy_project(reproduced, target: Path):
+    """A private copy of ``reproduced`` (that fixture's tuple) at ``target``/repo, in the
+    same form; DVC's cache files, which DVC never writes to, are hard links."""
+    work, dvc, env, log = reproduced
+
+    def link_cache(source, destination):
+        if "/.dvc/cache/" in source:
+            os.link(source, destination)
+        else:
+            shutil.copy2(source, destination)
+
+    shutil.copytree(work.parent, target, symlinks=True, copy_function=link_cache)
+    env = {**env, "CAPSNET_PARAMS_TRACE": str(target / "params-read.tsv")}
+    return target / "repo", dvc, env, log
+
+
+@pytest.fixture(scope="session")
+def shrunk_project(tmp_path_factory, reproduced_project):
+    """This worker's copy of ``reproduced_project``, shared by the DVC end-to-end tests
+    (tests/test_dvc_repro.py, tests/test_dvc_experiments.py)."""
+    return copy_project(reproduced_project, tmp_path_factory.mktemp("dvcproject") / "p")
+
+
+@pytest.fixture
+def project_copy(tmp_path, reproduced_project):
+    """A copy of ``reproduced_project`` for one test."""
+    return copy_project(reproduced_project, tmp_path / "dvcproject")

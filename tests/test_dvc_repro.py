@@ -45,18 +45,22 @@ SHRINK = {
     "evaluate.equivariance.angles": [-30, 0, 30],
     "evaluate.equivariance.limit": 16,
     "publish.mode": "offline",
-    "data.smallnorb.synth.side": 48,
+    "data.smallnorb.synth.side": 24,  # prepared at data.smallnorb.size (48) all the same
     "smallnorb_sweep.epochs": 1,
     "smallnorb_sweep.train_size": 64,
     "smallnorb_sweep.val_size": 64,
     "smallnorb_sweep.wandb.mode": "disabled",
+    "smallnorb_sweep.compile": False,
     "smallnorb_train.epochs": 1,
     "smallnorb_train.train_size": 64,
     "smallnorb_train.val_size": 64,
     "smallnorb_train.test_size": 64,
+    "smallnorb_train.seeds": 2,
+    "smallnorb_train.compile": False,
     "viewpoints.epochs": 1,
     "viewpoints.train_limit": 64,
     "viewpoints.test_limit": 64,
+    "viewpoints.compile": False,
 }
 
 
@@ -87,16 +91,21 @@ def run(args, cwd, env):
     return result.stdout
 
 
-def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tuple[str, dict]:
-    """The code, dvc.yaml and shrunk params.yaml of the repository (and ``files``) copied
-    to ``work``; (the dvc command, the environment the stages run in). Skips without dvc,
-    Ray or the capsnet command."""
+def tools() -> str:
+    """The dvc command beside this Python; skips without dvc, Ray or the capsnet command."""
     pytest.importorskip("dvc")
     pytest.importorskip("ray")
     bin_dir = Path(sys.executable).parent
     dvc = shutil.which("dvc", path=str(bin_dir))
     if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
         pytest.skip("dvc or the capsnet command is not installed")
+    return dvc
+
+
+def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tuple[str, dict]:
+    """The code, dvc.yaml and shrunk params.yaml of the repository (and ``files``) copied
+    to ``work``; (the dvc command, the environment the stages run in)."""
+    dvc = tools()
     for name in COPIED_DIRS:
         if (repo_root / name).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -104,6 +113,13 @@ def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tu
     for name in (*COPIED_FILES, *files):
         shutil.copy(repo_root / name, work / name)
     (work / "params.yaml").write_text(shrink((repo_root / "params.yaml").read_text()))
+    return dvc, stage_env(work, mnist_mirror)
+
+
+def stage_env(work: Path, mnist_mirror: Path) -> dict:
+    """The environment the stages of the copy at ``work`` run in (git's author included);
+    every params read is traced to ``work``/../params-read.tsv."""
+    bin_dir = Path(sys.executable).parent
     env = {
         **os.environ,
         "CAPSNET_MIRROR": str(mnist_mirror),
@@ -112,10 +128,12 @@ def shrunk_copy(work: Path, repo_root: Path, mnist_mirror: Path, files=()) -> tu
         "WANDB_MODE": "offline",
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "CAPSNET_PARAMS_TRACE": str(work.parent / "params-read.tsv"),
-    }
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
+    }  # fmt: skip
     for key in ("CAPSNET_DATA", "RAY_ADDRESS", "WANDB_API_KEY", "DVC_ROOT", "DVC_EXP_NAME"):
         env.pop(key, None)
-    return dvc, env
+    return env
 
 
 def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
