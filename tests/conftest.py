@@ -16,6 +16,15 @@ for _key, _value in {
     "WANDB_SILENT": "true",
 }.items():
     os.environ.setdefault(_key, _value)
+if os.environ.get("PYTEST_XDIST_WORKER") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # Workers compiling at once in Inductor's one default cache failed a compile
+    # (InductorError): each worker keeps its own, reused by the next run (kept apart per
+    # ATEN_CPU_CAPABILITY as capsnet.nn.routing.em.compile_routing_function does).
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    _capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    _worker = os.environ["PYTEST_XDIST_WORKER"] + (f"_{_capability}" if _capability else "")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_pytest_{_worker}"
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_MIRROR = REPO_ROOT.parent / "shared" / "datasets"
