@@ -77,3 +77,16 @@ def shrunk_project(tmp_path_factory, repo_root, mnist_mirror):
     run(["git", "add", "-A"], work, env)
     run(["git", "commit", "-q", "-m", "baseline"], work, env)
     return work, dvc, env, log
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test, restored after: on a loaded 2-core machine
+    a second thread mostly spins waiting for the first (a small EM training run took 300 s of
+    CPU with two threads, about 25 s with one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -691,7 +691,7 @@ def test_fit_trains_em_capsnet_with_spread_loss():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
-def test_overfits_a_small_smallnorb_batch(seed):
+def test_overfits_a_small_smallnorb_batch(seed, one_torch_thread):
     """Five noise images, one per class, are separated by the margin: the loss reaches zero
     and every image is classified right. With the official margin schedule the margin stays
     near 0.2 over these 50 steps, a gap this model reaches (global routing, which splits a
