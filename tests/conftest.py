@@ -16,6 +16,22 @@ for _key, _value in {
     "WANDB_SILENT": "true",
 }.items():
     os.environ.setdefault(_key, _value)
+if os.environ.get("PYTEST_XDIST_WORKER") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # Workers compiling at once in Inductor's one default cache failed a compile
+    # (InductorError): each worker keeps its own, reused by the next run (kept apart per
+    # ATEN_CPU_CAPABILITY as capsnet.nn.routing.em.compile_routing_function does).
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    _capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    _worker = os.environ["PYTEST_XDIST_WORKER"] + (f"_{_capability}" if _capability else "")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_pytest_{_worker}"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers share the cores (.ci/run: two on two): torch in each on one thread, where a
+    # second would mostly spin waiting for a core another worker holds. Subprocesses keep
+    # torch's default.
+    import torch
+
+    torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_MIRROR = REPO_ROOT.parent / "shared" / "datasets"
@@ -117,3 +133,16 @@ def shrunk_project(tmp_path_factory, reproduced_project):
 def project_copy(tmp_path, reproduced_project):
     """A copy of ``reproduced_project`` for one test."""
     return copy_project(reproduced_project, tmp_path / "dvcproject")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test, restored after: on a loaded 2-core machine
+    a second thread mostly spins waiting for the first (a small EM training run took 300 s of
+    CPU with two threads, about 25 s with one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -174,23 +174,24 @@ def test_model_under_bf16_autocast_routes_in_fp32(compiled):
 
 
 @pytest.mark.parametrize("impl", ["eager", "reference"])
-def test_em_benchmark_worker_assumes_no_cpu(impl):
+def test_em_benchmark_worker_assumes_no_cpu(impl, capsys):
     """benchmarks/em_throughput.py's training step (model, data, Adam, the loop reference)
-    on the meta device: nothing in it is made on the CPU by default, so --device cuda works."""
+    on the meta device: nothing in it is made on the CPU by default, so --device cuda works.
+    The worker's entry point runs in this process (its threads setting restored after)."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "em_throughput.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--model", "em-capsnet-small", "--input-size", "24",
-         "--batch-size", "2", "--steps", "1", "--warmup", "1", "--iterations", "2",
-         "--device", "meta", "--worker", impl],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    from benchmarks import em_throughput
+
+    threads = torch.get_num_threads()
+    try:
+        em_throughput.main(
+            ["--model", "em-capsnet-small", "--input-size", "24", "--batch-size", "2",
+             "--steps", "1", "--warmup", "1", "--iterations", "2", "--device", "meta",
+             "--worker", impl]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["impl"], result["device"], result["peak_gpu_gib"]) == (impl, "meta", None)
 
 

@@ -7,7 +7,10 @@ from capsnet.nn.layers import PrimaryCapsules
 from capsnet.nn.routing import squash
 
 # Models small enough for per-model gradient checks on a CPU.
-QUICK_OVERRIDES = {"baseline-cnn": {"channels": (8, 8, 4), "hidden": (16, 8)}}
+QUICK_OVERRIDES = {
+    "baseline-cnn": {"channels": (8, 8, 4), "hidden": (16, 8)},
+    "em-capsnet": {"A": 16, "B": 8, "C": 8, "D": 8},  # full size: tests/test_em.py
+}
 
 
 def test_registry_lists_required_models():
