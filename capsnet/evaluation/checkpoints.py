@@ -59,11 +59,12 @@ def evaluate_checkpoints(
     for name, path, (model, meta) in zip(names, paths, loaded):
         model.to(request.device)
         request.say(f"evaluating {name} ({meta['model_name']})")
-        with checkpoint.scoring(path):
-            scores = evaluate_model(model, data, request, (path, meta))
-        entry = Entry(name, meta["model_name"], str(path), scores=scores)
-        if figures is not None:
-            figures.add_model(name, model, entry, data, request)
+        with evaluate.remembering_predictions():  # the figures reuse the scores' forward passes
+            with checkpoint.scoring(path):
+                scores = evaluate_model(model, data, request, (path, meta))
+            entry = Entry(name, meta["model_name"], str(path), scores=scores)
+            if figures is not None:
+                figures.add_model(name, model, entry, data, request)
         entries[name] = entry
         model.cpu()
     metas = {name: meta for name, (_, meta) in zip(entries, loaded)}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -11,6 +15,23 @@ from capsnet.io.errors import NonFiniteOutputs
 from capsnet.training.device import autocast
 
 EVAL_BATCH_SIZE = EvaluateParams.batch_size
+
+#: ``predict``'s results inside ``remembering_predictions``: key -> (model, dataset, result);
+#: the model and dataset are kept so that their ids stay theirs while remembered.
+_REMEMBERED: ContextVar[dict | None] = ContextVar("remembered_predictions", default=None)
+
+
+@contextmanager
+def remembering_predictions() -> Iterator[None]:
+    """Inside the block ``predict`` computes once per model, dataset object, batch size,
+    device and precision: the evaluation stage scores a test set and then draws its
+    confusion matrix from the same predictions (an EM model's test set is the stage's
+    costliest forward pass). The model must not change inside the block."""
+    token = _REMEMBERED.set({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.reset(token)
 
 
 def _batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):
@@ -47,8 +68,21 @@ def predict(
     NonFiniteOutputs when a score is NaN or infinite (a score of 0.1 would look real).
 
     Runs on ``device`` (default: the model's) under the ``amp`` precision policy; scores and
-    targets stay there until one transfer at the end."""
+    targets stay there until one transfer at the end. Inside ``remembering_predictions`` a
+    repeated call returns the first call's tensors."""
     device = model_device(model, device)
+    remembered = _REMEMBERED.get()
+    key = (id(model), id(dataset), batch_size, str(device), amp)
+    if remembered is not None and key in remembered:
+        return remembered[key][2]
+    result = _predict(model, dataset, batch_size, device, amp)
+    if remembered is not None:
+        remembered[key] = (model, dataset, result)
+    return result
+
+
+def _predict(model, dataset, batch_size: int, device: torch.device, amp: str | None):
+    """``predict`` computed."""
     was_training = model.training
     model.eval()
     all_scores, all_targets = [], []
