@@ -9,7 +9,7 @@ import csv
 
 import pytest
 from click.testing import CliRunner
-from sweephelpers import base
+from sweephelpers import base, lenet5_space
 
 from capsnet import config
 from capsnet.cli import main
@@ -100,13 +100,10 @@ def test_profile_resources_run_four_trials_on_one_gpu_at_once(
             self.requests.add(tuple(sorted(required.items())))
 
     resources = config.to_dict(paper[1].sweep.resources)
-    # the vehicle is lenet5 (a trial's cost is then mostly its process start): the test
-    # is about the trials' resources and occupancy, not the model they train
     sweep = tiny_sweep(
         epochs=3,
         resources=resources,
-        space={"model": "lenet5", "routing_iterations": 1, "augment": "none",
-               "lr": {"grid": [0.001, 0.002, 0.003, 0.004]}},
+        space=lenet5_space(4),
         wandb={"mode": "disabled"},
     )  # fmt: skip
     occupancy = Occupancy()

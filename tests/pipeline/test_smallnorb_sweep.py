@@ -15,6 +15,7 @@ from clihelpers import assert_one_line_error, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
+from sweephelpers import ONE_PROCESS
 
 from capsnet import models
 from capsnet.config import (
@@ -158,6 +159,7 @@ def tiny_norb_sweep(tmp_path, **overrides) -> SweepConfig:
         "train_size": 24,
         "val_size": 16,
         "asha": {"enabled": False},
+        "resources": ONE_PROCESS,
         "storage_path": str(tmp_path / "ray"),
         "wandb": {"mode": "disabled"},
         **overrides,
