@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clihelpers import assert_one_line_error, invoke_cli, run_cli
+from clihelpers import assert_one_line_error, invoke_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
@@ -285,7 +285,7 @@ def norb_best(path: Path) -> Path:
 def test_train_final_on_smallnorb_writes_loadable_checkpoints(norb_root, tmp_path):
     params = write_params(tmp_path / "params.yaml", tmp_path)
     best = norb_best(tmp_path / "best.json")
-    result = run_cli(
+    result = invoke_cli(
         "train-final", "--params", params, "--section", "smallnorb_train",
         "--sweep-section", "smallnorb_sweep", "--best", best, "--data-root", norb_root,
     )  # fmt: skip
