@@ -196,11 +196,17 @@ def test_unknown_augmentation_fails_before_ray(tiny_sweep, sweep_data, tmp_path)
 # --- the experiment name hashes everything a trial reads ---------------------------------
 
 
-def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data):
+def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data, monkeypatch):
     import dataclasses
 
     from capsnet.config import AugmentParams, RotateAugment, ShiftAugment
+    from pipeline import sweep as sweep_module
     from pipeline.sweep import SweepData, fingerprint
+
+    # the code's digest, read once (each reading walks the stage's import closure); what
+    # changes it is tests/faults/test_fault_experiments.py's
+    code = sweep_module.code_digest()
+    monkeypatch.setattr(sweep_module, "code_digest", lambda: code)
 
     sweep = tiny_sweep(space={"augment": {"grid": ["none", "shift"]}})
     spec = base(sweep)
