@@ -144,8 +144,10 @@ def data_hash(lock_path: str | os.PathLike = "dvc.lock") -> str | None:
     without a dvc.lock."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: a large lock in ms
     try:
-        stages = (yaml.safe_load(Path(lock_path).read_text()) or {}).get("stages") or {}
+        text = Path(lock_path).read_text()
+        stages = (yaml.load(text, Loader=loader) or {}).get("stages") or {}
     except (OSError, yaml.YAMLError):
         return None
     outs = sorted(

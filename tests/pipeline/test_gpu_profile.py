@@ -9,7 +9,7 @@ import csv
 
 import pytest
 from click.testing import CliRunner
-from sweephelpers import base
+from sweephelpers import base, lenet5_space
 
 from capsnet import config
 from capsnet.cli import main
@@ -103,8 +103,7 @@ def test_profile_resources_run_four_trials_on_one_gpu_at_once(
     sweep = tiny_sweep(
         epochs=3,
         resources=resources,
-        space={"model": "capsnet-small", "routing_iterations": {"grid": [1, 2, 3, 4]},
-               "augment": "none"},
+        space=lenet5_space(4),
         wandb={"mode": "disabled"},
     )  # fmt: skip
     occupancy = Occupancy()

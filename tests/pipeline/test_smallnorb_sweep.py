@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from clihelpers import assert_one_line_error, run_cli
+from clihelpers import assert_one_line_error, invoke_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
+from sweephelpers import ONE_PROCESS
 
 from capsnet import models
 from capsnet.config import (
@@ -158,6 +159,7 @@ def tiny_norb_sweep(tmp_path, **overrides) -> SweepConfig:
         "train_size": 24,
         "val_size": 16,
         "asha": {"enabled": False},
+        "resources": ONE_PROCESS,
         "storage_path": str(tmp_path / "ray"),
         "wandb": {"mode": "disabled"},
         **overrides,
@@ -283,7 +285,7 @@ def norb_best(path: Path) -> Path:
 def test_train_final_on_smallnorb_writes_loadable_checkpoints(norb_root, tmp_path):
     params = write_params(tmp_path / "params.yaml", tmp_path)
     best = norb_best(tmp_path / "best.json")
-    result = run_cli(
+    result = invoke_cli(
         "train-final", "--params", params, "--section", "smallnorb_train",
         "--sweep-section", "smallnorb_sweep", "--best", best, "--data-root", norb_root,
     )  # fmt: skip
@@ -350,27 +352,29 @@ def assert_disabled_outputs(tmp_path: Path, reason_fragment: str) -> None:
 
 
 def run_disabled_stages(params: Path, tmp_path: Path, data_root: Path, explicit: bool = True):
-    """Both commands as DVC runs them (``explicit``) or with the default --out, --best and
-    --sweep-section of the smallNORB sections, from ``tmp_path``."""
+    """Both commands (in this process, from the current directory) as DVC runs them
+    (``explicit``) or with the default --out, --best and --sweep-section of the smallNORB
+    sections."""
     paths = ["--out", tmp_path / "sweep-smallnorb"] if explicit else []
-    sweep = run_cli(
+    sweep = invoke_cli(
         "sweep", "--params", params, "--section", "smallnorb_sweep", *paths,
-        "--data-root", data_root, cwd=tmp_path,
+        "--data-root", data_root,
     )  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr
     assert "not run" in sweep.stdout
     paths = ["--best", tmp_path / "sweep-smallnorb" / "best.json"] if explicit else []
     paths += ["--sweep-section", "smallnorb_sweep"] if explicit else []
-    train = run_cli(
+    train = invoke_cli(
         "train-final", "--params", params, "--section", "smallnorb_train", *paths,
-        "--data-root", data_root, cwd=tmp_path,
+        "--data-root", data_root,
     )  # fmt: skip
     assert train.returncode == 0, train.stderr
     assert not (tmp_path / "sweep").exists()  # the MNIST sweep's directory is left alone
     return sweep, train
 
 
-def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root):
+def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     params = write_params(tmp_path / "params.yaml", tmp_path, enabled=False)
     stale = tmp_path / "models-smallnorb" / "em-capsnet-small.pt"
     stale.parent.mkdir()
@@ -379,7 +383,8 @@ def test_switched_off_in_params_writes_marked_outputs(tmp_path, norb_root):
     assert_disabled_outputs(tmp_path, "data.smallnorb.enabled is false")
 
 
-def test_disabled_prepared_data_writes_marked_outputs(tmp_path):
+def test_disabled_prepared_data_writes_marked_outputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     from capsnet.io.outputset import write_disabled
 
     root = tmp_path / "data"
@@ -395,7 +400,7 @@ def test_disabled_best_json_with_the_data_on_is_a_one_line_error(tmp_path, norb_
     params = write_params(tmp_path / "params.yaml", tmp_path, enabled=True)
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"disabled": "data.smallnorb.enabled is false in params.yaml"}))
-    result = run_cli(
+    result = invoke_cli(
         "train-final", "--params", params, "--section", "smallnorb_train",
         "--best", best, "--data-root", norb_root,
     )  # fmt: skip

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sweephelpers import base
+from sweephelpers import ONE_PROCESS, base, lenet5_space
 
 from capsnet.config import SEARCHABLE
 from capsnet.io.errors import ConfigError
@@ -62,7 +62,7 @@ SAMPLED = {
 
 def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")  # restored after the W&B-less rerun below
-    sweep = tiny_sweep(space=SAMPLED)
+    sweep = tiny_sweep(space=SAMPLED, resources=ONE_PROCESS)
     out = tmp_path / "sweep"
     outcome = run_sweep(sweep, base(sweep), out_dir=out, data=sweep_data)
 
@@ -128,7 +128,10 @@ def test_tiny_sweep_completes_locally(local_ray, tiny_sweep, sweep_data, tmp_pat
 
     # trained afresh (new Tune state, W&B off), it writes the same bytes
     fresh = tiny_sweep(
-        space=SAMPLED, storage_path=str(tmp_path / "ray2"), wandb={"mode": "disabled"}
+        space=SAMPLED,
+        resources=ONE_PROCESS,
+        storage_path=str(tmp_path / "ray2"),
+        wandb={"mode": "disabled"},
     )
     rerun = run_sweep(fresh, base(fresh), out_dir=tmp_path / "rerun", data=sweep_data)
     assert rerun.restored is False and rerun.experiment_path != outcome.experiment_path
@@ -175,12 +178,7 @@ def test_at_most_max_concurrent_trials_run_at_once(local_ray, tiny_sweep, sweep_
             running.append(sum(t.status == "RUNNING" for t in trials))
 
     sweep = tiny_sweep(
-        space={
-            "model": "lenet5",
-            "routing_iterations": 1,
-            "augment": "none",
-            "lr": {"grid": [0.001, 0.002, 0.003]},
-        },
+        space=lenet5_space(3),
         resources={"cpus_per_trial": 1, "max_concurrent_trials": 1},
         wandb={"mode": "disabled"},
     )
@@ -198,11 +196,17 @@ def test_unknown_augmentation_fails_before_ray(tiny_sweep, sweep_data, tmp_path)
 # --- the experiment name hashes everything a trial reads ---------------------------------
 
 
-def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data):
+def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data, monkeypatch):
     import dataclasses
 
     from capsnet.config import AugmentParams, RotateAugment, ShiftAugment
+    from pipeline import sweep as sweep_module
     from pipeline.sweep import SweepData, fingerprint
+
+    # the code's digest, read once (each reading walks the stage's import closure); what
+    # changes it is tests/faults/test_fault_experiments.py's
+    code = sweep_module.code_digest()
+    monkeypatch.setattr(sweep_module, "code_digest", lambda: code)
 
     sweep = tiny_sweep(space={"augment": {"grid": ["none", "shift"]}})
     spec = base(sweep)
