@@ -39,7 +39,7 @@ from capsnet.cli.declared import Command
 from capsnet.cli.options import MAX_COUNT, count, train_default
 from capsnet.config.training import TrainConfig
 from capsnet.io.errors import CapsnetError
-from capsnet.training.device import autocast, configure_backends, select_device
+from capsnet.training.device import autocast, configure_backends, mark_step, select_device
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLEMENTATIONS = ("capsnet", "naive", "conv")
@@ -126,7 +126,7 @@ def make_steps(
 
     def train_step() -> None:
         module.train()
-        torch.compiler.cudagraph_mark_step_begin()
+        mark_step(device)
         with _precision(device, amp):
             loss = _loss(module(images, targets), images, targets)
         optimizer.zero_grad(set_to_none=True)
@@ -135,7 +135,7 @@ def make_steps(
 
     def infer_step() -> None:
         module.eval()
-        torch.compiler.cudagraph_mark_step_begin()
+        mark_step(device)
         with torch.inference_mode(), _precision(device, amp):
             module(images)
 

@@ -58,8 +58,8 @@ def _on_device(value) -> bool:
 
 class HostTraffic:
     """Context manager recording (kind, op, where) for every host sync and host-to-device
-    copy of ops on a non-CPU device; ``step`` counts ``cudagraph_mark_step_begin`` calls
-    (``fit``'s step markers) and each record carries the step it happened in. On the meta
+    copy of ops on a non-CPU device; ``step`` counts ``mark_step`` calls (``fit``'s and
+    ``predict``'s step markers) and each record carries the step it happened in. On the meta
     device a read returns ones, so training goes on past it."""
 
     def __init__(self):
@@ -163,16 +163,19 @@ class _MetaGenerator(torch.Generator):
 def on_meta(monkeypatch):
     """``fit`` trains on the meta device with a device generator; a HostTraffic records
     it, its step counter driven by fit's step markers."""
-    traffic = HostTraffic()
-    marker = torch.compiler.cudagraph_mark_step_begin
+    from capsnet.training import scoring
 
-    def mark_step():
+    traffic = HostTraffic()
+    marker = train.mark_step
+
+    def mark_step(device):
         traffic.mark_step()
-        marker()
+        marker(device)
 
     monkeypatch.setattr(train, "select_device", lambda name="auto": META)
     monkeypatch.setattr(torch, "Generator", _MetaGenerator)
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", mark_step)
+    for module in (train, scoring):
+        monkeypatch.setattr(module, "mark_step", mark_step)
     return traffic
 
 

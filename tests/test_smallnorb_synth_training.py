@@ -15,9 +15,10 @@ CHANCE = 0.2  # five classes
 
 @pytest.fixture(scope="module")
 def synth_root(tmp_path_factory):
-    """The stand-in rendered at 48x48 (the prepared size, so no resize) and prepared."""
+    """The stand-in rendered at 24x24 (a quarter of the pixels of 48x48) and prepared at
+    the default size, 48, as the shrunk DVC project does."""
     root = tmp_path_factory.mktemp("norb") / "data"
-    section = SmallnorbParams(source="synth", synth=SmallnorbSynthParams(side=48))
+    section = SmallnorbParams(source="synth", synth=SmallnorbSynthParams(side=24))
     params = Params(data=DataParams(smallnorb=section))
     stages.download("smallnorb", params, root)
     stages.prepare("smallnorb", params, root)
@@ -27,7 +28,7 @@ def synth_root(tmp_path_factory):
 def _train(model: str, root, **train) -> float:
     config = TrainConfig(epochs=2, batch_size=32, seed=0, progress=False, device="cpu", **train)
     spec = RunSpec(
-        model=model, train=config, dataset="smallnorb", train_size=1024, val_size=0,
+        model=model, train=config, dataset="smallnorb", train_size=512, val_size=0,
         data_root=root, overrides={"routing_iterations": 2} if model.startswith("em") else {},
     )  # fmt: skip
     result = train_run(spec)

@@ -6,7 +6,7 @@ from capsnet.data.datasets import TensorImageDataset, load
 from capsnet.models import checkpoint
 from capsnet.nn import losses
 from capsnet.training import scoring as evaluate
-from capsnet.training.device import select_device
+from capsnet.training.device import mark_step, select_device
 from capsnet.training.fit import TrainConfig, compute_loss, fit
 
 
@@ -273,10 +273,8 @@ def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_sec
 
     train_accuracy = train.accuracy
     monkeypatch.setattr(train, "accuracy", scored)
-    marker = torch.compiler.cudagraph_mark_step_begin
-    monkeypatch.setattr(
-        torch.compiler, "cudagraph_mark_step_begin", lambda: (steps.append(1), marker())
-    )
+    for module in (train, evaluate):  # fit's and predict's step markers
+        monkeypatch.setattr(module, "mark_step", lambda device: steps.append(device))
     config = TrainConfig(epochs=2, batch_size=3, compile=True, progress=False, amp="fp32")
     history = fit(model, data, data, config)
     # 7 images in batches of 3: 2 training steps an epoch (the partial batch dropped), then
@@ -287,6 +285,15 @@ def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_sec
     assert after_val > first_train  # eval mode and no_grad: the validation's own graph
     assert second_train == second_val == after_val  # the second epoch: no recompile
     assert all(torch.isfinite(torch.tensor(r["train_loss"])) for r in history)
+
+
+def test_steps_are_marked_for_cuda_graphs_on_cuda_only(monkeypatch):
+    """Off CUDA the mark is skipped: there are no CUDA graphs, and it would import Inductor."""
+    calls = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(1))
+    for device in ("cpu", "meta", "cuda"):
+        mark_step(torch.device(device))
+    assert calls == [1]
 
 
 def test_time_budget_ends_training_early_but_never_before_one_epoch(mnist_small):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from clihelpers import assert_one_line_error, run_cli
+from clihelpers import assert_one_line_error, invoke_cli, run_cli
 
 from capsnet import config, evaluation, models
 from capsnet.cli import main
@@ -168,8 +168,8 @@ def test_unknown_model_or_override_fails_before_any_data(tmp_path):
         "em-capsnet-huge",
     )
     params.write_text(on + "viewpoints:\n  overrides: {cnn: {widht: 3}}\n")
-    assert_one_line_error(
-        run_cli("viewpoints", "--params", str(params), "--data-root", str(tmp_path)),
+    assert_one_line_error(  # the same boundary: in this process
+        invoke_cli("viewpoints", "--params", str(params), "--data-root", str(tmp_path)),
         "viewpoints.overrides.cnn",
         "widht",
     )

@@ -54,6 +54,14 @@ def _named_device(name: str) -> torch.device:
     return device
 
 
+def mark_step(device: torch.device) -> None:
+    """Tell a model compiled with CUDA graphs (torch.compile, reduce-overhead) that a new
+    step begins. Off CUDA there are no CUDA graphs, and the mark would only import
+    Inductor (seconds of CPU time in a process that trains or evaluates uncompiled)."""
+    if device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 def configure_backends(device: torch.device) -> None:
     """The speed policy of a CUDA run, set in this one place (docs/gpu.md): cuDNN picks
     the fastest convolution for the (fixed) batch shape, and fp32 matmuls may use TF32

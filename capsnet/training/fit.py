@@ -17,7 +17,7 @@ from capsnet.data.augment import augment_batch
 from capsnet.data.batches import as_renderable, to_device
 from capsnet.io.errors import ConfigError, TrainingDiverged
 from capsnet.nn import losses
-from capsnet.training.device import autocast, configure_backends, select_device
+from capsnet.training.device import autocast, configure_backends, mark_step, select_device
 from capsnet.training.scoring import accuracy
 
 
@@ -117,7 +117,7 @@ def train_step(
     reads a value back to the host, so steps queue without a sync."""
     images, targets, *parts = batch
     components, mask = parts if parts else (None, targets if targets.dim() == 1 else None)
-    torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
+    mark_step(images.device)  # a compiled model's new step
     with autocast(images.device, config.amp):
         output = model(images, mask)
         loss = compute_loss(model, output, images, targets, config, step, total_steps, components)

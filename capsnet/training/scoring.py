@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from capsnet.config import EvaluateParams
 from capsnet.io.errors import NonFiniteOutputs
-from capsnet.training.device import autocast
+from capsnet.training.device import autocast, mark_step
 
 EVAL_BATCH_SIZE = EvaluateParams.batch_size
 
@@ -88,7 +88,7 @@ def _predict(model, dataset, batch_size: int, device: torch.device, amp: str | N
     all_scores, all_targets = [], []
     try:
         for images, targets in _batches(dataset, batch_size, device):
-            torch.compiler.cudagraph_mark_step_begin()  # a compiled model's new step
+            mark_step(device)  # a compiled model's new step
             with autocast(device, amp):
                 scores = model(images).scores  # (B, K)
             all_scores.append(scores.float().clone())

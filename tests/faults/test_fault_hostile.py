@@ -20,7 +20,7 @@ import pytest
 from faulthelpers import invoke_bounded, judge, run_bounded, snapshot
 
 from capsnet.config.yamlfile import MAX_DEPTH, MAX_VALUES
-from capsnet.data import smallnorb
+from capsnet.data import mnist, smallnorb
 from capsnet.data.formats import NORB_MAGIC, write_norb
 from capsnet.io.files import MAX_JSON_DEPTH
 
@@ -183,19 +183,17 @@ def _trickle_server(content_length: int, interval: float):
     return server
 
 
-def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, tally):
+def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, monkeypatch, tally):
+    monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
+    monkeypatch.chdir(tmp_path)
     server = _trickle_server(1000, 0.5)
     try:
         mirror = f"http://127.0.0.1:{server.server_port}"
         env = {"CAPSNET_DOWNLOAD_DEADLINE": "2", "CAPSNET_MIRROR": None}
         root = tmp_path / "data"
         started = time.monotonic()
-        done = run_bounded(
-            ["data", "download", "mnist", "--data-root", root, "--mirror", mirror],
-            timeout=90,
-            env=env,
-            cwd=tmp_path,
-        )
+        args = ["data", "download", "mnist", "--data-root", root, "--mirror", mirror]
+        done = invoke_bounded(*args, timeout=90, env=env)
         took = time.monotonic() - started
     finally:
         server.shutdown()
@@ -206,7 +204,7 @@ def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, tally):
 def test_a_mirror_slower_than_the_speed_floor_fails_naming_the_url(tmp_path, monkeypatch, tally):
     """A byte every 0.2 s is far below a floor of 1 KiB/s over 1 s (the default window is
     30 s): the transfer is given up after a window or two, once, naming the URL."""
-    from capsnet.data import mnist, sources
+    from capsnet.data import sources
 
     monkeypatch.setattr(sources, "SPEED_FLOOR", sources.SpeedFloor(1024, 1.0))
     monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
@@ -226,7 +224,11 @@ def test_a_mirror_slower_than_the_speed_floor_fails_naming_the_url(tmp_path, mon
 
 
 @pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo"])
-def test_an_endless_mirror_entry_stops_at_the_known_size(tmp_path, tally, mnist_mirror, endless):
+def test_an_endless_mirror_entry_stops_at_the_known_size(
+    tmp_path, monkeypatch, tally, mnist_mirror, endless
+):
+    monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
+    monkeypatch.chdir(tmp_path)
     mirror = tmp_path / "mirror" / "mnist"
     mirror.mkdir(parents=True)
     for gz in (mnist_mirror / "mnist").glob("*.gz"):
@@ -238,10 +240,8 @@ def test_an_endless_mirror_entry_stops_at_the_known_size(tmp_path, tally, mnist_
     else:
         bad.symlink_to(endless)
     root = tmp_path / "data"
-    done = run_bounded(
-        ["data", "download", "mnist", "--data-root", root, "--mirror", mirror.parent],
-        timeout=120,
-        cwd=tmp_path,
+    done = invoke_bounded(
+        "data", "download", "mnist", "--data-root", root, "--mirror", mirror.parent, timeout=120
     )
     says = "regular file" if endless == "fifo" else "bytes the file can have"
     judge(tally, done, names=("train-labels-idx1-ubyte.gz", says))
