@@ -45,7 +45,8 @@ SHRINK = {
     "evaluate.equivariance.angles": [-30, 0, 30],
     "evaluate.equivariance.limit": 16,
     "publish.mode": "offline",
-    "data.smallnorb.synth.side": 24,  # prepared at data.smallnorb.size (48) all the same
+    "data.smallnorb.synth.side": 16,  # prepared at data.smallnorb.size (48) all the same
+    "data.smallnorb.synth.lightings": 1,  # 4,050 images per split: every view, one lighting
     "smallnorb_sweep.epochs": 1,
     "smallnorb_sweep.train_size": 64,
     "smallnorb_sweep.val_size": 64,
