@@ -37,6 +37,7 @@ SHRINK = {
     "train.val_size": 128,
     "train.extra_train_size": 128,
     "train.seeds": 2,
+    "train.equal_time": False,  # its arm: tests/pipeline/test_train_final.py
     "evaluate.limit": 100,
     "evaluate.angles": [0, 35],
     "evaluate.robustness.epsilons": [0.1],
