@@ -37,6 +37,7 @@ SHRINK = {
     "train.val_size": 128,
     "train.extra_train_size": 128,
     "train.seeds": 2,
+    "train.equal_time": False,  # its arm: tests/pipeline/test_train_final.py
     "evaluate.limit": 100,
     "evaluate.angles": [0, 35],
     "evaluate.robustness.epsilons": [0.1],
@@ -45,7 +46,8 @@ SHRINK = {
     "evaluate.equivariance.angles": [-30, 0, 30],
     "evaluate.equivariance.limit": 16,
     "publish.mode": "offline",
-    "data.smallnorb.synth.side": 24,  # prepared at data.smallnorb.size (48) all the same
+    "data.smallnorb.synth.side": 16,  # prepared at data.smallnorb.size (48) all the same
+    "data.smallnorb.synth.lightings": 1,  # 4,050 images per split: every view, one lighting
     "smallnorb_sweep.epochs": 1,
     "smallnorb_sweep.train_size": 64,
     "smallnorb_sweep.val_size": 64,

@@ -88,7 +88,7 @@ def obtain(
     raw_dir: str | os.PathLike, params, mirror: str | None, progress: bool = False, stand_in=None
 ) -> str:
     """Fill ``raw_dir`` with the six files from ``params.source`` (``data.smallnorb``):
-    real (download), synth (``stand_in(raw_dir, seed, side)`` renders them) or auto
+    real (download), synth (``stand_in(raw_dir, seed, side, lightings)`` renders them) or auto
     (real when the mirror holds the official files, otherwise synth). Returns the source
     used, also written to SOURCE.txt."""
     raw_dir = Path(raw_dir)
@@ -101,7 +101,7 @@ def obtain(
     else:
         if stand_in is None:
             raise DataError("data.smallnorb.source synth: no stand-in renderer was given")
-        stand_in(raw_dir, params.synth.seed, params.synth.side)
+        stand_in(raw_dir, params.synth.seed, params.synth.side, params.synth.lightings)
         used = SYNTH
     from capsnet.io.files import atomic_write_bytes
 

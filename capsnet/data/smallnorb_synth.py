@@ -184,8 +184,11 @@ def _hit_box(origin, direction, centre, half):
     return t, normal
 
 
-def _render_elevation(parts, albedo, yaw: float, elevation: int, side: int) -> torch.Tensor:
-    """uint8 (LIGHTINGS, 18, 2, side, side): one instance at one elevation index."""
+def _render_elevation(
+    parts, albedo, yaw: float, elevation: int, side: int, lightings: int = LIGHTINGS
+) -> torch.Tensor:
+    """uint8 (lightings, 18, 2, side, side): one instance at one elevation index, under the
+    first ``lightings`` lights."""
     rx, ry, rz, ux, uy, uz, wx, wy, wz = _cameras(yaw, 30.0 + 5.0 * elevation)
     u, v = _pixel_grid(side)  # (1, P)
     origin = [u * rx + v * ux + 3.0 * wx, u * ry + v * uy + 3.0 * wy, u * rz + v * uz + 3.0 * wz]
@@ -202,31 +205,33 @@ def _render_elevation(parts, albedo, yaw: float, elevation: int, side: int) -> t
         shade = torch.where(closer, part_albedo, shade)
     seen = best < torch.inf  # (V, P)
     images = []
-    for light_azimuth, light_elevation, ambient, diffuse, background in LIGHTS:
+    for light_azimuth, light_elevation, ambient, diffuse, background in LIGHTS[:lightings]:
         lx, ly, lz = _unit(light_azimuth - yaw, light_elevation)  # into the object's frame
         lambert = (nx * lx + ny * ly + nz * lz).clamp(min=0.0)  # (V, P)
         value = torch.where(seen, shade * (ambient + diffuse * lambert), background)
         images.append((value * 255.0 + 0.5).floor().clamp(0, 255).to(torch.uint8))
-    return torch.stack(images).view(LIGHTINGS, len(AZIMUTHS), 2, side, side)
+    return torch.stack(images).view(lightings, len(AZIMUTHS), 2, side, side)
 
 
-def render_split(split: str, seed: int = 0, side: int = SIDE):
+def render_split(split: str, seed: int = 0, side: int = SIDE, lightings: int = LIGHTINGS):
     """(dat uint8 (N, 2, side, side), cat int32 (N,), info int32 (N, 4)) of ``split`` in the
-    official row layout, N = 5 x 5 x 9 x 18 x 6 = 24,300 (scrambled order, see the module)."""
+    official row layout, N = 5 x 5 x 9 x 18 x 6 = 24,300 (scrambled order, see the module);
+    ``lightings`` below 6 keeps the first lighting indices only (N = 4,050 per lighting)."""
     instances = INSTANCES[split]
-    count = len(PARTS) * len(instances) * ELEVATIONS * len(AZIMUTHS) * LIGHTINGS
+    count = len(PARTS) * len(instances) * ELEVATIONS * len(AZIMUTHS) * lightings
     table = torch.empty(count, 2, side, side, dtype=torch.uint8)  # sorted (c, i, e, a, l)
     info = torch.empty(count, 4, dtype=torch.int32)
     cat = torch.empty(count, dtype=torch.int32)
-    block = len(AZIMUTHS) * LIGHTINGS
+    block = len(AZIMUTHS) * lightings
     row = 0
     for category in range(len(PARTS)):
         for instance in instances:
             parts, albedo, yaw = _instance(category, instance, seed)
             for elevation in range(ELEVATIONS):
-                views = _render_elevation(parts, albedo, yaw, elevation, side)  # (L, A, 2, S, S)
+                views = _render_elevation(parts, albedo, yaw, elevation, side, lightings)
+                # views: (L, A, 2, S, S)
                 table[row : row + block] = views.transpose(0, 1).reshape(block, 2, side, side)
-                grid = torch.cartesian_prod(torch.arange(len(AZIMUTHS)), torch.arange(LIGHTINGS))
+                grid = torch.cartesian_prod(torch.arange(len(AZIMUTHS)), torch.arange(lightings))
                 info[row : row + block, 0] = instance
                 info[row : row + block, 1] = elevation
                 info[row : row + block, 2] = torch.tensor(AZIMUTHS)[grid[:, 0]].int()
@@ -237,7 +242,9 @@ def render_split(split: str, seed: int = 0, side: int = SIDE):
     return table[order], cat[order], info[order]
 
 
-def write_raw(out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE) -> list[Path]:
+def write_raw(
+    out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE, lightings: int = LIGHTINGS
+) -> list[Path]:
     """Render both splits and write the six official files (gzipped) into ``out_dir``."""
     from capsnet.data.formats import write_norb
     from capsnet.data.smallnorb import PREFIX, filename
@@ -246,7 +253,7 @@ def write_raw(out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE) -> li
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for split in PREFIX:
-        dat, cat, info = render_split(split, seed, side)
+        dat, cat, info = render_split(split, seed, side, lightings)
         for part, array in zip(PARTS_OF_SPLIT, (dat, cat, info)):
             path = out_dir / filename(split, part)
             write_norb(path, np.ascontiguousarray(array.numpy()))
@@ -261,9 +268,11 @@ def _read_manifest(path: Path) -> dict[str, str]:
     return {name: digest for digest, name in pairs}
 
 
-def obtain(out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE) -> list[Path]:
+def obtain(
+    out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE, lightings: int = LIGHTINGS
+) -> list[Path]:
     """The six files in ``out_dir``: kept when they match its MD5SUMS manifest for this
-    seed and side, otherwise rendered and checked (at seed 0, side 96, against
+    seed, side and lightings, otherwise rendered and checked (at seed 0, side 96, against
     RECORDED_MD5: a DataError when this machine rendered other bytes) and the manifest
     written (``md5sum -c`` reads it)."""
     from capsnet.data.smallnorb import PREFIX, filename
@@ -275,14 +284,16 @@ def obtain(out_dir: str | os.PathLike, seed: int = 0, side: int = SIDE) -> list[
     names = {(split, part): filename(split, part) for split in PREFIX for part in PARTS_OF_SPLIT}
     manifest = _read_manifest(out_dir / MANIFEST)
     settings = f"# smallnorb-synth seed {seed} side {side}"
+    if lightings != LIGHTINGS:
+        settings += f" lightings {lightings}"
     header_ok = (out_dir / MANIFEST).is_file() and settings in (out_dir / MANIFEST).read_text()
     if header_ok and all(
         name in manifest and is_verified(out_dir / name, manifest[name]) for name in names.values()
     ):
         return [out_dir / name for name in names.values()]
-    write_raw(out_dir, seed, side)
+    write_raw(out_dir, seed, side, lightings)
     digests = {key: raw_md5(out_dir / name) for key, name in names.items()}
-    if (seed, side) == (0, SIDE):
+    if (seed, side, lightings) == (0, SIDE, LIGHTINGS):
         for key, digest in digests.items():
             if digest != RECORDED_MD5[key]:
                 raise DataError(

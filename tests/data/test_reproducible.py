@@ -32,6 +32,7 @@ KERNELS = (
 )
 COUNT = {"subset": 200, "full": 2000}  # MNIST test digits rotated and rendered per mode
 SYNTH_SIDE = 24  # the small build renders the smallNORB stand-in at this side
+SYNTH_LIGHTINGS = 1  # and its first lighting (every view, every part of the renderer)
 
 # sha256 of every file the data stages write and of the images computed when loaded;
 # "dvc:<output>" is the md5 dvc.lock records for the output directory. "full" is
@@ -61,7 +62,7 @@ EXPECTED = {  # first 16 hex digits
         "raw/mnist/train-images-idx3-ubyte.gz": "0b367032e93c5d0c",
         "raw/mnist/train-labels-idx1-ubyte.gz": "1787548bbe0bff1e",
         "rotated-mnist": "26ff70ab139eb080",
-        "smallnorb-synth-render": "225c9c072098a54c",
+        "smallnorb-synth-render": "0edc68b475f17aab",
     },
     "full": {
         "dvc:data/prepared/affnist": "c61b0c3f6bcf0589",
@@ -196,7 +197,7 @@ def build(mode: str, mirror: Path, out: Path) -> dict[str, str]:
     if synthetic:  # the stand-in's renderer (the full build renders it at side 96)
         from capsnet.data import smallnorb_synth
 
-        files = smallnorb_synth.write_raw(out / "smallnorb-synth", 0, SYNTH_SIDE)
+        files = smallnorb_synth.write_raw(out / "smallnorb-synth", 0, SYNTH_SIDE, SYNTH_LIGHTINGS)
         hashes["smallnorb-synth-render"] = _sha(b"".join(p.read_bytes() for p in sorted(files)))
     hashes["kernel"] = torch.backends.cpu.get_cpu_capability()
     return hashes

@@ -10,7 +10,7 @@ import torch
 
 from capsnet.config import DataParams, Params, SmallnorbParams, SmallnorbSynthParams
 from capsnet.data import load, smallnorb, smallnorb_synth, stages
-from capsnet.io.errors import DataError
+from capsnet.io.errors import ConfigError, DataError
 
 SIDE = 16  # a small render for the fast tests; the recorded checksums are of side 96
 
@@ -45,6 +45,17 @@ def test_views_differ_and_stereo_pairs_differ():
     assert not torch.equal(views[0, 0, 0], views[3, 0, 0])  # another lighting
     other = smallnorb_synth._instance(2, 6, 0)
     assert not torch.equal(views, smallnorb_synth._render_elevation(*other, 0, 32))
+
+
+def test_fewer_lightings_render_the_first_lighting_indices_only():
+    """``data.smallnorb.synth.lightings`` (tests' small pipelines): the same images as the
+    full render at those lighting indices (tests/test_dvc_repro.py renders a split so)."""
+    parts, albedo, yaw = smallnorb_synth._instance(1, 0, 0)
+    full = smallnorb_synth._render_elevation(parts, albedo, yaw, 3, 8)  # (6, 18, 2, 8, 8)
+    two = smallnorb_synth._render_elevation(parts, albedo, yaw, 3, 8, lightings=2)
+    assert torch.equal(two, full[:2])
+    with pytest.raises(ConfigError, match="lightings"):
+        SmallnorbSynthParams(lightings=7)
 
 
 def test_small_render_bytes_are_recorded():
