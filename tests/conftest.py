@@ -37,6 +37,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_MIRROR = REPO_ROOT.parent / "shared" / "datasets"
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slowest test files first (tests/ciorder.py)."""
+    from ciorder import slowest_first
+
+    slowest_first(items)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
