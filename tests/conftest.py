@@ -27,8 +27,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "TORCHINDUCTOR_CACHE_DIR" not in os
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_pytest_{_worker}"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Workers share the cores (.ci/run: two on two): torch in each on one thread, where a
-    # second would mostly spin waiting for a core another worker holds. Subprocesses keep
-    # torch's default.
+    # second would mostly spin waiting for a core another worker holds; so do the processes
+    # the tests start (DVC stages, CLI runs), through OpenMP's setting, unless it is set.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
