@@ -30,6 +30,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # second would mostly spin waiting for a core another worker holds; so do the processes
     # the tests start (DVC stages, CLI runs), through OpenMP's setting, unless it is set.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Inductor compiles in the process itself, not in a pool of compile processes per test
+    # process (their start costs CPU the other worker needs; a compile failed now and then
+    # in CI with the pool, InductorError, and the EM layers fell back to eager).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)

@@ -75,8 +75,10 @@ class _EMRoutingLayer(nn.Module):
             except Exception as exc:
                 if not _is_compile_failure(exc):
                     raise
+                reason = (str(exc).strip().splitlines() or [""])[-1][:200]
                 warnings.warn(
-                    f"compiled EM routing unavailable ({type(exc).__name__}); using eager",
+                    f"compiled EM routing unavailable ({type(exc).__name__}: {reason}); "
+                    "using eager",
                     RuntimeWarning,
                     stacklevel=3,
                 )
