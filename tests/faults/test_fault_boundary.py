@@ -1,12 +1,15 @@
 """The error boundary against what the machine, W&B, Ray and damaged state raise: host
 memory exhausted, W&B online without a key, an end of input (no interrupt), Ctrl+C (130
-everywhere, ``capsnet sweep`` included), an unreachable Ray address, a damaged
-tuner.pkl, errored trials reported by their cause, a checkpoint whose comparison metadata
-has the wrong types. Each is one line, bounded by a deadline."""
+everywhere, ``capsnet sweep`` included, whose next run resumes), an unreachable Ray
+address, a damaged tuner.pkl, errored trials reported by their cause, a checkpoint whose
+comparison metadata has the wrong types. Each is one line, bounded by a deadline."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,51 +206,88 @@ def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
     assert snapshot(tmp_path / "eval") == {}
 
 
-def _reported(storage) -> bool:
-    """Whether a trial under the Tune storage ``storage`` has reported a result."""
-    return any(path.stat().st_size for path in storage.rglob("result.json"))
+def _trial_results(storage) -> dict[str, list[dict]]:
+    """{trial number: the results it reported} from every result.json under the Tune
+    storage ``storage``."""
+    found = {}
+    for path in storage.glob("*/trial_*/result.json"):
+        rows = []
+        for line in filter(str.strip, path.read_text().splitlines()):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written right now
+                break
+        found[path.parent.name.removeprefix("trial_")] = rows
+    return found
 
 
-def test_ctrl_c_ends_a_sweep_with_130(tmp_path, tally, prepared_root):
-    """SIGINT during a running sweep: Tune saves its state, the command exits 130.
-
-    Many short epochs: the signal lands mid-sweep, and Tune's stop of the trial (which
-    waits for the epoch in progress, forcing it after 10 s) returns at once."""
+def test_ctrl_c_ends_a_sweep_with_130_and_the_next_run_resumes_it(tmp_path, tally, prepared_root):
+    """SIGINT during a running sweep: Tune saves its state, the command exits 130 and
+    writes no output; the same command again resumes it without retraining the trials
+    that finished. Three two-epoch trials one after another in one Ray worker; the signal
+    lands as Tune prints that the first completed (its result.json is flushed later, so the
+    files cannot tell in time)."""
     pytest.importorskip("ray")
+    storage, out = tmp_path / "ray", tmp_path / "sweep"
     (tmp_path / "params.yaml").write_text(
         textwrap.dedent(
             f"""\
             sweep:
-              epochs: 500
-              train_size: 100
-              val_size: 100
-              num_samples: 1
-              storage_path: {tmp_path / "ray"}
+              name: resume
+              epochs: 2
+              batch_size: 50
+              train_size: 300
+              val_size: 200
+              asha: {{enabled: false}}
+              resources: {{cpus_per_trial: 1, max_concurrent_trials: 1}}
+              storage_path: {storage}
               wandb: {{mode: disabled}}
-              space: {{model: lenet5, augment: none, routing_iterations: 1}}
+              space: {{model: lenet5, augment: none, routing_iterations: 1,
+                       lr: {{grid: [0.001, 0.002, 0.003]}}}}
             """
         )
     )
-    sweep = subprocess.Popen(
-        [sys.executable, "-c", "from capsnet.cli import main; main()", "sweep", "--data-root",
-         str(prepared_root), "--num-cpus", "1", "--out", str(tmp_path / "sweep")],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    command = [sys.executable, "-c", "from capsnet.cli import main; main()", "sweep",
+               "--data-root", str(prepared_root), "--num-cpus", "1", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # Tune's lines arrive as printed
+    env.pop("RAY_ADDRESS", None)
+    first = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
     )  # fmt: skip
+    lines = []
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not _reported(tmp_path / "ray"):
-            time.sleep(0.2)  # a trial is training once it reported an epoch
-        os.kill(sweep.pid, signal.SIGINT)
-        _, stderr = sweep.communicate(timeout=120)
-        outcome = Outcome(sweep.returncode, stderr, "Traceback" in stderr)
+        for line in first.stdout:
+            lines.append(line)
+            if re.match(r"Trial \S+ completed after", line):
+                first.send_signal(signal.SIGINT)
+                break
+        lines.extend(first.stdout)
+        first.wait(timeout=120)
+        output = "".join(lines)
+        outcome = Outcome(first.returncode, output, "Traceback" in output)
     except subprocess.TimeoutExpired:
-        sweep.kill()
-        sweep.communicate()
-        outcome = Outcome(124, "", False, hung=True)
-    # Ray and Tune log to stderr on their own; the command's own last word is the line
+        first.kill()
+        first.communicate()
+        outcome = Outcome(124, "".join(lines), False, hung=True)
+    # Ray and Tune log on their own; the command's own last word is the line
     judge(tally, outcome, fault=True, code=130, killed=True)
-    assert outcome.lines[-1] == "Interrupted.", outcome.stderr[-2000:]
-    assert not (tmp_path / "sweep" / "best.json").exists()
+    assert outcome.lines[-1] == "Interrupted.", outcome.stderr[-3000:]
+    assert "interrupted" in outcome.stderr
+    finished = {t: rs for t, rs in _trial_results(storage).items() if rs and rs[-1]["epoch"] == 2}
+    assert 1 <= len(finished) < 3, f"{len(finished)} of 3 trials finished before the signal"
+    assert not out.exists(), outcome.stderr[-3000:]
+
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "resumed 3 trial(s)" in second.stdout
+    with open(out / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"TERMINATED"}
+    assert {r["epochs"] for r in rows} == {"2"}
+    after = _trial_results(storage)
+    for trial, reports in finished.items():  # finished trials were not trained again
+        assert after[trial] == reports
 
 
 def test_a_full_disk_under_the_sweep_state_is_not_blamed_on_params(tmp_path, tally, monkeypatch):
