@@ -1,7 +1,7 @@
 """The cluster path: the image (Dockerfile), the RayJob and its entrypoint (slow: run on a
 local two-node Ray cluster, pushing to a local DVC remote and a local git remote),
-`ray up`'s cluster.yaml, the paper-scale resources, Ray Client, and the device column of
-results.csv."""
+`ray up`'s cluster.yaml, Ray Client, and the device column of results.csv (the paper-scale
+resources on a node of the RayJob's GPU worker shape: tests/pipeline/test_gpu_profile.py)."""
 
 from __future__ import annotations
 
@@ -266,61 +266,6 @@ def test_rsync_filter_leaves_what_git_ignores_on_the_laptop(tmp_path):
 
 
 # -- resources, Ray Client ---------------------------------------------------------------
-
-
-def paper_scale_resources():
-    """The sweep resources of the paper-scale GPU profile (profiles/paper-scale-gpu.yaml)."""
-    from pipeline import profile
-
-    return profile.load(ROOT / "params.yaml", "paper-scale-gpu")[2].sweep.resources
-
-
-def test_paper_scale_resources_pack_four_trials_on_each_gpu_node():
-    """Four tasks asking for the paper-scale trial resources all run at once on a node
-    shaped like the RayJob's GPU workers (Tune places each trial the same way)."""
-    import ray
-
-    resources = paper_scale_resources()
-    cpus, gpus = resources.cpus_per_trial, resources.gpus_per_trial
-    worker = rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
-    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
-    node_cpus, node_gpus = int(limits["cpu"]), int(limits["nvidia.com/gpu"])
-    assert "g5.xlarge" in str(cluster_config()["available_node_types"])  # 4 vCPUs, 1 GPU
-
-    @ray.remote
-    class Barrier:
-        def __init__(self):
-            self.arrived = 0
-
-        def arrive(self):
-            self.arrived += 1
-
-        def count(self):
-            return self.arrived
-
-    @ray.remote(num_cpus=cpus, num_gpus=gpus)
-    def trial(barrier, wanted):
-        import time
-
-        ray.get(barrier.arrive.remote())
-        deadline = time.monotonic() + 90
-        while ray.get(barrier.count.remote()) < wanted and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return ray.get(barrier.count.remote())
-
-    ray.init(
-        address="local",
-        num_cpus=node_cpus,
-        num_gpus=node_gpus,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    try:
-        barrier = Barrier.options(num_cpus=0).remote()
-        seen = ray.get([trial.remote(barrier, 4) for _ in range(4)], timeout=180)
-    finally:
-        ray.shutdown()
-    assert seen == [4, 4, 4, 4]  # all four were running together
 
 
 def test_a_ray_client_address_without_ray_client_names_the_extra(monkeypatch):

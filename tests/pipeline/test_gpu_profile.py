@@ -1,13 +1,14 @@
 """The paper-scale GPU profile: it validates over params.yaml, ``capsnet profile --apply``
 writes it with params.yaml's comments kept, and its resources really run four trials on
-one GPU at once (a local Ray instance declaring one logical GPU; the trials train on the
-CPU, as torch finds no CUDA here)."""
+one GPU at once (a local Ray instance shaped like the RayJob's GPU workers, one logical
+GPU; the trials train on the CPU, as torch finds no CUDA here)."""
 
 from __future__ import annotations
 
 import csv
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from sweephelpers import base, lenet5_space
 
@@ -79,9 +80,22 @@ def test_a_profile_replaces_a_dimension_whole_and_bad_keys_name_the_profile(tmp_
         profile.load(params, "nope")
 
 
+def gpu_node_shape(repo_root) -> tuple[int, int]:
+    """(CPUs, GPUs) of the RayJob's GPU worker pods (pipeline/cluster/rayjob.yaml), after
+    checking that `ray up`'s cluster.yaml offers that shape (a g5.xlarge: 4 vCPUs, 1 GPU)."""
+    cluster = repo_root / "pipeline" / "cluster"
+    job = yaml.safe_load((cluster / "rayjob.yaml").read_text())
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    up = yaml.safe_load((cluster / "cluster.yaml").read_text())
+    assert "g5.xlarge" in str(up["available_node_types"])
+    return int(limits["cpu"]), int(limits["nvidia.com/gpu"])
+
+
 def test_profile_resources_run_four_trials_on_one_gpu_at_once(
-    paper, tiny_sweep, sweep_data, tmp_path
+    paper, tiny_sweep, sweep_data, tmp_path, repo_root
 ):
+    """Four trials at once on a Ray node shaped like the RayJob's GPU workers."""
     import ray
     from ray.tune import Callback
 
@@ -107,7 +121,8 @@ def test_profile_resources_run_four_trials_on_one_gpu_at_once(
         wandb={"mode": "disabled"},
     )  # fmt: skip
     occupancy = Occupancy()
-    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
+    node_cpus, node_gpus = gpu_node_shape(repo_root)
+    ray.init(address="local", num_cpus=node_cpus, num_gpus=node_gpus, include_dashboard=False,
              log_to_driver=False)  # fmt: skip
     try:
         run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -161,30 +162,20 @@ def test_gpu_request_on_cpu_cluster_fails_before_any_trial(
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_cluster_without_gpus_keeps_gpu_worker_stages_in_this_process(local_ray):
+    """Final training and the viewpoints (pipeline.gpu_worker) stay in this process."""
+    from pipeline.gpu_worker import placement
+
+    lines: list[str] = []
+    with placement("local", lines.append) as runner:
+        assert runner.remote is False and runner(os.getpid) == os.getpid()
+    assert lines == ["training in this process: the Ray cluster at local has no GPU"]
+
+
 def test_trial_larger_than_every_node_fails_fast(local_ray, tiny_sweep, sweep_data, tmp_path):
     sweep = tiny_sweep(resources={"cpus_per_trial": 8})
     with pytest.raises(ConfigError, match="no node of the Ray cluster"):
         run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data)
-
-
-def test_at_most_max_concurrent_trials_run_at_once(local_ray, tiny_sweep, sweep_data, tmp_path):
-    """Two CPUs and trials of one: only the cap keeps the second trial waiting."""
-    from ray.tune import Callback
-
-    running: list[int] = []
-
-    class Watch(Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            running.append(sum(t.status == "RUNNING" for t in trials))
-
-    sweep = tiny_sweep(
-        space=lenet5_space(3),
-        resources={"cpus_per_trial": 1, "max_concurrent_trials": 1},
-        wandb={"mode": "disabled"},
-    )
-    run_sweep(sweep, base(sweep), out_dir=tmp_path / "sweep", data=sweep_data, callbacks=[Watch()])
-    assert running and max(running) == 1, running
-    assert len(read_csv(tmp_path / "sweep" / "results.csv")) == 3
 
 
 def test_unknown_augmentation_fails_before_ray(tiny_sweep, sweep_data, tmp_path):
@@ -241,17 +232,30 @@ def test_changed_shift_setting_starts_a_fresh_experiment(
     local_ray, tiny_sweep, sweep_data, tmp_path
 ):
     """``augment.shift.pixels`` changes what a shift trial trains on: the sweep must not
-    restore the experiment finished under the old setting; the same settings restore it."""
+    restore the experiment finished under the old setting; the same settings restore it.
+    Its trials, one CPU each on two CPUs, run one at a time: only the cap keeps the
+    others waiting."""
     import dataclasses
+
+    from ray.tune import Callback
 
     from capsnet.config import AugmentParams, ShiftAugment
 
+    running: list[int] = []
+
+    class Watch(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            running.append(sum(t.status == "RUNNING" for t in trials))
+
     sweep = tiny_sweep(
-        space={"model": "lenet5", "augment": "shift", "routing_iterations": 1},
+        space={**lenet5_space(3), "augment": "shift"},
+        resources={"cpus_per_trial": 1, "max_concurrent_trials": 1},
         wandb={"mode": "disabled"},
     )
     spec, data = base(sweep), sweep_data
-    first = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)
+    first = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data, callbacks=[Watch()])
+    assert running and max(running) == 1, running
+    assert len(read_csv(tmp_path / "sweep" / "results.csv")) == 3
     again = run_sweep(sweep, spec, out_dir=tmp_path / "sweep", data=data)
     assert (first.restored, again.restored) == (False, True)
     assert again.experiment_path == first.experiment_path
