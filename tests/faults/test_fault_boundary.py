@@ -7,7 +7,6 @@ comparison metadata has the wrong types. Each is one line, bounded by a deadline
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ import time
 
 import pytest
 from faulthelpers import Outcome, judge, run_bounded, snapshot
+from tunehelpers import trial_results
 
 #: Run ``capsnet ARGS`` with ``capsnet.training.run.train_run`` raising the exception EXC builds.
 _RAISING = """
@@ -206,22 +206,9 @@ def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
     assert snapshot(tmp_path / "eval") == {}
 
 
-def _trial_results(storage) -> dict[str, list[dict]]:
-    """{trial number: the results it reported} from every result.json under the Tune
-    storage ``storage``."""
-    found = {}
-    for path in storage.glob("*/trial_*/result.json"):
-        rows = []
-        for line in filter(str.strip, path.read_text().splitlines()):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written right now
-                break
-        found[path.parent.name.removeprefix("trial_")] = rows
-    return found
-
-
-def test_ctrl_c_ends_a_sweep_with_130_and_the_next_run_resumes_it(tmp_path, tally, prepared_root):
+def test_ctrl_c_ends_a_sweep_with_130_and_the_next_run_resumes_it(
+    tmp_path, tally, prepared_root, monkeypatch
+):
     """SIGINT during a running sweep: Tune saves its state, the command exits 130 and
     writes no output; the same command again resumes it without retraining the trials
     that finished. Three two-epoch trials one after another in one Ray worker; the signal
@@ -274,18 +261,25 @@ def test_ctrl_c_ends_a_sweep_with_130_and_the_next_run_resumes_it(tmp_path, tall
     judge(tally, outcome, fault=True, code=130, killed=True)
     assert outcome.lines[-1] == "Interrupted.", outcome.stderr[-3000:]
     assert "interrupted" in outcome.stderr
-    finished = {t: rs for t, rs in _trial_results(storage).items() if rs and rs[-1]["epoch"] == 2}
+    finished = {t: rs for t, rs in trial_results(storage).items() if rs and rs[-1]["epoch"] == 2}
     assert 1 <= len(finished) < 3, f"{len(finished)} of 3 trials finished before the signal"
     assert not out.exists(), outcome.stderr[-3000:]
 
-    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    # the same command again, in this process (its Ray instance ends with the command)
+    from click.testing import CliRunner
+
+    from capsnet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    second = CliRunner().invoke(main, command[3:])
+    assert second.exit_code == 0, second.output[-3000:]
     assert "resumed 3 trial(s)" in second.stdout
     with open(out / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 3 and {r["status"] for r in rows} == {"TERMINATED"}
     assert {r["epochs"] for r in rows} == {"2"}
-    after = _trial_results(storage)
+    after = trial_results(storage)
     for trial, reports in finished.items():  # finished trials were not trained again
         assert after[trial] == reports
 

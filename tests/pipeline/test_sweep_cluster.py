@@ -5,12 +5,11 @@ driver resuming is tests/faults/test_fault_boundary.py's Ctrl+C case."""
 from __future__ import annotations
 
 import csv
-import json
-from pathlib import Path
 
 import pytest
 from ray.tune import Callback
 from sweephelpers import base, lenet5_space
+from tunehelpers import trial_results
 
 from pipeline.sweep import run_sweep
 
@@ -20,22 +19,6 @@ pytestmark = pytest.mark.slow
 def read_csv(path):
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
-
-
-def trial_results(experiment_root: Path) -> dict[str, list[dict]]:
-    """{trial number: reported results} from every trial's result.json under the storage
-    (where the node that ran each epoch is recorded; results.csv leaves it out)."""
-    found = {}
-    for path in experiment_root.glob("*/trial_*/result.json"):
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written right now
-                break
-        found[path.parent.name.removeprefix("trial_")] = rows
-    return found
 
 
 @pytest.fixture
