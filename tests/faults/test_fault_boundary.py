@@ -16,73 +16,61 @@ import textwrap
 import time
 
 import pytest
-from faulthelpers import Outcome, judge, run_bounded, snapshot
+from faulthelpers import Outcome, invoke, judge, run_bounded, snapshot
 from tunehelpers import trial_results
 
-#: Run ``capsnet ARGS`` with ``capsnet.training.run.train_run`` raising the exception EXC builds.
-_RAISING = """
-import sys
-import capsnet.training.run
-def train_run(*args, **kwargs):
-    {setup}
-    raise {exc}
-capsnet.training.run.train_run = train_run
-sys.argv = ["capsnet", *{args!r}]
-from capsnet.cli import main
-main()
-"""
 
-#: name -> (setup line, exception expression, exit code, words the line holds)
+def _wandb_error(kind: str, message: str) -> Exception:
+    import wandb.errors
+
+    return getattr(wandb.errors, kind)(message)
+
+
+#: name -> (the exception training raises, exit code, words the line holds)
 RAISED = {
     "host-memory": (
-        "pass",
-        'RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: '
-        "can't allocate memory: you tried to allocate 98304000000 bytes. Error code 12 "
-        '(Cannot allocate memory)")',
+        lambda: RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 98304000000 bytes. Error code 12 (Cannot allocate "
+            "memory)"
+        ),
         1,
         ("out of memory", "--batch-size"),
     ),
     "wandb-no-key": (
-        "import wandb.errors",
-        'wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")',
+        lambda: _wandb_error("UsageError", "No API key configured. Use `wandb login` to log in."),
         1,
         ("W&B", "WANDB_API_KEY"),
     ),
     "wandb-no-network": (
-        "import wandb.errors",
-        'wandb.errors.CommError("Network error (ConnectionError), entering retry loop.")',
+        lambda: _wandb_error("CommError", "Network error (ConnectionError), entering retry loop."),
         1,
         ("W&B", "network"),
     ),
-    "end-of-input": ("pass", 'EOFError("Ran out of input")', 1, ("truncated",)),
+    "end-of-input": (lambda: EOFError("Ran out of input"), 1, ("truncated",)),
     "disk-full-in-a-temporary": (
-        "pass",
-        'OSError(28, "No space left on device", "runs/.model.pt.a1b2c3-4242-deadbeef.tmp")',
+        lambda: OSError(28, "No space left on device", "runs/.model.pt.a1b2c3-4242-deadbeef.tmp"),
         1,
         ("runs/model.pt", "no space left"),
     ),
-    "ctrl-c": ("pass", "KeyboardInterrupt()", 130, ("Interrupted",)),
+    "ctrl-c": (KeyboardInterrupt, 130, ("Interrupted",)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(RAISED))
-def test_what_training_raises_is_one_line(tmp_path, tally, prepared_root, case):
-    setup, exc, code, names = RAISED[case]
+def test_what_training_raises_is_one_line(tmp_path, tally, prepared_root, monkeypatch, case):
+    """``capsnet train`` (in this process, its boundary included) with training raising."""
+    raised, code, names = RAISED[case]
     if case.startswith("wandb"):
         pytest.importorskip("wandb")
+
+    def train_run(*args, **kwargs):
+        raise raised()
+
+    monkeypatch.setattr("capsnet.training.run.train_run", train_run)
     out = tmp_path / "run"
-    args = ["train", "--model", "lenet5", "--epochs", "1", "--data-root", str(prepared_root)]
-    script = _RAISING.format(setup=setup, exc=exc, args=[*args, "--out", str(out)])
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        outcome = Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
-    except subprocess.TimeoutExpired:
-        outcome = Outcome(124, "", False, hung=True)
+    args = ["train", "--model", "lenet5", "--epochs", "1", "--data-root", prepared_root]
+    outcome = invoke(*args, "--out", out)
     prefix = "Interrupted" if code == 130 else "Error: "
     judge(tally, outcome, fault=True, code=code, names=names, prefix=prefix)
     if code != 130:
@@ -177,8 +165,10 @@ def test_errored_trials_are_reported_by_their_cause(tally):
     ids=["reference-list", "reference-dict", "budget-text", "label-list", "not-a-dict"],
 )
 def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
-    tmp_path, tally, prepared_root, comparison
+    tmp_path, tally, prepared_root, monkeypatch, comparison
 ):
+    """``capsnet evaluate-stage`` (in this process, its boundary included) on a checkpoint
+    whose comparison metadata has the wrong types."""
     import torch
 
     from capsnet import models
@@ -201,7 +191,8 @@ def test_a_checkpoint_with_malformed_comparison_metadata_is_one_line(
             """
         )
     )
-    done = run_bounded(["evaluate-stage", "--data-root", prepared_root], timeout=180, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = invoke("evaluate-stage", "--data-root", prepared_root)
     judge(tally, done, names=(path.name, "comparison"))
     assert snapshot(tmp_path / "eval") == {}
 
