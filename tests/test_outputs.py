@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from clihelpers import invoke_cli, run_cli
+from clihelpers import invoke_cli
 
 from capsnet import models
 from capsnet.config import SweepConfig
@@ -141,7 +141,7 @@ def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
-    result = run_cli("train", "--model", "lenet5", "--epochs", "1", "--out", str(out))
+    result = invoke_cli("train", "--model", "lenet5", "--epochs", "1", "--out", out)
     assert result.returncode == 2
     assert "notes.txt" in result.stderr and "--out" in result.stderr
     assert "epoch" not in result.stderr
@@ -446,16 +446,18 @@ def test_killed_prepare_leaves_nothing_the_next_run_keeps(raw_mnist_root, tmp_pa
     "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)]
 )
 def test_prepared_data_and_downloads_follow_the_umask(
-    tmp_path, mnist_mirror, umask, file_mode, dir_mode
+    tmp_path, monkeypatch, mnist_mirror, umask, file_mode, dir_mode
 ):
+    """In this process, under ``umask`` (restored after)."""
     root = tmp_path / "data"
-    for stage, extra in {"download": ["--mirror", str(mnist_mirror)], "prepare": []}.items():
-        command = ["data", stage, "mnist", "--data-root", str(root), *extra]
-        done = subprocess.run(
-            [sys.executable, "-m", "capsnet", *command],
-            capture_output=True, text=True, cwd=tmp_path, preexec_fn=lambda: os.umask(umask),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(tmp_path)
+    previous = os.umask(umask)
+    try:
+        for stage, extra in {"download": ["--mirror", mnist_mirror], "prepare": []}.items():
+            done = invoke_cli("data", stage, "mnist", "--data-root", root, *extra)
+            assert done.returncode == 0, done.stderr
+    finally:
+        os.umask(previous)
     for directory in (root / "raw" / "mnist", root / "prepared" / "mnist"):
         assert _mode(directory) == dir_mode
         for path in directory.iterdir():
