@@ -55,42 +55,62 @@ def _debris(directory: Path) -> list[str]:
 
 # --- capsnet train --out DIR: model.pt and metrics.json together -----------------------------
 
-#: A child that publishes a run directory as ``capsnet train`` does and dies at FAULT.
-SAVE_RUN = r"""
-import os, sys
+#: A child that publishes a run directory as ``capsnet train`` does once per (OUT, FAULT) of
+#: its JSON argument, each time in a fork of itself that dies at FAULT (one interpreter and
+#: its imports for every kill); prints each fork's exit code by FAULT as JSON.
+SAVE_RUNS = r"""
+import json, os, sys, traceback
 from pathlib import Path
 from types import SimpleNamespace
+import torch
 from capsnet.io import files as io
 from capsnet import models
 from capsnet.training.fit import TrainConfig
 from capsnet.cli.train_commands import _save
 
-out, label, fault = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-real_replace, real_exchange = os.replace, io.exchange
+torch.set_num_threads(1)  # no thread pool for the forks to inherit
+
 
 def die(*args, **kwargs):
     os._exit(9)
 
-def exchange_then_die(a, b):
-    real_exchange(a, b)
-    die()
 
-def replace_then_die(src, dst):
-    real_replace(src, dst)
-    if Path(src if fault == "after-aside" else dst) == out:
+def save_and_die(out, label, fault):
+    real_replace, real_exchange = os.replace, io.exchange
+
+    def exchange_then_die(a, b):
+        real_exchange(a, b)
         die()
 
-if fault == "in-staging":  # model.pt written, metrics.json not yet
-    io.atomic_write_json = die
-elif fault == "before-exchange":
-    io.exchange = die
-elif fault == "after-exchange":  # the old run is still beside the new one
-    io.exchange = exchange_then_die
-else:  # no exchange on this system: two renames, killed after the first or the second
-    io.exchange = lambda a, b: False
-    os.replace = replace_then_die
-_save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig(), data={}),
-      {"run": label})
+    def replace_then_die(src, dst):
+        real_replace(src, dst)
+        if Path(src if fault == "after-aside" else dst) == out:
+            die()
+
+    if fault == "in-staging":  # model.pt written, metrics.json not yet
+        io.atomic_write_json = die
+    elif fault == "before-exchange":
+        io.exchange = die
+    elif fault == "after-exchange":  # the old run is still beside the new one
+        io.exchange = exchange_then_die
+    else:  # no exchange on this system: two renames, killed after the first or the second
+        io.exchange = lambda a, b: False
+        os.replace = replace_then_die
+    model = models.build("lenet5")
+    _save(out, SimpleNamespace(model=model, train_config=TrainConfig(), data={}), {"run": label})
+
+
+codes = {}
+for out, fault in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            save_and_die(Path(out), "new", fault)
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)  # it should have died at FAULT
+    codes[fault] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(codes))
 """
 
 
@@ -109,32 +129,40 @@ def _run_label(out: Path) -> str:
     return label
 
 
-@pytest.mark.parametrize(
-    "fault, after_kill",
-    [
-        ("in-staging", "old"),
-        ("before-exchange", "old"),
-        ("after-exchange", "new"),
-        ("after-aside", None),  # nothing at OUT; the next writer removes the old copy aside
-        ("after-rename-in", "new"),
-    ],
-)
-def test_killed_save_leaves_old_or_new_run_never_a_mix(tmp_path, fault, after_kill):
-    if "exchange" in fault and not _exchange_works(tmp_path):
-        pytest.skip("no renameat2 exchange on this system")
-    out = tmp_path / "run"
-    _save_run(out, "old")
-    killed = _run_child(SAVE_RUN, out, "new", fault)
-    assert killed.returncode == 9, killed.stderr
-    if after_kill is None:
-        assert not out.exists() and any(n.endswith(".old") for n in _debris(tmp_path))
-        io.remove_stale(out)  # what the next writer does first: a .old is never put back
-        assert not out.exists() and not any(n.endswith(".old") for n in _debris(tmp_path))
-    else:
-        assert _run_label(out) == after_kill
-    _save_run(out, "next")
-    assert _run_label(out) == "next"
-    assert sorted(os.listdir(tmp_path)) == ["run"]  # no staging, old copy or lock left
+#: fault -> the run a reader finds at OUT after the kill (None: nothing; the next writer
+#: removes the old copy aside)
+SAVE_FAULTS = {
+    "in-staging": "old",
+    "before-exchange": "old",
+    "after-exchange": "new",
+    "after-aside": None,
+    "after-rename-in": "new",
+}
+
+
+def test_killed_saves_leave_old_or_new_run_never_a_mix(tmp_path):
+    """Each fault in a folder of its own, holding an earlier run; the faults that need the
+    renameat2 exchange only where it works."""
+    exchange = _exchange_works(tmp_path)
+    faults = {f: run for f, run in SAVE_FAULTS.items() if exchange or "exchange" not in f}
+    outs = {fault: tmp_path / fault / "run" for fault in faults}
+    for out in outs.values():
+        out.parent.mkdir()
+        _save_run(out, "old")
+    killed = _run_child(SAVE_RUNS, json.dumps([[str(outs[f]), f] for f in faults]))
+    assert killed.returncode == 0, killed.stderr
+    assert json.loads(killed.stdout.strip().splitlines()[-1]) == dict.fromkeys(faults, 9)
+    for fault, after_kill in faults.items():
+        out = outs[fault]
+        if after_kill is None:
+            assert not out.exists() and any(n.endswith(".old") for n in _debris(out.parent))
+            io.remove_stale(out)  # what the next writer does first: a .old is never put back
+            assert not out.exists() and not any(n.endswith(".old") for n in _debris(out.parent))
+        else:
+            assert _run_label(out) == after_kill, fault
+        _save_run(out, "next")
+        assert _run_label(out) == "next"
+        assert sorted(os.listdir(out.parent)) == ["run"], fault  # no staging, copy or lock
 
 
 def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
