@@ -17,6 +17,7 @@ from faulthelpers import (
     invoke,
     judge,
     run_injected,
+    run_injected_each,
     snapshot,
     tmpfs,
 )
@@ -146,21 +147,26 @@ def test_a_failing_write_of_eval_results_leaves_no_file(
     assert debris(tmp_path) == []
 
 
-@pytest.mark.parametrize("nth", [1, 2, 3])
 def test_training_killed_while_publishing_leaves_no_run_and_the_next_run_cleans_up(
-    tmp_path, tally, prepared_root, nth
+    tmp_path, tally, prepared_root
 ):
     """Kill at the rename of model.pt (1) or metrics.json (2) into the staging directory,
-    or of the staging directory into place (3)."""
-    out = tmp_path / "run"
-    killed = run_injected(train_args(prepared_root, out), "os.replace", "run", nth, "kill")
-    assert killed.code == 137, killed.stderr
-    judge(tally, killed, fault=True, before={}, after=snapshot(out), killed=True)
-    assert all(p.name.startswith(".run.") for p in debris(tmp_path)), debris(tmp_path)
-    again = invoke(*train_args(prepared_root, out))
-    assert again.code == 0, again.stderr
-    assert debris(tmp_path) == []
-    assert checkpoint.load(out / "model.pt")[0] is not None
+    or of the staging directory into place (3): each in a folder of its own, each kill a
+    fork of one child process."""
+    outs = {nth: tmp_path / str(nth) / "run" for nth in (1, 2, 3)}
+    for out in outs.values():
+        out.parent.mkdir()
+    cases = [(train_args(prepared_root, out), nth) for nth, out in outs.items()]
+    outcomes = run_injected_each(cases, "os.replace", "run", "kill")
+    for (nth, out), killed in zip(outs.items(), outcomes):
+        assert killed.code == 137, (nth, killed.stderr)
+        judge(tally, killed, fault=True, before={}, after=snapshot(out), killed=True)
+        left = debris(out.parent)
+        assert all(p.name.startswith(".run.") for p in left), left
+        again = invoke(*train_args(prepared_root, out))
+        assert again.code == 0, again.stderr
+        assert debris(out.parent) == []
+        assert checkpoint.load(out / "model.pt")[0] is not None
 
 
 def test_training_killed_while_replacing_an_earlier_run_keeps_it(
