@@ -178,33 +178,45 @@ def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
 
 # --- the train stage: one models directory, never old and new checkpoints mixed --------------
 
-#: A child running the train stage with a fake (instant) training that dies at run N.
+
+def run_train_stage(tmp: Path, data_root, die_at: int, final: dict) -> None:
+    """The train stage on ``tmp``/best.json with a fake (instant) training that kills the
+    process (``os._exit(9)``, no cleanup) at its run ``die_at`` (0: never)."""
+    import capsnet.training.run
+    from capsnet.config import FinalTrainConfig
+    from pipeline.train_final import train_final
+
+    calls = []
+
+    def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
+        calls.append(spec.model)
+        if len(calls) == die_at:
+            os._exit(9)
+        history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
+        return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
+                               history=history, train_images=len(split.train),
+                               train_seconds=0.1, clock_seconds=0.1, clock="process CPU time",
+                               data={})  # fmt: skip
+
+    real, capsnet.training.run.train_run = capsnet.training.run.train_run, fake_train_run
+    try:
+        config = FinalTrainConfig.from_dict(final)
+        sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
+        metrics = Path(config.out_dir) / "metrics.json"
+        train_final(config, sweep, best_path=tmp / "best.json", data_root=data_root,
+                    metrics_path=metrics, log=lambda line: None)  # fmt: skip
+    finally:
+        capsnet.training.run.train_run = real
+
+
+#: A child running ``run_train_stage`` (arguments: tmp, data root, die_at, final as JSON,
+#: the folder of this module).
 TRAIN_STAGE = r"""
-import json, os, sys
+import json, sys
 from pathlib import Path
-from types import SimpleNamespace
-import capsnet.training.run
-from capsnet import models
-from capsnet.config import FinalTrainConfig, SweepConfig
-from pipeline.train_final import train_final
-
-tmp, data_root, die_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-calls = []
-
-def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
-    calls.append(spec.model)
-    if len(calls) == die_at:
-        os._exit(9)
-    history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
-    return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
-                           history=history, train_images=len(split.train), train_seconds=0.1,
-                           clock_seconds=0.1, clock="process CPU time", data={})
-
-capsnet.training.run.train_run = fake_train_run
-final = FinalTrainConfig.from_dict(json.loads(sys.argv[4]))
-sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
-train_final(final, sweep, best_path=tmp / "best.json", data_root=data_root,
-            metrics_path=Path(final.out_dir) / "metrics.json", log=lambda line: None)
+sys.path.insert(0, sys.argv[5])
+from test_outputs import run_train_stage
+run_train_stage(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]))
 """
 
 
@@ -218,13 +230,13 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
     (tmp_path / "best.json").write_text(json.dumps({"sweep": "tiny", "config": config}))
     final = {"epochs": 1, "train_size": 100, "val_size": 50, "out_dir": str(models_dir)}
     final |= {"seeds": 1, "equal_time": False}
-    killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final))
+    here = Path(__file__).parent
+    killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final), here)
     assert killed.returncode == 9, killed.stderr
     assert {p.name: p.read_text() for p in models_dir.iterdir()} == old  # the first run's
     assert any(n.startswith(".models.") for n in _debris(tmp_path))  # checkpoint is staged
 
-    done = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 0, json.dumps(final))
-    assert done.returncode == 0, done.stderr
+    run_train_stage(tmp_path, mnist_root, 0, final)  # the next run, in this process
     names = ["ORIGIN.json", "capsnet-small.pt", "lenet5.pt", "metrics.json"]
     assert sorted(os.listdir(models_dir)) == names
     assert set(json.loads((models_dir / "metrics.json").read_text())) == {
