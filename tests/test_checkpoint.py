@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from clihelpers import assert_one_line_error, invoke_cli, run_cli
+from clihelpers import assert_one_line_error, invoke_cli
 from torch import nn
 
 from capsnet import models
@@ -367,16 +367,17 @@ def test_every_error_is_a_capsnet_error_naming_the_file(tmp_path):
 
 
 def test_cli_eval_bad_checkpoints_one_line_exit_1(tmp_path, monkeypatch):
-    """The first through the real entry point, the second in-process."""
+    """In this process (tests/test_core_cli.py runs an exit 1 through the real entry
+    point)."""
     monkeypatch.chdir(tmp_path)  # no params.yaml
     scripted = tmp_path / "scripted.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.jit.save(torch.jit.script(_Scripted()), scripted)
     huge = _edited(tmp_path, "lenet5", model_config={"input_size": 10**6})
-    cases = [(scripted, "TorchScript", run_cli), (huge, "weights but the file holds", invoke_cli)]
-    for path, fragment, run in cases:
-        result = run("eval", str(path))
+    cases = [(scripted, "TorchScript"), (huge, "weights but the file holds")]
+    for path, fragment in cases:
+        result = invoke_cli("eval", path)
         assert_one_line_error(result, path.name, fragment)
         assert result.returncode == 1
         assert "weights_only" not in result.stderr

@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 import torch
-from clihelpers import assert_one_line_error, run_cli
+from clihelpers import assert_one_line_error, invoke_cli
 
 from capsnet import evaluation, models
 from capsnet.config import EvaluateParams
@@ -292,7 +292,7 @@ def test_malformed_comparison_metadata_names_the_checkpoint(tmp_path):
     path = checkpoint.save(
         tmp_path / "m.pt", models.build("lenet5"), extra={"comparison": {"arm": "equal_time"}}
     )
-    assert_one_line_error(run_cli("eval", str(path)), "m.pt", "comparison")
+    assert_one_line_error(invoke_cli("eval", path), "m.pt", "comparison")
 
 
 def test_models_not_scored_on_rotated_mnist_take_no_part_and_lines_end_cleanly():

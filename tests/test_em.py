@@ -442,6 +442,35 @@ def test_compiled_routing_matches_loop_reference(scope, stride, iterations, monk
     _assert_matches_reference(layer, poses, acts, fast)
 
 
+def test_compiled_steps_get_one_grad_pattern_per_grad_mode(monkeypatch):
+    """Dynamo compiles a step once per requires_grad pattern of its inputs: in training
+    the first iteration's uniform logits and log normalisers require grad as the later
+    iterations' do (one graph per step, whatever the iteration count); without autograd
+    none do."""
+    import capsnet.nn.routing.em as em
+
+    seen = {"step": [], "last": []}
+
+    def recording(name, step):
+        def call(children, weight, bias, acts, logits, log_total, *rest):
+            seen[name].append((logits.requires_grad, log_total.requires_grad))
+            return step(children, weight, bias, acts, logits, log_total, *rest)
+
+        return call
+
+    steps = (recording("step", em.em_step), recording("last", em.em_last_step))
+    monkeypatch.setattr(em, "compiled_steps", lambda device_type: steps)
+    for iterations in (1, 3):
+        layer, poses, acts = _conv_layer_inputs(stride=2, iterations=iterations)
+        layer.compiled = True
+        layer(poses, acts)[1].sum().backward()
+    assert seen == {"step": [(True, True)] * 2, "last": [(True, True)] * 2}
+    seen = {"step": [], "last": []}
+    with torch.no_grad():
+        layer(poses, acts)
+    assert seen == {"step": [(False, False)] * 2, "last": [(False, False)]}
+
+
 @pytest.mark.parametrize("iterations", [1, 2, 3, 4, 5])
 def test_global_routing_model_is_nan_free(iterations):
     torch.manual_seed(iterations)

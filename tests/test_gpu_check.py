@@ -105,11 +105,9 @@ def test_a_run_cut_after_its_first_section_has_saved_that_section(monkeypatch, t
 
 
 def test_a_missing_mnist_folder_is_one_line(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--mnist", str(tmp_path),
-         "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 1
+    from click.testing import CliRunner
+
+    done = CliRunner().invoke(gpu_check.main, ["--mnist", str(tmp_path), "--device", "cpu"])
+    assert done.exit_code == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "train-images" in lines[0]

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from clihelpers import invoke_cli, run_cli
+from clihelpers import invoke_cli
 
 from capsnet import models
 from capsnet.config import SweepConfig
@@ -55,42 +55,62 @@ def _debris(directory: Path) -> list[str]:
 
 # --- capsnet train --out DIR: model.pt and metrics.json together -----------------------------
 
-#: A child that publishes a run directory as ``capsnet train`` does and dies at FAULT.
-SAVE_RUN = r"""
-import os, sys
+#: A child that publishes a run directory as ``capsnet train`` does once per (OUT, FAULT) of
+#: its JSON argument, each time in a fork of itself that dies at FAULT (one interpreter and
+#: its imports for every kill); prints each fork's exit code by FAULT as JSON.
+SAVE_RUNS = r"""
+import json, os, sys, traceback
 from pathlib import Path
 from types import SimpleNamespace
+import torch
 from capsnet.io import files as io
 from capsnet import models
 from capsnet.training.fit import TrainConfig
 from capsnet.cli.train_commands import _save
 
-out, label, fault = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-real_replace, real_exchange = os.replace, io.exchange
+torch.set_num_threads(1)  # no thread pool for the forks to inherit
+
 
 def die(*args, **kwargs):
     os._exit(9)
 
-def exchange_then_die(a, b):
-    real_exchange(a, b)
-    die()
 
-def replace_then_die(src, dst):
-    real_replace(src, dst)
-    if Path(src if fault == "after-aside" else dst) == out:
+def save_and_die(out, label, fault):
+    real_replace, real_exchange = os.replace, io.exchange
+
+    def exchange_then_die(a, b):
+        real_exchange(a, b)
         die()
 
-if fault == "in-staging":  # model.pt written, metrics.json not yet
-    io.atomic_write_json = die
-elif fault == "before-exchange":
-    io.exchange = die
-elif fault == "after-exchange":  # the old run is still beside the new one
-    io.exchange = exchange_then_die
-else:  # no exchange on this system: two renames, killed after the first or the second
-    io.exchange = lambda a, b: False
-    os.replace = replace_then_die
-_save(out, SimpleNamespace(model=models.build("lenet5"), train_config=TrainConfig(), data={}),
-      {"run": label})
+    def replace_then_die(src, dst):
+        real_replace(src, dst)
+        if Path(src if fault == "after-aside" else dst) == out:
+            die()
+
+    if fault == "in-staging":  # model.pt written, metrics.json not yet
+        io.atomic_write_json = die
+    elif fault == "before-exchange":
+        io.exchange = die
+    elif fault == "after-exchange":  # the old run is still beside the new one
+        io.exchange = exchange_then_die
+    else:  # no exchange on this system: two renames, killed after the first or the second
+        io.exchange = lambda a, b: False
+        os.replace = replace_then_die
+    model = models.build("lenet5")
+    _save(out, SimpleNamespace(model=model, train_config=TrainConfig(), data={}), {"run": label})
+
+
+codes = {}
+for out, fault in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            save_and_die(Path(out), "new", fault)
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)  # it should have died at FAULT
+    codes[fault] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(codes))
 """
 
 
@@ -109,39 +129,47 @@ def _run_label(out: Path) -> str:
     return label
 
 
-@pytest.mark.parametrize(
-    "fault, after_kill",
-    [
-        ("in-staging", "old"),
-        ("before-exchange", "old"),
-        ("after-exchange", "new"),
-        ("after-aside", None),  # nothing at OUT; the next writer removes the old copy aside
-        ("after-rename-in", "new"),
-    ],
-)
-def test_killed_save_leaves_old_or_new_run_never_a_mix(tmp_path, fault, after_kill):
-    if "exchange" in fault and not _exchange_works(tmp_path):
-        pytest.skip("no renameat2 exchange on this system")
-    out = tmp_path / "run"
-    _save_run(out, "old")
-    killed = _run_child(SAVE_RUN, out, "new", fault)
-    assert killed.returncode == 9, killed.stderr
-    if after_kill is None:
-        assert not out.exists() and any(n.endswith(".old") for n in _debris(tmp_path))
-        io.remove_stale(out)  # what the next writer does first: a .old is never put back
-        assert not out.exists() and not any(n.endswith(".old") for n in _debris(tmp_path))
-    else:
-        assert _run_label(out) == after_kill
-    _save_run(out, "next")
-    assert _run_label(out) == "next"
-    assert sorted(os.listdir(tmp_path)) == ["run"]  # no staging, old copy or lock left
+#: fault -> the run a reader finds at OUT after the kill (None: nothing; the next writer
+#: removes the old copy aside)
+SAVE_FAULTS = {
+    "in-staging": "old",
+    "before-exchange": "old",
+    "after-exchange": "new",
+    "after-aside": None,
+    "after-rename-in": "new",
+}
+
+
+def test_killed_saves_leave_old_or_new_run_never_a_mix(tmp_path):
+    """Each fault in a folder of its own, holding an earlier run; the faults that need the
+    renameat2 exchange only where it works."""
+    exchange = _exchange_works(tmp_path)
+    faults = {f: run for f, run in SAVE_FAULTS.items() if exchange or "exchange" not in f}
+    outs = {fault: tmp_path / fault / "run" for fault in faults}
+    for out in outs.values():
+        out.parent.mkdir()
+        _save_run(out, "old")
+    killed = _run_child(SAVE_RUNS, json.dumps([[str(outs[f]), f] for f in faults]))
+    assert killed.returncode == 0, killed.stderr
+    assert json.loads(killed.stdout.strip().splitlines()[-1]) == dict.fromkeys(faults, 9)
+    for fault, after_kill in faults.items():
+        out = outs[fault]
+        if after_kill is None:
+            assert not out.exists() and any(n.endswith(".old") for n in _debris(out.parent))
+            io.remove_stale(out)  # what the next writer does first: a .old is never put back
+            assert not out.exists() and not any(n.endswith(".old") for n in _debris(out.parent))
+        else:
+            assert _run_label(out) == after_kill, fault
+        _save_run(out, "next")
+        assert _run_label(out) == "next"
+        assert sorted(os.listdir(out.parent)) == ["run"], fault  # no staging, copy or lock
 
 
 def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
-    result = run_cli("train", "--model", "lenet5", "--epochs", "1", "--out", str(out))
+    result = invoke_cli("train", "--model", "lenet5", "--epochs", "1", "--out", out)
     assert result.returncode == 2
     assert "notes.txt" in result.stderr and "--out" in result.stderr
     assert "epoch" not in result.stderr
@@ -150,33 +178,45 @@ def test_run_dir_holding_other_files_is_refused_before_training(tmp_path):
 
 # --- the train stage: one models directory, never old and new checkpoints mixed --------------
 
-#: A child running the train stage with a fake (instant) training that dies at run N.
+
+def run_train_stage(tmp: Path, data_root, die_at: int, final: dict) -> None:
+    """The train stage on ``tmp``/best.json with a fake (instant) training that kills the
+    process (``os._exit(9)``, no cleanup) at its run ``die_at`` (0: never)."""
+    import capsnet.training.run
+    from capsnet.config import FinalTrainConfig
+    from pipeline.train_final import train_final
+
+    calls = []
+
+    def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
+        calls.append(spec.model)
+        if len(calls) == die_at:
+            os._exit(9)
+        history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
+        return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
+                               history=history, train_images=len(split.train),
+                               train_seconds=0.1, clock_seconds=0.1, clock="process CPU time",
+                               data={})  # fmt: skip
+
+    real, capsnet.training.run.train_run = capsnet.training.run.train_run, fake_train_run
+    try:
+        config = FinalTrainConfig.from_dict(final)
+        sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
+        metrics = Path(config.out_dir) / "metrics.json"
+        train_final(config, sweep, best_path=tmp / "best.json", data_root=data_root,
+                    metrics_path=metrics, log=lambda line: None)  # fmt: skip
+    finally:
+        capsnet.training.run.train_run = real
+
+
+#: A child running ``run_train_stage`` (arguments: tmp, data root, die_at, final as JSON,
+#: the folder of this module).
 TRAIN_STAGE = r"""
-import json, os, sys
+import json, sys
 from pathlib import Path
-from types import SimpleNamespace
-import capsnet.training.run
-from capsnet import models
-from capsnet.config import FinalTrainConfig, SweepConfig
-from pipeline.train_final import train_final
-
-tmp, data_root, die_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-calls = []
-
-def fake_train_run(spec, split=None, on_epoch=None, **kwargs):
-    calls.append(spec.model)
-    if len(calls) == die_at:
-        os._exit(9)
-    history = [{"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5, "seconds": 0.1}]
-    return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
-                           history=history, train_images=len(split.train), train_seconds=0.1,
-                           clock_seconds=0.1, clock="process CPU time", data={})
-
-capsnet.training.run.train_run = fake_train_run
-final = FinalTrainConfig.from_dict(json.loads(sys.argv[4]))
-sweep = SweepConfig.from_dict({"name": "tiny", "wandb": {"mode": "disabled"}})
-train_final(final, sweep, best_path=tmp / "best.json", data_root=data_root,
-            metrics_path=Path(final.out_dir) / "metrics.json", log=lambda line: None)
+sys.path.insert(0, sys.argv[5])
+from test_outputs import run_train_stage
+run_train_stage(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]))
 """
 
 
@@ -190,13 +230,13 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
     (tmp_path / "best.json").write_text(json.dumps({"sweep": "tiny", "config": config}))
     final = {"epochs": 1, "train_size": 100, "val_size": 50, "out_dir": str(models_dir)}
     final |= {"seeds": 1, "equal_time": False}
-    killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final))
+    here = Path(__file__).parent
+    killed = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 2, json.dumps(final), here)
     assert killed.returncode == 9, killed.stderr
     assert {p.name: p.read_text() for p in models_dir.iterdir()} == old  # the first run's
     assert any(n.startswith(".models.") for n in _debris(tmp_path))  # checkpoint is staged
 
-    done = _run_child(TRAIN_STAGE, tmp_path, mnist_root, 0, json.dumps(final))
-    assert done.returncode == 0, done.stderr
+    run_train_stage(tmp_path, mnist_root, 0, final)  # the next run, in this process
     names = ["ORIGIN.json", "capsnet-small.pt", "lenet5.pt", "metrics.json"]
     assert sorted(os.listdir(models_dir)) == names
     assert set(json.loads((models_dir / "metrics.json").read_text())) == {
@@ -446,16 +486,18 @@ def test_killed_prepare_leaves_nothing_the_next_run_keeps(raw_mnist_root, tmp_pa
     "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)]
 )
 def test_prepared_data_and_downloads_follow_the_umask(
-    tmp_path, mnist_mirror, umask, file_mode, dir_mode
+    tmp_path, monkeypatch, mnist_mirror, umask, file_mode, dir_mode
 ):
+    """In this process, under ``umask`` (restored after)."""
     root = tmp_path / "data"
-    for stage, extra in {"download": ["--mirror", str(mnist_mirror)], "prepare": []}.items():
-        command = ["data", stage, "mnist", "--data-root", str(root), *extra]
-        done = subprocess.run(
-            [sys.executable, "-m", "capsnet", *command],
-            capture_output=True, text=True, cwd=tmp_path, preexec_fn=lambda: os.umask(umask),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(tmp_path)
+    previous = os.umask(umask)
+    try:
+        for stage, extra in {"download": ["--mirror", mnist_mirror], "prepare": []}.items():
+            done = invoke_cli("data", stage, "mnist", "--data-root", root, *extra)
+            assert done.returncode == 0, done.stderr
+    finally:
+        os.umask(previous)
     for directory in (root / "raw" / "mnist", root / "prepared" / "mnist"):
         assert _mode(directory) == dir_mode
         for path in directory.iterdir():

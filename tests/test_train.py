@@ -1,5 +1,6 @@
 import pytest
 import torch
+from clihelpers import invoke_cli
 
 from capsnet import models
 from capsnet.data.datasets import TensorImageDataset, load
@@ -393,15 +394,11 @@ def test_a_diverging_run_raises_naming_the_epoch_and_lr_and_saves_nothing(mnist_
 
 
 def test_train_command_with_a_huge_lr_exits_1_with_one_line(tmp_path, mnist_root):
-    import subprocess
-    import sys
-
     out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "capsnet", "train", "--model", "lenet5", "--lr", "1e30",
-         "--train-limit", "256", "--val-size", "64", "--batch-size", "64",
-         "--data-root", str(mnist_root), "--device", "cpu", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+    done = invoke_cli(
+        "train", "--model", "lenet5", "--lr", "1e30", "--train-limit", "256",
+        "--val-size", "64", "--batch-size", "64", "--data-root", mnist_root,
+        "--device", "cpu", "--out", out,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if not line.startswith("epoch")]

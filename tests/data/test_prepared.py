@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clihelpers import assert_one_line_error, run_cli
+from clihelpers import assert_one_line_error, invoke_cli
 from datahelpers import write_affnist_mirror, write_smallnorb_raw, write_tiny_mnist
 
 from capsnet import models
@@ -216,11 +216,10 @@ def test_damaged_real_affnist_is_an_error_not_a_fallback(root):
     assert_names_file_and_fix(info.value, path, "affnist", "'labels' holds")
 
 
-def test_cli_eval_on_a_bad_prepared_file_one_line_exit_1(root, tmp_path):
+def test_cli_eval_on_a_bad_prepared_file_one_line_exit_1(root, tmp_path, monkeypatch):
     path = rewrite(root, "mnist", _set("labels", lambda t: t + 20))
     model = checkpoint.save(tmp_path / "lenet5.pt", models.build("lenet5"))
-    result = run_cli(
-        "eval", str(model), "--dataset", "mnist", "--data-root", str(root), cwd=tmp_path
-    )
+    monkeypatch.chdir(tmp_path)
+    result = invoke_cli("eval", model, "--dataset", "mnist", "--data-root", root)
     assert_one_line_error(result, str(path), "outside 0..9", "capsnet data prepare mnist")
     assert result.returncode == 1

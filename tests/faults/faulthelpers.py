@@ -117,6 +117,68 @@ def run_injected(
     return Outcome(done.returncode, done.stderr, "Traceback" in done.stderr)
 
 
+#: Run in one subprocess: for each (ARGS, NTH) of CASES, a fork of it runs ``capsnet ARGS``
+#: with ``TARGET`` wrapped as in _INJECT (its NTH call that mentions MATCH kills the fork,
+#: exit 137, or raises), its stderr in ERRDIR/<index>; prints the forks' exit codes as JSON.
+#: torch is imported once, before the forks; the rest after the wrapping, as in _INJECT.
+_INJECT_EACH = """
+import errno, importlib, json, os, sys, traceback
+import torch
+module_name, attribute = {target!r}.rsplit(".", 1)
+module = importlib.import_module(module_name)
+real = getattr(module, attribute)
+codes = []
+for index, (args, nth) in enumerate({cases!r}):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(os.open(os.path.join({errdir!r}, str(index)), os.O_WRONLY | os.O_CREAT), 2)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        seen = [0]
+        def wrapped(*a, **kwargs):
+            if {match!r} in " ".join(map(str, a)):
+                seen[0] += 1
+                if seen[0] == nth:
+                    if {action!r} == "kill":
+                        os._exit(137)
+                    raise OSError({errno}, os.strerror({errno}))
+            return real(*a, **kwargs)
+        setattr(module, attribute, wrapped)
+        sys.argv = ["capsnet", *args]
+        code = 1
+        try:
+            from capsnet.cli import main
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(code)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(json.dumps(codes))
+"""
+
+
+def run_injected_each(
+    cases, target: str, match: str = "", action: str = "kill", errno: int = 5
+) -> list[Outcome]:
+    """``run_injected`` for each (args, nth) of ``cases``, each in a fork of one subprocess
+    (one interpreter start and torch import for all)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as errdir:
+        code = _INJECT_EACH.format(
+            target=target, match=match, action=action, errno=errno, errdir=errdir,
+            cases=[([str(a) for a in args], nth) for args, nth in cases],
+        )  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        codes = json.loads(done.stdout.strip().splitlines()[-1])
+        errs = [(Path(errdir) / str(i)).read_text() for i in range(len(cases))]
+    return [Outcome(c, err, "Traceback" in err) for c, err in zip(codes, errs)]
+
+
 #: Seconds a ``run_bounded`` command may take unless the case says otherwise.
 DEADLINE = 120.0
 

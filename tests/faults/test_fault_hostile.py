@@ -1,4 +1,4 @@
-"""Hostile inputs, each run with a deadline (in this process or a subprocess): params and
+"""Hostile inputs, each run in this process with a deadline (``invoke_bounded``): params and
 JSON files that expand or nest without end, smallNORB files whose header lies about their
 content, mirrors that never end or trickle, a zip-bomb checkpoint, malformed best.json
 values, outputs that are device nodes, FIFOs or kernel file systems, and a planted ``.old``
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from faulthelpers import invoke_bounded, judge, run_bounded, snapshot
+from faulthelpers import invoke_bounded, judge, snapshot
 
 from capsnet.config.yamlfile import MAX_DEPTH, MAX_VALUES
 from capsnet.data import mnist, smallnorb
@@ -143,7 +143,7 @@ NORB_LIES = {
 
 
 @pytest.mark.parametrize("case", sorted(NORB_LIES))
-def test_smallnorb_headers_that_lie_are_refused(tmp_path, tally, case):
+def test_smallnorb_headers_that_lie_are_refused(tmp_path, monkeypatch, tally, case):
     import gzip
 
     part, edit, says = NORB_LIES[case]
@@ -151,8 +151,9 @@ def test_smallnorb_headers_that_lie_are_refused(tmp_path, tally, case):
     path = root / "raw" / "smallnorb" / smallnorb.filename("train", part)
     path.write_bytes(gzip.compress(edit(gzip.decompress(path.read_bytes())), mtime=0))
     (tmp_path / "params.yaml").write_text("data:\n  smallnorb:\n    enabled: true\n")
+    monkeypatch.chdir(tmp_path)
     prepared = root / "prepared"
-    done = run_bounded(["data", "prepare", "smallnorb", "--data-root", root], cwd=tmp_path)
+    done = invoke_bounded("data", "prepare", "smallnorb", "--data-root", root, timeout=120)
     judge(tally, done, before={}, after=snapshot(prepared), names=(path.name, says))
 
 
@@ -258,8 +259,8 @@ def test_a_zip_bomb_checkpoint_is_refused_before_it_inflates(tmp_path, tally, pr
             for _ in range(256):  # 256 MiB of zeros, about 256 KB on disk: 1000x its size
                 member.write(block)
     out = tmp_path / "out.json"
-    done = run_bounded(
-        ["eval", bomb, "--limit", "8", "--data-root", prepared_root, "--out", out], timeout=60
+    done = invoke_bounded(
+        "eval", bomb, "--limit", "8", "--data-root", prepared_root, "--out", out, timeout=60
     )
     judge(tally, done, names=("bomb.pt", "inflate"))
     assert not out.exists()
@@ -274,7 +275,7 @@ def _special_outputs(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("target", ["fifo", "char-device", "proc"])
 @pytest.mark.parametrize("command", ["train", "eval", "data show"])
 def test_special_outputs_are_refused_before_work(
-    tmp_path, tally, prepared_root, lenet_checkpoint, target, command
+    tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint, target, command
 ):
     out = _special_outputs(tmp_path)[target]
     before = os.stat(out) if out.exists() else None
@@ -283,7 +284,8 @@ def test_special_outputs_are_refused_before_work(
         "eval": ["eval", lenet_checkpoint, "--limit", "8", "--data-root", prepared_root],
         "data show": ["data", "show", "mnist", "--data-root", prepared_root],
     }[command]
-    done = run_bounded([*args, "--out", out], timeout=120, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = invoke_bounded(*args, "--out", out, timeout=120)
     judge(tally, done, names=(str(out),))
     assert "--out" in done.lines[0]
     if before is not None:
@@ -295,10 +297,13 @@ def test_special_outputs_are_refused_before_work(
         )
 
 
-def test_a_kernel_storage_path_is_blamed_on_its_setting(tmp_path, tally, prepared_root):
+def test_a_kernel_storage_path_is_blamed_on_its_setting(
+    tmp_path, monkeypatch, tally, prepared_root
+):
     pytest.importorskip("ray")
     (tmp_path / "params.yaml").write_text("sweep:\n  storage_path: /proc/ray\n")
-    done = run_bounded(["sweep", "--data-root", prepared_root], timeout=120, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = invoke_bounded("sweep", "--data-root", prepared_root, timeout=120)
     judge(tally, done, names=("sweep.storage_path", "/proc/ray"))
     assert "--out" not in done.lines[0]
 
@@ -317,7 +322,7 @@ def test_a_planted_old_copy_never_becomes_the_output(tmp_path, tally, mnist_mirr
     planted = root / "prepared" / f".mnist.{_HOST}-999999999-0badf00d.old"
     planted.mkdir(parents=True)
     (planted / "train.pt").write_text("planted")
-    done = run_bounded(["data", "prepare", "mnist", "--data-root", root], env=NO_MIRROR)
+    done = invoke_bounded("data", "prepare", "mnist", "--data-root", root, env=NO_MIRROR)
     judge(tally, done, names=("train-labels-idx1-ubyte.gz",))
     assert not (root / "prepared" / "mnist").exists()
 

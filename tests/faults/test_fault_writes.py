@@ -6,6 +6,7 @@ removes), an earlier output stays as it was, and the error is one line."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from faulthelpers import (
     invoke,
     judge,
     run_injected,
+    run_injected_each,
     snapshot,
     tmpfs,
 )
@@ -145,24 +147,35 @@ def test_a_failing_write_of_eval_results_leaves_no_file(
     assert debris(tmp_path) == []
 
 
-@pytest.mark.parametrize("nth", [1, 2, 3])
 def test_training_killed_while_publishing_leaves_no_run_and_the_next_run_cleans_up(
-    tmp_path, tally, prepared_root, nth
+    tmp_path, tally, prepared_root
 ):
     """Kill at the rename of model.pt (1) or metrics.json (2) into the staging directory,
-    or of the staging directory into place (3)."""
-    out = tmp_path / "run"
-    killed = run_injected(train_args(prepared_root, out), "os.replace", "run", nth, "kill")
-    assert killed.code == 137, killed.stderr
-    judge(tally, killed, fault=True, before={}, after=snapshot(out), killed=True)
-    assert all(p.name.startswith(".run.") for p in debris(tmp_path)), debris(tmp_path)
-    again = invoke(*train_args(prepared_root, out))
-    assert again.code == 0, again.stderr
-    assert debris(tmp_path) == []
-    assert checkpoint.load(out / "model.pt")[0] is not None
+    or of the staging directory into place (3): each in a folder of its own, each kill a
+    fork of one child process."""
+    outs = {nth: tmp_path / str(nth) / "run" for nth in (1, 2, 3)}
+    for out in outs.values():
+        out.parent.mkdir()
+    cases = [(train_args(prepared_root, out), nth) for nth, out in outs.items()]
+    outcomes = run_injected_each(cases, "os.replace", "run", "kill")
+    for (nth, out), killed in zip(outs.items(), outcomes):
+        assert killed.code == 137, (nth, killed.stderr)
+        judge(tally, killed, fault=True, before={}, after=snapshot(out), killed=True)
+        left = debris(out.parent)
+        assert all(p.name.startswith(".run.") for p in left), left
+        again = invoke(*train_args(prepared_root, out))
+        assert again.code == 0, again.stderr
+        assert debris(out.parent) == []
+        assert checkpoint.load(out / "model.pt")[0] is not None
 
 
-def test_training_killed_while_replacing_an_earlier_run_keeps_it(tmp_path, tally, prepared_root):
+def test_training_killed_while_replacing_an_earlier_run_keeps_it(
+    tmp_path, monkeypatch, tally, prepared_root
+):
+    """Killed at the exchange of the new run with the earlier one (a child process), or the
+    exchange failing (in this process): the earlier run stays as it was."""
+    from capsnet.io import files
+
     out = tmp_path / "run"
     first = invoke(*train_args(prepared_root, out))
     assert first.code == 0, first.stderr
@@ -172,9 +185,16 @@ def test_training_killed_while_replacing_an_earlier_run_keeps_it(tmp_path, tally
     )
     assert killed.code == 137, killed.stderr
     judge(tally, killed, fault=True, before=before, after=snapshot(out), killed=True)
-    failed = run_injected(
-        train_args(prepared_root, out), "capsnet.io.files.exchange", "run", 1, "raise", errno.EIO
-    )
+    real_exchange = files.exchange
+
+    def failing_exchange(*args, **kwargs):
+        if "run" in " ".join(map(str, args)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_exchange(*args, **kwargs)
+
+    monkeypatch.setattr(files, "exchange", failing_exchange)
+    failed = invoke(*train_args(prepared_root, out))
+    monkeypatch.undo()
     judge(tally, failed, fault=True, before=before, after=snapshot(out), names=(f"--out {out}",))
     again = invoke(*train_args(prepared_root, out))
     assert again.code == 0 and debris(tmp_path) == [], again.stderr
@@ -202,8 +222,6 @@ def test_prepare_killed_mid_publish_leaves_no_prepared_data(tmp_path, tally, mni
 def test_ctrl_c_while_writing_is_exit_130_and_leaves_no_file(
     tmp_path, monkeypatch, tally, prepared_root, lenet_checkpoint
 ):
-    import os
-
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -354,14 +354,19 @@ def em_routing(
             votes = matrix_votes(padded, weight.to(dtype), bias)  # (N + pad, I, J, 16)
             groups = [(v,) for v in votes.split(block)]  # (block, I, J, 16) each
         constants = (beta_v.to(dtype), beta_a.to(dtype), lams, min_var, normalise_cost)
-        return _iterate((step, last_step), groups, acts, scope, (n, n_out), constants)
+        inputs = (children, activations, weight, beta_v, beta_a)
+        uniform_grad = compiled and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        steps = (step, last_step)
+        return _iterate(steps, groups, acts, scope, (n, n_out), constants, uniform_grad)
 
 
-def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants):
+def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants, uniform_grad=False):
     """The EM iterations over the blocks: (pose (N, J, 16), activation (N, J)).
 
     ``groups`` holds each block's step inputs (votes, or children with the weights),
-    ``acts`` each block's activations (block, I), ``sizes`` is (N, J).
+    ``acts`` each block's activations (block, I), ``sizes`` is (N, J). ``uniform_grad``:
+    the first call's logits and log normalisers require grad as every later call's do, so
+    a compiled step has one graph (dynamo guards on requires_grad) in training, not two.
 
     Each iteration is one call per block. Between iterations only the E-step logits of each
     block (n, I, J) and per-slot log normalisers (N, I) are kept: the normaliser of a child
@@ -378,6 +383,9 @@ def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants):
     else:
         log_total = F.pad(scope.log_uniform_total(n_out, acts[0].dtype), (0, 0, 0, padded - n))
     logits = [acts[0].new_zeros(block, n_in, n_out)] * len(acts)  # (block, I, J) each
+    if uniform_grad:
+        log_total = log_total.detach().requires_grad_()
+        logits = [logits[0].requires_grad_()] * len(acts)
     for it in range(lams.shape[0] - 1):
         outs = [
             step(*g, a, lg, t, b_v, b_a, lams[it], min_var, normalise)
