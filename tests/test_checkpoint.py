@@ -381,3 +381,31 @@ def test_cli_eval_bad_checkpoints_one_line_exit_1(tmp_path, monkeypatch):
         assert_one_line_error(result, path.name, fragment)
         assert result.returncode == 1
         assert "weights_only" not in result.stderr
+
+
+class _MetaFills(torch.overrides.TorchFunctionMode):
+    """Records the weight fills asked of meta tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fills = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        name = getattr(func, "__name__", "")
+        if name in ("normal_", "uniform_") and any(t.is_meta for t in tensors):
+            self.fills.append(name)
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["capsnet-small", "em-capsnet-small"])
+def test_the_meta_model_that_checks_a_file_fills_no_weights(tmp_path, name):
+    """The meta-device build that checks a file's weights draws no initial values (normal_
+    on meta tensors runs a Python reference kernel that imports torch._dynamo, about 2 CPU-s
+    a process); the model built for the weights is initialised as always."""
+    path = checkpoint.save(tmp_path / "m.pt", models.build(name))
+    with _MetaFills() as recorded:
+        model, _ = checkpoint.load(path)
+    assert recorded.fills == []
+    assert all(not p.is_meta for p in model.parameters())

@@ -83,10 +83,11 @@ def warp_about_centre(
     images: torch.Tensor,
     inverse: torch.Tensor,
     shift: torch.Tensor | None = None,
-    batch: int = 2000,
+    batch: int = 256,
 ) -> torch.Tensor:
     """Affine warp of images uint8 (N, C, H, W) about the canvas centre, bilinear, zero fill,
-    same canvas. -> uint8 (N, C, H, W).
+    same canvas, ``batch`` images at a time (small batches stay in the CPU's caches).
+    -> uint8 (N, C, H, W).
 
     ``inverse`` float64 (N or 1, 2, 2) maps an output pixel's (x, y) offset from the centre
     (x to the right, y down) to its source offset; ``shift`` float64 (N or 1, 2) moves the
@@ -156,9 +157,10 @@ def _filter(values: torch.Tensor, dim: int, index: torch.Tensor, weight: torch.T
     return total
 
 
-def resize(images: torch.Tensor, size: int, chunk: int = 512) -> torch.Tensor:
+def resize(images: torch.Tensor, size: int, chunk: int = 16) -> torch.Tensor:
     """uint8 (N, C, H, W) -> uint8 (N, C, size, size), antialiased bilinear (rows, then
-    columns, in float64), rounded once."""
+    columns, in float64), rounded once; ``chunk`` images at a time (small chunks stay in the
+    CPU's caches: 512 96x96 stereo pairs took three times as long)."""
     _check_uint8(images, 4)
     n, c, h, w = images.shape
     rows, cols = _taps(h, size), _taps(w, size)

@@ -21,6 +21,7 @@ accuracy on the real smallNORB.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -150,16 +151,16 @@ def _pixel_grid(side: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _hit_ellipsoid(origin, direction, centre, half):
     """(t, normal x, y, z) of orthographic rays against an axis-aligned ellipsoid; t = inf
-    where they miss. ``origin`` 3 x (V, P), ``direction`` 3 x (V, 1)."""
-    p = [(o - c) / h for o, c, h in zip(origin, centre, half)]  # 3 x (V, P) unit-sphere frame
-    q = [d / h for d, h in zip(direction, half)]  # 3 x (V, 1)
-    a = q[0] * q[0] + q[1] * q[1] + q[2] * q[2]  # (V, 1)
-    b = p[0] * q[0] + p[1] * q[1] + p[2] * q[2]  # (V, P)
-    c = p[0] * p[0] + p[1] * p[1] + p[2] * p[2] - 1.0  # (V, P)
-    disc = b * b - a * c  # (V, P)
-    t = (-b - disc.clamp(min=0.0).sqrt()) / a  # (V, P) nearer root
+    where they miss. ``origin``, ``direction``: 3 x (K,), one entry per ray."""
+    p = [(o - c) / h for o, c, h in zip(origin, centre, half)]  # 3 x (K,) unit-sphere frame
+    q = [d / h for d, h in zip(direction, half)]  # 3 x (K,)
+    a = q[0] * q[0] + q[1] * q[1] + q[2] * q[2]  # (K,)
+    b = p[0] * q[0] + p[1] * q[1] + p[2] * q[2]
+    c = p[0] * p[0] + p[1] * p[1] + p[2] * p[2] - 1.0
+    disc = b * b - a * c
+    t = (-b - disc.clamp(min=0.0).sqrt()) / a  # (K,) nearer root
     t = torch.where(disc >= 0.0, t, torch.inf)
-    normal = [(pk + t.clamp(max=1e6) * qk) / h for pk, qk, h in zip(p, q, half)]  # 3 x (V, P)
+    normal = [(pk + t.clamp(max=1e6) * qk) / h for pk, qk, h in zip(p, q, half)]  # 3 x (K,)
     length = (normal[0] * normal[0] + normal[1] * normal[1] + normal[2] * normal[2]).sqrt()
     length = length.clamp(min=1e-12)
     return t, [n / length for n in normal]
@@ -169,48 +170,78 @@ def _hit_box(origin, direction, centre, half):
     """(t, normal x, y, z) of orthographic rays against an axis-aligned box (slab test)."""
     near, far, axis_near = None, None, []
     for o, d, c, h in zip(origin, direction, centre, half):
-        d = torch.where(d.abs() < 1e-12, 1e-12, d)  # (V, 1) no division by zero
-        t1, t2 = (c - h - o) / d, (c + h - o) / d  # (V, P)
+        d = torch.where(d.abs() < 1e-12, 1e-12, d)  # (K,) no division by zero
+        t1, t2 = (c - h - o) / d, (c + h - o) / d  # (K,)
         low, high = torch.minimum(t1, t2), torch.maximum(t1, t2)
         axis_near.append(low)
         near = low if near is None else torch.maximum(near, low)
         far = high if far is None else torch.minimum(far, high)
-    t = torch.where(near <= far, near, torch.inf)  # (V, P)
+    t = torch.where(near <= far, near, torch.inf)  # (K,)
     normal, taken = [], torch.zeros_like(t, dtype=torch.bool)
     for low, d in zip(axis_near, direction):
         face = (low == near) & ~taken  # the first axis whose slab the ray entered last
         taken = taken | face
-        normal.append(torch.where(face, -torch.sign(d), 0.0))  # (V, P)
+        normal.append(torch.where(face, -torch.sign(d), 0.0))  # (K,)
     return t, normal
+
+
+def _near(columns, rows, right, up, kind: str, centre, half) -> torch.Tensor:
+    """Flat indices (view * P + pixel), (K,), of the rays that pass within the part's
+    bounding sphere (with a margin); every other ray misses the part (t = inf).
+    ``columns``, ``rows``: the pixel centres' u and v, (side,) each; ``right``, ``up``: the
+    cameras' axes, 3 x (V, 1)."""
+    radius = max(half) if kind == "ellipsoid" else math.sqrt(sum(h * h for h in half))
+    cu = centre[0] * right[0] + centre[1] * right[1] + centre[2] * right[2]  # (V, 1)
+    cv = centre[0] * up[0] + centre[1] * up[1] + centre[2] * up[2]  # the centre's projection
+    du, dv = (columns - cu) ** 2, (rows - cv) ** 2  # (V, side) each
+    inside = dv[:, :, None] + du[:, None, :] <= (radius + 1e-6) ** 2  # (V, side, side)
+    return inside.view(-1).nonzero().view(-1)
 
 
 def _render_elevation(
     parts, albedo, yaw: float, elevation: int, side: int, lightings: int = LIGHTINGS
 ) -> torch.Tensor:
     """uint8 (lightings, 18, 2, side, side): one instance at one elevation index, under the
-    first ``lightings`` lights."""
-    rx, ry, rz, ux, uy, uz, wx, wy, wz = _cameras(yaw, 30.0 + 5.0 * elevation)
+    first ``lightings`` lights. A part is traced only for the rays near it (``_near``) and
+    a pixel shaded only where seen: each pixel gets the arithmetic of the whole grid."""
+    cameras = [c[:, 0] for c in _cameras(yaw, 30.0 + 5.0 * elevation)]  # 9 x (V,)
+    right, up, towards = cameras[0:3], cameras[3:6], cameras[6:9]
     u, v = _pixel_grid(side)  # (1, P)
-    origin = [u * rx + v * ux + 3.0 * wx, u * ry + v * uy + 3.0 * wy, u * rz + v * uz + 3.0 * wz]
-    direction = [-wx, -wy, -wz]  # 3 x (V, 1)
-    views = rx.shape[0]
-    best = torch.full((views, u.shape[1]), torch.inf, dtype=F64)  # (V, P)
+    u, v = u[0], v[0]  # (P,)
+    pixels = u.shape[0]
+    best = torch.full((len(cameras[0]) * pixels,), torch.inf, dtype=F64)  # (V P,)
     nx, ny, nz, shade = (torch.zeros_like(best) for _ in range(4))
     for (kind, centre, half), part_albedo in zip(parts, albedo):
         hit = _hit_ellipsoid if kind == "ellipsoid" else _hit_box
-        t, (hx, hy, hz) = hit(origin, direction, centre, half)
-        closer = t < best  # (V, P)
-        best = torch.where(closer, t, best)
-        nx, ny, nz = (torch.where(closer, h, n) for h, n in ((hx, nx), (hy, ny), (hz, nz)))
-        shade = torch.where(closer, part_albedo, shade)
-    seen = best < torch.inf  # (V, P)
+        axes = [a[:, None] for a in (*right, *up)]  # 6 x (V, 1)
+        index = _near(u[:side], v[::side], axes[:3], axes[3:], kind, centre, half)  # (K,)
+        view, pu, pv = index // pixels, u[index % pixels], v[index % pixels]  # (K,) each
+        origin = [
+            pu * r[view] + pv * w[view] + 3.0 * t[view] for r, w, t in zip(right, up, towards)
+        ]  # 3 x (K,)
+        t, normal = hit(origin, [-c[view] for c in towards], centre, half)  # (K,), 3 x (K,)
+        previous = best[index]
+        closer = t < previous  # (K,)
+        best[index] = torch.where(closer, t, previous)
+        for n, h in zip((nx, ny, nz), normal):
+            n[index] = torch.where(closer, h, n[index])
+        shade[index] = torch.where(closer, part_albedo, shade[index])
+    seen = best < torch.inf  # (V P,)
+    sx, sy, sz, albedo_seen = nx[seen], ny[seen], nz[seen], shade[seen]  # (S,)
     images = []
     for light_azimuth, light_elevation, ambient, diffuse, background in LIGHTS[:lightings]:
         lx, ly, lz = _unit(light_azimuth - yaw, light_elevation)  # into the object's frame
-        lambert = (nx * lx + ny * ly + nz * lz).clamp(min=0.0)  # (V, P)
-        value = torch.where(seen, shade * (ambient + diffuse * lambert), background)
-        images.append((value * 255.0 + 0.5).floor().clamp(0, 255).to(torch.uint8))
+        lambert = (sx * lx + sy * ly + sz * lz).clamp(min=0.0)  # (S,)
+        value = albedo_seen * (ambient + diffuse * lambert)  # (S,)
+        image = _to_uint8(torch.tensor(background, dtype=F64)).expand(best.shape).clone()
+        image[seen] = _to_uint8(value)  # (V P,)
+        images.append(image)
     return torch.stack(images).view(lightings, len(AZIMUTHS), 2, side, side)
+
+
+def _to_uint8(value: torch.Tensor) -> torch.Tensor:
+    """Shaded values in [0, 1] (float64) -> rounded uint8 pixels."""
+    return (value * 255.0 + 0.5).floor().clamp(0, 255).to(torch.uint8)
 
 
 def render_split(split: str, seed: int = 0, side: int = SIDE, lightings: int = LIGHTINGS):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from capsnet.config import Params
+from capsnet.config.data import DATA_ROOT
 from capsnet.data.registry import DOWNLOADS, PREPARES, get, resolve
 from capsnet.io.files import clear_disabled, locked, read_disabled, remove_stale_in
 from capsnet.io.outputset import write_disabled
@@ -22,9 +23,7 @@ __all__ = ["DOWNLOADS", "PREPARES", "download", "prepare", "why_off"]
 
 
 def _root(root: str | Path | None) -> Path:
-    from capsnet.data.datasets import DEFAULT_ROOT
-
-    return Path(root) if root is not None else DEFAULT_ROOT
+    return Path(root if root is not None else DATA_ROOT)
 
 
 def download(name: str, params: Params, root=None, mirror=None, progress=False) -> Path:

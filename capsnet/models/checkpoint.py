@@ -270,11 +270,26 @@ def _check_state(path: Path, state: dict) -> None:
             )
 
 
+class _NoRandomFill(torch.overrides.TorchFunctionMode):
+    """In-place random fills (weight initialisation) do nothing: meta tensors hold no values,
+    and the meta kernel of ``normal_`` imports torch._dynamo (about 2 CPU-s a process)."""
+
+    FILLS = frozenset(
+        {torch.Tensor.normal_, torch.Tensor.uniform_, nn.init.normal_, nn.init.uniform_}
+    )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FILLS:
+            return args[0] if args else kwargs["tensor"]  # unfilled
+        return func(*args, **kwargs)
+
+
 def _check_weights_fit(path: Path, name: str, config: dict, state: dict) -> None:
     """The saved weights are exactly those of model ``name`` built from ``config``: compared
     with the model built on the meta device, so nothing is allocated for a bogus config."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoRandomFill():
             expected = models.build_from_config(name, config).state_dict()
     except CapsnetError as exc:
         raise CheckpointError(f"{path}: {exc}") from None

@@ -304,3 +304,25 @@ def test_mirror_from_params_then_environment_then_option(
     assert_one_line_failure(download("from-env"), str(empty))
     monkeypatch.setenv("CAPSNET_MIRROR", str(mnist_mirror))
     assert_one_line_failure(download("from-option", "--mirror", empty), str(empty))
+
+
+@pytest.mark.parametrize("verb", ["download", "prepare"])
+def test_a_switched_off_data_stage_does_not_import_torch(tmp_path, verb):
+    """A data stage that only writes DISABLED.txt costs no torch import (3-5 CPU-s in each
+    `dvc repro`)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "params.yaml").write_text("data:\n  smallnorb:\n    enabled: false\n")
+    code = (
+        "import sys\nfrom capsnet.cli import main\n"
+        f"sys.argv = ['capsnet', 'data', '{verb}', 'smallnorb', '--data-root', 'data']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = "raw" if verb == "download" else "prepared"
+    assert (tmp_path / "data" / folder / "smallnorb" / "DISABLED.txt").is_file()

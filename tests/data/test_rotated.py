@@ -78,3 +78,18 @@ def test_rotated_mnist_is_mnist_rotated_when_loaded(tiny_root):
     assert dataset.name == "rotated-mnist-35"
     with pytest.raises(DataError, match="needs an angle"):
         load("rotated-mnist", "test", tiny_root, download=False)
+
+
+def test_resampling_bytes_do_not_depend_on_the_batch_size():
+    """resize and warp_about_centre work a few images at a time (for the CPU's caches):
+    the bytes are those of one batch holding every image."""
+    from capsnet.data.resample import resize, sin_cos_degrees, warp_about_centre
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (37, 2, 20, 20), dtype=torch.uint8, generator=generator)
+    assert torch.equal(resize(images, 9), resize(images, 9, chunk=37))
+    sin, cos = sin_cos_degrees(35.0)
+    inverse = torch.tensor([[[cos, -sin], [sin, cos]]], dtype=torch.float64)  # (1, 2, 2)
+    assert torch.equal(
+        warp_about_centre(images, inverse, batch=5), warp_about_centre(images, inverse, batch=37)
+    )
