@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -510,6 +511,49 @@ def test_compiled_routing_falls_back_to_eager_where_compilation_fails(monkeypatc
         scores = compiled(x).scores
     torch.testing.assert_close(scores, eager(x).scores)
     assert not compiled.caps1.compiled and not compiled.caps2.compiled
+
+
+class _CacheRace(RuntimeError):
+    """Stands for an error of Inductor's machinery (its module is Inductor's)."""
+
+
+_CacheRace.__module__ = "torch._inductor.exc"
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_failed_compile_is_tried_once_more_before_eager(monkeypatch, failures):
+    """A compiler error (not a missing compiler) is retried once: one failure keeps the
+    compiled routing, two fall back to eager with a warning that names the error."""
+    import capsnet.nn.routing.em as em
+
+    calls = []
+
+    def flaky(device_type):
+        calls.append(device_type)
+        if len(calls) <= failures:
+            raise _CacheRace("cache entry written by another process")
+        return em.em_step, em.em_last_step  # what compiled_steps compiles, run eagerly
+
+    monkeypatch.setattr(em, "compiled_steps", flaky)
+    torch.manual_seed(0)
+    eager = models.build("em-capsnet-small", **TINY)
+    model = models.build("em-capsnet-small", **TINY).compile_routing()
+    model.load_state_dict(eager.state_dict())
+    x = torch.rand(2, 1, 24, 24)
+    if failures == 1:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            scores = model(x).scores
+        assert model.caps1.compiled and model.caps2.compiled
+    else:
+        with pytest.warns(
+            RuntimeWarning,
+            match=r"unavailable \(_CacheRace: cache entry written by another process\)",
+        ):
+            scores = model(x).scores
+        assert not model.caps1.compiled and model.caps2.compiled  # caps2's own try worked
+    assert calls[:2] == ["cpu", "cpu"]
+    torch.testing.assert_close(scores, eager(x).scores, rtol=1e-4, atol=1e-5)
 
 
 def test_beta_a_moves_class_activations_as_much_as_the_cost_does():

@@ -64,17 +64,21 @@ class _EMRoutingLayer(nn.Module):
 
     def route(self, children, activations, weight, vote_bias=None, scope=None):
         """``em_routing`` with this layer's settings, beta_v and ``activation_bias``; compiled
-        when ``compiled``, eager (with a warning, ``compiled`` switched off) where
-        torch.compile cannot build kernels here (no C++ compiler)."""
+        when ``compiled``, eager (with a warning naming the error, ``compiled`` switched off)
+        where torch.compile cannot build kernels here (no C++ compiler). An error of the
+        compiler's own machinery is tried once more first: another process writing the same
+        Inductor cache entry at that moment fails one compile, not the next."""
         args = (children, activations, weight, self.beta_v, self.activation_bias(), self.iterations,
                 self.final_lambda, self.min_var)  # fmt: skip
         options = {"vote_bias": vote_bias, "scope": scope, "normalise_cost": self.normalise_cost}
-        if self.compiled:
+        for attempt in range(2 if self.compiled else 0):
             try:
                 return em_routing(*args, compiled=True, **options)
             except Exception as exc:
                 if not _is_compile_failure(exc):
                     raise
+                if attempt == 0 and not isinstance(exc, (OSError, ImportError)):
+                    continue
                 reason = (str(exc).strip().splitlines() or [""])[-1][:200]
                 warnings.warn(
                     f"compiled EM routing unavailable ({type(exc).__name__}: {reason}); "
