@@ -79,7 +79,7 @@ class _EMRoutingLayer(nn.Module):
                     raise
                 if attempt == 0 and not isinstance(exc, (OSError, ImportError)):
                     continue
-                reason = (str(exc).strip().splitlines() or [""])[-1][:200]
+                reason = (str(exc).strip().splitlines() or [""])[0][:200]
                 warnings.warn(
                     f"compiled EM routing unavailable ({type(exc).__name__}: {reason}); "
                     "using eager",
