@@ -119,7 +119,27 @@ def viewpoints_lines(section: Viewpoints | None) -> list[str]:
             novel = percent(m.novel_error) + cite
             familiar = percent(m.familiar_error)
             lines.append(f"| {entry.kind} | {m.model} | {familiar} | {novel} | {gap} |")
-    return lines
+    return lines + seeds_lines(section)
+
+
+def seeds_lines(section: Viewpoints) -> list[str]:
+    """The novel-viewpoint errors as mean ± std over the seeds, per kind with more than
+    one seed (``over_seeds``); none otherwise."""
+    from capsnet.evaluation.novel_viewpoints import over_seeds
+
+    lines = []
+    for kind, summary in over_seeds(section).items():
+        cells = [
+            f"{m['model']} {percent(*m['familiar_error'])} familiar, "
+            f"{percent(*m['novel_error'])} novel"
+            for m in summary["models"].values()
+        ]
+        lines.append(
+            f"{kind.capitalize()}, over {summary['seeds']} seeds (mean ± std of test error): "
+            + "; ".join(cells)
+            + f"; familiar errors matched in {summary['matched']} of {summary['seeds']} seeds."
+        )
+    return ["", *lines] if lines else []
 
 
 def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:

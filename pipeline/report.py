@@ -28,6 +28,7 @@ from capsnet.io.files import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import paper_number
+from pipeline.readme import seeds_lines
 
 # --- HTML ---------------------------------------------------------------------------------------
 
@@ -211,7 +212,8 @@ def _viewpoints_table(section: Viewpoints | None) -> str:
         else ""
     )
     skipped = f'<ul class="skipped">{"".join(notes)}</ul>' if notes else ""
-    return intro + table + skipped
+    seeds = "".join(f"<p>{_e(line)}</p>" for line in seeds_lines(section) if line)
+    return intro + table + seeds + skipped
 
 
 def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:

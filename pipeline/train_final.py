@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.config import DATA_ROOT, SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
+from capsnet.config.sweep import schedule
 from capsnet.io import outputset
 from capsnet.io.errors import ConfigError
-from capsnet.io.files import atomic_write_json, read_json
+from capsnet.io.files import atomic_write_json, read_json, run_name
 from capsnet.io.outputset import atomic_directory
 from capsnet.training.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
 from pipeline import provenance, tracking
@@ -124,7 +125,7 @@ def train_final(
             f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "
             f"is {sweep.dataset}; pass the matching --best or --sweep-section"
         )
-    base = section_spec(final, sweep, params, data_root, mirror, **final.schedule())
+    base = section_spec(final, sweep, params, data_root, mirror, **schedule(final))
     specs = [run_spec(run, base) for run in final_runs(best, final)]
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
@@ -155,12 +156,6 @@ def _seeded(spec: RunSpec, seed: int) -> RunSpec:
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=seed))
 
 
-def _key(model: str, tag: str, seed: int, first: int) -> str:
-    """A checkpoint name: ``model``, ``model@seed3``, ``model@tag``, ``model@tag-seed3``."""
-    suffix = "-".join(part for part in (tag, f"seed{seed}" if seed != first else "") if part)
-    return f"{model}@{suffix}" if suffix else model
-
-
 @dataclass
 class Arm:
     """One final run: what it trains on, its checkpoint name (``key``) and what it records."""
@@ -187,7 +182,7 @@ def train_arms(
     def arms(spec: RunSpec, tag: str, arm: dict[str, Any]) -> list[Arm]:
         comparison = {**arm, "reference": reference}
         return [
-            Arm(_seeded(spec, seed), split, _key(spec.model, tag, seed, seeds[0]), fields(spec),
+            Arm(_seeded(spec, seed), split, run_name(spec.model, tag, seed, seeds[0]), fields(spec),
                 _role(specs, spec), score, comparison)
             for seed in seeds
         ]  # fmt: skip
@@ -198,9 +193,9 @@ def train_arms(
     )  # fmt: skip
     later: list[Arm] = []
     if final.equal_time and baselines:
-        budget = statistics.fmean(results[_key(reference, "", s, seeds[0])]["train_seconds"]
+        budget = statistics.fmean(results[run_name(reference, "", s, seeds[0])]["train_seconds"]
                                   for s in seeds)  # fmt: skip
-        clock = results[_key(reference, "", seeds[0], seeds[0])]["time_clock"]
+        clock = results[run_name(reference, "", seeds[0], seeds[0])]["time_clock"]
         trainer.log(f"equal time: {reference}'s mean training time {budget:.1f} s of {clock} time")
         costs = trainer.runner(step_costs, specs, split)
         for spec, cost in zip(baselines, costs[1:], strict=True):

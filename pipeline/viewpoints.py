@@ -37,7 +37,7 @@ from capsnet.evaluation.viewpoint_matching import (
 )
 from capsnet.io import outputset
 from capsnet.io.errors import ConfigError, DataError
-from capsnet.io.files import atomic_write_text
+from capsnet.io.files import atomic_write_text, run_name
 
 Log = Callable[[str], None]
 #: Calls ``fn(*args)`` somewhere and returns its value (the caller's choice of device).
@@ -51,9 +51,11 @@ def _here(fn: Callable, *args):
 # --- data -------------------------------------------------------------------------------------
 
 
-def kind_spec(params, data_root: str | Path, kind: str, role: str):
+def kind_spec(params, data_root: str | Path, kind: str, role: str, seed: int | None = None):
     """The RunSpec of ``role`` (capsules or cnn) on the familiar viewpoints of ``kind``:
-    random crops of the familiar training subset (first ``train_limit``), no validation."""
+    random crops of the familiar training subset (first ``train_limit``), no validation;
+    ``seed`` (default ``viewpoints.seed``) seeds the run."""
+    from capsnet.config.sweep import schedule
     from capsnet.training.fit import TrainConfig
     from capsnet.training.run import RunSpec
 
@@ -62,9 +64,10 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str):
         model=settings.model_name(role),
         train=TrainConfig(
             epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
-            weight_decay=getattr(settings.weight_decay, role), seed=settings.seed,
+            weight_decay=getattr(settings.weight_decay, role),
+            seed=settings.seed if seed is None else seed,
             device=settings.device, compile=settings.compile,
-            amp=settings.amp or TrainConfig.amp,
+            amp=settings.amp or TrainConfig.amp, **schedule(settings),
         ),
         overrides=dict(getattr(settings.overrides, role)),
         dataset="smallnorb",
@@ -157,24 +160,45 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
 
 
 def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
-             runner: Runner | None = None) -> dict:  # fmt: skip
-    """Train both models on ``kind`` (each through ``runner``: in this process, or where
-    the caller sends it, e.g. a GPU worker), select the matched epochs, save both
-    checkpoints under ``out_dir/<kind>/``; returns this kind's entry of viewpoints.json."""
+             runner: Runner | None = None) -> dict[str, dict]:  # fmt: skip
+    """Train both models on ``kind`` with each of ``viewpoints.seeds`` seeds (each model
+    through ``runner``: in this process, or where the caller sends it, e.g. a GPU worker),
+    select the matched epochs per seed, save the checkpoints under ``out_dir/<kind>/``;
+    returns viewpoints.json's entries of this kind, keyed ``kind`` for the first seed and
+    ``kind@seed<k>`` for the others (``run_name``)."""
     from capsnet.training.run import load_split
 
     settings = params.viewpoints
+    seeds = settings.seed_list()
     specs = {role: kind_spec(params, data_root, kind, role) for role in ("capsules", "cnn")}
-    split = load_split(specs["capsules"])  # the same familiar images for both models
+    split = load_split(specs["capsules"])  # the same familiar images for both models, all seeds
     tests = load_tests(specs["capsules"], kind, settings.test_limit)
     data = {"train": split.train, **tests}
     log(
         f"[{kind}] {len(data['train'])} familiar training images; test: "
         f"{len(data['familiar'])} familiar, {len(data['novel'])} novel"
+        + (f"; seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else "")
     )
+    sizes = {
+        "train_size": len(data["train"]),
+        "familiar_test_size": len(data["familiar"]),
+        "novel_test_size": len(data["novel"]),
+    }
+    entries = {}
+    for seed in seeds:
+        key = run_name(kind, "", seed, seeds[0])
+        seeded = {r: kind_spec(params, data_root, kind, r, seed) for r in ("capsules", "cnn")}
+        entries[key] = _run_seed(settings, kind, key, seed, seeded, split, tests, out_dir, log,
+                                 runner) | sizes  # fmt: skip
+    return entries
+
+
+def _run_seed(settings, kind: str, key: str, seed: int, specs: dict, split, tests, out_dir: Path,
+              log: Log, runner: Runner | None) -> dict:  # fmt: skip
+    """Both models of one seed on ``kind``: trained, matched, saved; the entry of ``key``."""
     trained: dict[str, dict[str, Any]] = {}
     for role, spec in specs.items():
-        label = f"[{kind}] {spec.model}"
+        label = f"[{key}] {spec.model}"
         result, history, states = (runner or _here)(train_tracked, spec, split, tests, log, label)
         trained[role] = {
             "model": result.model, "config": result.train_config, "history": history,
@@ -182,24 +206,26 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
         }  # fmt: skip
 
     selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
+    names = {r: run_name(settings.model_name(r), "", seed, settings.seed) for r in trained}
     models_entry = {
-        role: _save_selected(t, role, selection, kind, settings, out_dir, len(split.train))
+        role: _save_selected(
+            t, role, selection, kind, settings, out_dir, len(split.train), names[role]
+        )
         for role, t in trained.items()
     }
     caps, cnn = selection["models"]["capsules"], selection["models"]["cnn"]
     log(
-        f"[{kind}] matched at familiar error {selection['target_familiar_error']:.4f} "
+        f"[{key}] matched at familiar error {selection['target_familiar_error']:.4f} "
         f"(gap {selection['gap']:.4f}, {'within' if selection['matched'] else 'outside'} "
         f"tolerance {settings.tolerance:g}): novel error capsules {caps['novel_error']:.4f} "
         f"(epoch {caps['epoch']}), CNN {cnn['novel_error']:.4f} (epoch {cnn['epoch']})"
     )
     return {
+        "kind": kind,
+        "seed": seed,
         "train_subset": f"{kind}-familiar",
         "familiar_subset": f"{kind}-familiar",
         "novel_subset": f"{kind}-novel",
-        "train_size": len(data["train"]),
-        "familiar_test_size": len(data["familiar"]),
-        "novel_test_size": len(data["novel"]),
         "models": models_entry,
         "selection": selection,
         "paper_novel_error": PAPER_NOVEL_ERROR[kind],
@@ -207,13 +233,13 @@ def run_kind(params, data_root: str | Path, kind: str, out_dir: Path, log: Log,
 
 
 def _save_selected(trained: dict, role: str, selection: dict, kind: str, settings, out_dir,
-                   train_size: int) -> dict[str, Any]:  # fmt: skip
-    """Load the selected epoch's weights, save ``<kind>/<model>.pt``; return its entry."""
+                   train_size: int, name: str) -> dict[str, Any]:  # fmt: skip
+    """Load the selected epoch's weights, save ``<kind>/<name>.pt`` (``name``: the model's,
+    with the seed after "@" but for the first); return its entry."""
     from capsnet.config import to_dict
     from capsnet.models import checkpoint
 
     model, chosen = trained["model"], selection["models"][role]
-    name = settings.model_name(role)
     model.load_state_dict(trained["states"][chosen["epoch"]])
     relative = f"{kind}/{name}.pt"
     metrics = {
@@ -228,7 +254,7 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
         extra={**extra, "train_size": train_size},
     )  # fmt: skip
     return {
-        "model": name,
+        "model": settings.model_name(role),
         "checkpoint": relative,
         "config": to_dict(model.config),
         "train_config": trained["config"].to_dict(),
@@ -241,17 +267,18 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
 
 
 def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
-    """The CSV of ``csv_path``: one row per (kind, model, epoch); only the header without
-    results."""
+    """The CSV of ``csv_path``: one row per (kind, seed, model, epoch); only the header
+    without results."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for kind, entry in kinds.items():
+    for entry in kinds.values():
         for model in entry["models"].values():
             for record in model["history"]:
                 writer.writerow(
                     [
-                        kind,
+                        entry["kind"],
+                        entry["seed"],
                         model["model"],
                         record["epoch"],
                         f"{record['familiar_error']:.6f}",
@@ -287,7 +314,9 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
     started = time.perf_counter()
     with outputset.atomic_directory(settings.out_dir) as tmp:
         kinds = {
-            kind: run_kind(params, data_root, kind, tmp, say, runner) for kind in settings.kinds
+            key: entry
+            for kind in settings.kinds
+            for key, entry in run_kind(params, data_root, kind, tmp, say, runner).items()
         }
         payload = {
             "experiment": "novel viewpoints (smallNORB; Hinton et al. 2018, section 5.2)",

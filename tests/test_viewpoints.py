@@ -3,6 +3,7 @@ smallNORB-format files written here, the evaluate stage's viewpoints section."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import sys
@@ -16,6 +17,7 @@ from clihelpers import assert_one_line_error, invoke_cli, run_cli
 from capsnet import config, evaluation, models
 from capsnet.cli import main
 from capsnet.config.training import TrainConfig
+from capsnet.config.viewpoints import KINDS
 from capsnet.evaluation import viewpoint_matching as viewpoints
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
@@ -131,6 +133,9 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  weight_decay: {rnn: 0}\n": "viewpoints.weight_decay.rnn: unknown key",
         "viewpoints:\n  overrides: {cnn: {num_classes: 3}}\n": "viewpoints.overrides.cnn",
         "viewpoints:\n  amp: fp16\n": "viewpoints.amp: 'fp16' unknown",
+        "viewpoints:\n  seeds: 0\n": "viewpoints.seeds: must be >= 1",
+        "viewpoints:\n  lr_decay: 1.5\n": "viewpoints.lr_decay: must be in (0, 1]",
+        "viewpoints:\n  lr_decay_steps: 0\n": "viewpoints.lr_decay_steps: must be >= 1",
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
@@ -150,6 +155,21 @@ def test_default_run_trains_the_capsules_as_measured_to_learn(tmp_path):
     assert built.config.routing_iterations == 2
     steps = spec.train.epochs * -(-spec.train_size // spec.train.batch_size)
     assert steps >= 128, steps
+
+
+def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
+    text = "viewpoints:\n  seed: 5\n  seeds: 3\n  lr_decay: 0.5\n  lr_decay_steps: 100\n"
+    params = config.load(write_params(tmp_path / "p.yaml", text))
+    assert params.viewpoints.seed_list() == [5, 6, 7]
+    for role in ("capsules", "cnn"):
+        first, third = (stage.kind_spec(params, tmp_path, "azimuth", role, s) for s in (None, 7))
+        assert (first.train.seed, third.train.seed) == (5, 7)
+        assert (first.train.lr_decay, first.train.lr_decay_steps) == (0.5, 100)
+    unset = stage.kind_spec(config.Params(), tmp_path, "azimuth", "cnn").train
+    assert (unset.lr_decay, unset.lr_decay_steps) == (
+        TrainConfig.lr_decay,
+        TrainConfig.lr_decay_steps,
+    )
 
 
 def test_both_models_train_at_the_sections_precision(tmp_path):
@@ -189,7 +209,7 @@ def test_disabled_writes_a_marked_output_and_eval_skips_it(tmp_path):
     assert "switched off" in (out / "DISABLED.txt").read_text()
     payload = json.loads((out / "viewpoints.json").read_text())
     assert set(payload) == {"disabled"} and "data.smallnorb.enabled" in payload["disabled"]
-    header = "kind,model,epoch,familiar_error,novel_error\n"
+    header = "kind,seed,model,epoch,familiar_error,novel_error\n"
     assert viewpoints.csv_path(out) == tmp_path / "vp.csv"
     assert viewpoints.csv_path(out).read_text() == header
     assert sorted(p.name for p in out.iterdir()) == ["DISABLED.txt", "viewpoints.json"]
@@ -236,12 +256,13 @@ def tiny_params(tmp_path: Path, out: Path, extra: str = "") -> Path:
 
 @pytest.fixture(scope="module")
 def experiment(norb_root, tmp_path_factory):
-    """`capsnet viewpoints` run once on the tiny data: (params, out_dir, CLI result)."""
+    """`capsnet viewpoints` run once on the tiny data with two seeds: (params, out_dir, CLI
+    result)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny routing ops: one thread is faster
     work = tmp_path_factory.mktemp("vp")
     out = work / "models-viewpoints"
-    params = tiny_params(work, out)
+    params = tiny_params(work, out, "  seed: 3\n  seeds: 2\n")
     try:
         result = CliRunner().invoke(
             main, ["viewpoints", "--params", str(params), "--data-root", str(norb_root)]
@@ -255,11 +276,16 @@ def test_experiment_outputs(experiment):
     _, out, result = experiment
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert "[azimuth] em-capsnet-small epoch 2/2" in result.stderr
+    assert "[azimuth@seed4] smallnorb-cnn epoch 2/2" in result.stderr
     assert "azimuth: familiar error matched at" in result.stdout
+    assert "elevation@seed4: familiar error matched at" in result.stdout
     payload = json.loads((out / "viewpoints.json").read_text())
-    assert set(payload["kinds"]) == {"azimuth", "elevation"}
+    keys = {"azimuth": 3, "azimuth@seed4": 4, "elevation": 3, "elevation@seed4": 4}
+    assert {k: e["seed"] for k, e in payload["kinds"].items()} == keys
     assert payload["paper"]["novel_error"]["azimuth"] == {"cnn": 0.20, "capsules": 0.135}
-    for kind, entry in payload["kinds"].items():
+    for key, entry in payload["kinds"].items():
+        kind, seed = entry["kind"], entry["seed"]
+        assert key.partition("@")[0] == kind and entry["novel_subset"] == f"{kind}-novel"
         assert entry["train_size"] == 24
         assert (entry["familiar_test_size"], entry["novel_test_size"]) == (24, 48)
         assert set(entry["models"]) == {"capsules", "cnn"}
@@ -267,7 +293,9 @@ def test_experiment_outputs(experiment):
         for role, model in entry["models"].items():
             assert model["epochs"] == 2 and len(model["history"]) == 2
             assert model["config"]["in_channels"] == 1 and model["config"]["num_classes"] == 5
-            assert model["checkpoint"] == f"{kind}/{model['model']}.pt"
+            suffix = "" if seed == 3 else "@seed4"  # the first seed's name has none
+            assert model["checkpoint"] == f"{kind}/{model['model']}{suffix}.pt"
+            assert model["train_config"]["seed"] == seed
             for record in model["history"]:
                 assert 0 <= record["familiar_error"] <= 1 and 0 <= record["novel_error"] <= 1
             histories[role] = model["history"]
@@ -284,9 +312,15 @@ def test_experiment_outputs(experiment):
             assert loaded.config.in_channels == 1
     with open(viewpoints.csv_path(out), newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 2 * 2 * 2  # kinds x models x epochs
-    assert set(rows[0]) == {"kind", "model", "epoch", "familiar_error", "novel_error"}
+    assert len(rows) == 2 * 2 * 2 * 2  # kinds x seeds x models x epochs
+    assert set(rows[0]) == {"kind", "seed", "model", "epoch", "familiar_error", "novel_error"}
     assert {r["model"] for r in rows} == {"em-capsnet-small", "smallnorb-cnn"}
+    assert {(r["kind"], r["seed"]) for r in rows} == {(k, s) for k in KINDS for s in "34"}
+    weights = [  # the seeds train different models
+        checkpoint.load(out / "azimuth" / f"em-capsnet-small{s}.pt")[0].state_dict()
+        for s in ("", "@seed4")
+    ]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert not list(out.rglob(".*"))  # no temporary files left behind
 
 
@@ -348,18 +382,17 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
     assert load_results(tmp_path / "eval" / "metrics.json") == built[0]  # one contract
     section = metrics["viewpoints"]
     payload = json.loads((out / "viewpoints.json").read_text())
-    for kind in ("azimuth", "elevation"):
-        entry = section["kinds"][kind]
-        assert (
-            entry["target_familiar_error"]
-            == payload["kinds"][kind]["selection"]["target_familiar_error"]
-        )
+    assert set(section["kinds"]) == set(payload["kinds"])  # every seed scored
+    for key, trained in payload["kinds"].items():
+        entry, kind = section["kinds"][key], trained["kind"]
+        assert entry["seed"] == trained["seed"]
+        assert entry["target_familiar_error"] == trained["selection"]["target_familiar_error"]
         assert entry["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind]
         for role in ("capsules", "cnn"):
             m = entry["models"][role]
             assert (m["familiar_n"], m["novel_n"]) == (24, 30)
             assert m["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind][role]
-            chosen = payload["kinds"][kind]["selection"]["models"][role]
+            chosen = trained["selection"]["models"][role]
             assert m["epoch"] == chosen["epoch"]
             # the familiar subset is smaller than the limit: the same 24 images as training
             assert m["familiar_error"] == pytest.approx(chosen["familiar_error"])
@@ -367,6 +400,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
         assert entry["gap"] == pytest.approx(abs(errors[0] - errors[1]))
     assert "novel viewpoints (smallNORB)" in cli.stdout
     assert "azimuth" in cli.stdout and "elevation" in cli.stdout
+    assert "azimuth over 2 seeds (mean ± std): em-capsnet-small familiar" in cli.stdout
     drawn = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {"viewpoints.png", "confusion-smallnorb-cnn-smallnorb.png"} <= drawn, drawn
     assert "confusion-models-smallnorb_lenet5-smallnorb.png" in drawn
@@ -402,8 +436,22 @@ def test_report_has_a_novel_viewpoint_table():
             "elevation": {"skipped": "smallnorb is switched off"},
         },
     }
+    one_seed = copy.deepcopy(section)
+    later = copy.deepcopy(section["kinds"]["azimuth"])  # a second seed: other errors
+    later |= {"seed": 1, "matched": False, "gap": 0.03}
+    later["models"]["capsules"] |= {"familiar_error": 0.06, "novel_error": 0.17}
+    later["models"]["cnn"] |= {"familiar_error": 0.03, "novel_error": 0.25}
+    section["kinds"]["azimuth@seed1"] = later
     entry = {"model": "lenet5", "checkpoint": "models/lenet5.pt", "mnist": {"accuracy": 0.9}}
     results = {"lenet5": entry, "viewpoints": section}
+    seeds_line = (  # means and sample standard deviations over the two seeds, in points
+        "Azimuth, over 2 seeds (mean ± std of test error): em-capsnet-small 5.00% ± 1.41 "
+        "familiar, 16.00% ± 1.41 novel; smallnorb-cnn 3.60% ± 0.85 familiar, 23.00% ± 2.83 "
+        "novel; familiar errors matched in 1 of 2 seeds."
+    )
+    assert seeds_line in readme.results_table(results).splitlines()
+    assert f"<p>{seeds_line}</p>" in report.render_html(results)
+    assert "over 2 seeds" not in readme.results_table({"lenet5": entry, "viewpoints": one_seed})
     page = report.render_html(results)
     table = page[page.index('<table id="viewpoints">') :]
     assert "15.00%" in table and "paper 13.50%" in table and "paper 20.00%" in table
@@ -417,6 +465,8 @@ def test_report_has_a_novel_viewpoint_table():
     lines = evaluation.summary_lines(results)
     assert lines[0].split() == ["checkpoint", "model", "mnist"] and len(lines[1].split()) == 3
     assert any("azimuth" in line and "(0.135)" in line for line in lines)
+    assert any(line.split()[:2] == ["azimuth@seed1", "capsules"] for line in lines)
+    assert any("azimuth over 2 seeds" in line and "1 of 2" in line for line in lines)
     assert any("elevation: skipped" in line for line in lines)
 
 

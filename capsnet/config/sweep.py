@@ -310,10 +310,8 @@ class FinalTrainConfig(Section):
     def __post_init__(self):
         for name in ("epochs", "batch_size", "train_size", "extra_train_size", "seeds"):
             at_least(self, name, 1)
-        at_least(self, "lr_decay_steps", 1)
+        check_schedule(self)
         at_least(self, "val_size", 0)
-        if self.lr_decay is not None and not 0 < self.lr_decay <= 1:
-            raise Invalid("lr_decay", f"must be in (0, 1], got {self.lr_decay}")
         if not all(self.baselines):
             raise Invalid("baselines", f"must be a list of model names, got {self.baselines!r}")
         if len(set(self.baseline_augments)) != len(self.baseline_augments):
@@ -322,10 +320,19 @@ class FinalTrainConfig(Section):
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def schedule(self) -> dict[str, Any]:
-        """The TrainConfig fields of the learning-rate schedule this section sets."""
-        fields = {"lr_decay": self.lr_decay, "lr_decay_steps": self.lr_decay_steps}
-        return {name: value for name, value in fields.items() if value is not None}
+
+def check_schedule(section) -> None:
+    """A section's ``lr_decay`` (in (0, 1]) and ``lr_decay_steps`` (>= 1), each or null."""
+    at_least(section, "lr_decay_steps", 1)
+    if section.lr_decay is not None and not 0 < section.lr_decay <= 1:
+        raise Invalid("lr_decay", f"must be in (0, 1], got {section.lr_decay}")
+
+
+def schedule(section) -> dict[str, Any]:
+    """The TrainConfig fields of the learning-rate schedule a section sets (its non-null
+    ``lr_decay`` and ``lr_decay_steps``)."""
+    fields = {"lr_decay": section.lr_decay, "lr_decay_steps": section.lr_decay_steps}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 # --- the smallNORB ablation: the EM paper's defaults (SPEC 1.3): em-capsnet-small, batch 64,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from capsnet.config.schema import Invalid, Section, above, at_least
-from capsnet.config.sweep import Precision
+from capsnet.config.sweep import Precision, check_schedule
 
 Kind = Literal["azimuth", "elevation"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
@@ -63,11 +63,15 @@ class ViewpointsParams(Section):
     epochs: int = 20  # per model; every epoch is a candidate for the match
     batch_size: int = 64
     lr: float = 3e-3
+    # the learning rate times lr_decay every lr_decay_steps steps; null: TrainConfig's
+    lr_decay: float | None = None
+    lr_decay_steps: int | None = None
     weight_decay: PerModelFloat = field(default_factory=_capsules_weight_decay)
     train_limit: int | None = None  # first N familiar training images (null: all)
     test_limit: int | None = None  # N familiar and N novel test images per epoch (null: all)
     tolerance: float = 0.005  # |familiar error gap| that still counts as matched
     seed: int = 0
+    seeds: int = 1  # runs with the seeds seed, seed + 1, ... (each kind, both models)
     out_dir: str = "models-viewpoints"
     device: str = "auto"
     compile: bool = False  # torch.compile the capsules' EM routing (TrainConfig.compile)
@@ -85,9 +89,10 @@ class ViewpointsParams(Section):
             raise Invalid("cnn", f"must differ from viewpoints.capsules ({self.capsules!r})")
         if self.channels not in (1, 2):
             raise Invalid("channels", f"must be 1 or 2, got {self.channels}")
-        for name in ("epochs", "batch_size", "train_limit", "test_limit"):
+        for name in ("epochs", "batch_size", "train_limit", "test_limit", "seeds"):
             at_least(self, name, 1)
         above(self, "lr", 0)
+        check_schedule(self)
         if not 0 <= self.tolerance <= 1:
             raise Invalid("tolerance", f"must be in [0, 1], got {self.tolerance}")
         if not self.out_dir:
@@ -95,3 +100,7 @@ class ViewpointsParams(Section):
 
     def model_name(self, role: str) -> str:
         return self.capsules if role == "capsules" else self.cnn
+
+    def seed_list(self) -> list[int]:
+        """The seeds of the experiment's runs, the first one ``seed``."""
+        return [self.seed + i for i in range(self.seeds)]

@@ -196,8 +196,10 @@ class ViewpointModel:
 
 @dataclass(frozen=True)
 class ViewpointKind:
-    """The comparison on novel azimuths or elevations, or why it was skipped. ``selection``:
-    the choice made at training time (``capsnet.evaluation.viewpoint_matching``)."""
+    """The comparison on novel azimuths or elevations for one seed, or why it was skipped.
+    ``kind``: the key of viewpoints.json (``azimuth``, or ``azimuth@seed1`` for a later
+    seed); ``selection``: the choice made at training time
+    (``capsnet.evaluation.viewpoint_matching``)."""
 
     kind: str
     skipped: str | None = None
@@ -208,11 +210,18 @@ class ViewpointKind:
     tolerance: float | None = None
     selection: dict[str, Any] | None = None
     paper_novel_error: dict[str, float] | None = None
+    seed: int | None = None
+
+    @property
+    def viewpoints(self) -> str:
+        """azimuth or elevation: the key without its seed."""
+        return self.kind.partition("@")[0]
 
     def to_dict(self) -> dict[str, Any]:
         if self.skipped is not None:
             return {"skipped": self.skipped}
         return {
+            **({} if self.seed is None else {"seed": self.seed}),
             "models": {m.role: m.to_dict() for m in self.models},
             "target_familiar_error": self.target_familiar_error,
             "gap": self.gap,
@@ -481,6 +490,7 @@ def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
         tolerance=_optional(where, data, "tolerance", number),
         selection=_optional(where, data, "selection", dict),
         paper_novel_error=_optional(where, data, "paper_novel_error", dict),
+        seed=_optional(where, data, "seed", int),
     )
 
 

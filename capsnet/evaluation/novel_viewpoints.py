@@ -56,9 +56,10 @@ def _kind(
     from capsnet.evaluation import viewpoint_matching as viewpoints
 
     selection = entry["selection"]
-    paper = entry.get("paper_novel_error") or viewpoints.PAPER_NOVEL_ERROR.get(kind, {})
+    which = entry.get("kind", kind)  # azimuth or elevation (``kind`` may name a seed)
+    paper = entry.get("paper_novel_error") or viewpoints.PAPER_NOVEL_ERROR.get(which, {})
     models = tuple(
-        _scored(folder / info["checkpoint"], role, kind, paper.get(role), data, request)
+        _scored(folder / info["checkpoint"], role, which, paper.get(role), data, request)
         for role, info in entry["models"].items()
     )
     familiar = [m.familiar_error for m in models]
@@ -73,6 +74,7 @@ def _kind(
         tolerance=tolerance,
         selection=selection,  # at training time, on viewpoints.test_limit images
         paper_novel_error=paper,
+        seed=entry.get("seed"),
     )
 
 
@@ -114,6 +116,32 @@ def _scored(
     )
 
 
+def over_seeds(section: Viewpoints | None) -> dict[str, dict[str, Any]]:
+    """Per kind (azimuth, elevation) with more than one scored seed: {"seeds": n, "matched":
+    how many seeds matched, "models": {role: {"model", "familiar_error": (mean, std),
+    "novel_error": (mean, std)}}} (sample std over the seeds); {} for one seed each."""
+    import statistics
+
+    groups: dict[str, list] = {}
+    for entry in () if section is None or section.skipped else section.kinds:
+        if entry.skipped is None:
+            groups.setdefault(entry.viewpoints, []).append(entry)
+    summary: dict[str, dict[str, Any]] = {}
+    for kind, entries in groups.items():
+        if len(entries) < 2:
+            continue
+        models: dict[str, dict[str, Any]] = {}
+        for model in entries[0].models:
+            same = [m for e in entries for m in e.models if m.role == model.role]
+            models[model.role] = {"model": model.model}
+            for key in ("familiar_error", "novel_error"):
+                values = [getattr(m, key) for m in same]
+                models[model.role][key] = (statistics.fmean(values), statistics.stdev(values))
+        matched = sum(e.matched for e in entries)
+        summary[kind] = {"seeds": len(entries), "matched": matched, "models": models}
+    return summary
+
+
 def viewpoint_lines(section: Viewpoints | None) -> list[str]:
     """Summary lines for the "viewpoints" section (none when absent)."""
     if section is None:
@@ -135,4 +163,14 @@ def viewpoint_lines(section: Viewpoints | None) -> list[str]:
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for kind, summary in over_seeds(section).items():
+        cells = [
+            f"{m['model']} familiar {m['familiar_error'][0]:.4f} ± {m['familiar_error'][1]:.4f}"
+            f", novel {m['novel_error'][0]:.4f} ± {m['novel_error'][1]:.4f}"
+            for m in summary["models"].values()
+        ]
+        lines.append(
+            f"  {kind} over {summary['seeds']} seeds (mean ± std): " + "; ".join(cells)
+            + f"; matched in {summary['matched']} of {summary['seeds']}"
+        )  # fmt: skip
     return lines

@@ -136,26 +136,36 @@ def confusion_matrix(
 
 def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
     """Familiar (solid) and novel (dashed) test error per epoch, one panel per viewpoint
-    kind, one colour per model: curves {kind: {model: [{"epoch", "familiar_error",
-    "novel_error"}, ...]}}."""
+    kind and seed (a row per seed), one colour per model: curves {kind: {model: [{"epoch",
+    "familiar_error", "novel_error"}, ...]}}, a kind keyed ``azimuth`` or, for a later seed,
+    ``azimuth@seed1``."""
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
-    for ax, (kind, models) in zip(axes[0], curves.items()):
+    kinds: dict[str, list[str]] = {}  # column per kind, row per seed
+    for key in curves:
+        kinds.setdefault(key.partition("@")[0], []).append(key)
+    rows = max(len(keys) for keys in kinds.values())
+    fig, axes = plt.subplots(rows, len(kinds), figsize=(5 * len(kinds), 3.8 * rows), squeeze=False)
+    place = {key: axes[r][c] for c, keys in enumerate(kinds.values()) for r, key in enumerate(keys)}
+    for ax in axes.flat:
+        ax.set_visible(any(ax is placed for placed in place.values()))
+    for key, models in curves.items():
+        ax = place[key]
+        kind, _, seed = key.partition("@")
         for k, (model, history) in enumerate(models.items()):
             epochs = [int(r["epoch"]) for r in history]
             colour = f"C{k}"
-            for key, style, what in (
+            for field, style, what in (
                 ("familiar_error", "-", "familiar"),
                 ("novel_error", "--", "novel"),
             ):
-                errors = [100 * float(r[key]) for r in history]
+                errors = [100 * float(r[field]) for r in history]
                 ax.plot(
                     epochs, errors, style, color=colour, marker="o", ms=3, label=f"{model}, {what}"
                 )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"novel {kind}s")
+        ax.set_title(f"novel {kind}s" + (f", {seed.replace('seed', 'seed ')}" if seed else ""))
         ax.set_xlabel("epoch")
         ax.set_ylabel("test error (%)")
         ax.set_ylim(0, 100)

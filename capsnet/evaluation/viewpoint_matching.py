@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "viewpoints.json"
-CSV_COLUMNS = ("kind", "model", "epoch", "familiar_error", "novel_error")
+CSV_COLUMNS = ("kind", "seed", "model", "epoch", "familiar_error", "novel_error")
 # Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
 PAPER_NOVEL_ERROR = {
     "azimuth": {"cnn": 0.20, "capsules": 0.135},

@@ -433,3 +433,10 @@ def foreign_entries(directory: str | os.PathLike, own: tuple[str, ...] | set[str
         return []
     ours = set(own) | {LOCK_NAME}
     return sorted(n for n in names if n not in ours and _TEMP_RE.fullmatch(n) is None)
+
+
+def run_name(name: str, tag: str, seed: int, first: int) -> str:
+    """A run's (and its checkpoint's) name: ``name``, ``name@seed3``, ``name@tag``,
+    ``name@tag-seed3``; the seed is named unless it is the ``first`` of the runs."""
+    suffix = "-".join(part for part in (tag, f"seed{seed}" if seed != first else "") if part)
+    return f"{name}@{suffix}" if suffix else name
