@@ -124,21 +124,10 @@ def viewpoints_lines(section: Viewpoints | None) -> list[str]:
 
 def seeds_lines(section: Viewpoints) -> list[str]:
     """The novel-viewpoint errors as mean ± std over the seeds, per kind with more than
-    one seed (``over_seeds``); none otherwise."""
-    from capsnet.evaluation.novel_viewpoints import over_seeds
+    one seed; none otherwise."""
+    from capsnet.evaluation.novel_viewpoints import seeds_lines as sentences
 
-    lines = []
-    for kind, summary in over_seeds(section).items():
-        cells = [
-            f"{m['model']} {percent(*m['familiar_error'])} familiar, "
-            f"{percent(*m['novel_error'])} novel"
-            for m in summary["models"].values()
-        ]
-        lines.append(
-            f"{kind.capitalize()}, over {summary['seeds']} seeds (mean ± std of test error): "
-            + "; ".join(cells)
-            + f"; familiar errors matched in {summary['matched']} of {summary['seeds']} seeds."
-        )
+    lines = sentences(section, percent)
     return ["", *lines] if lines else []
 
 

@@ -172,6 +172,20 @@ def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
     )
 
 
+def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(repo_root):
+    """profiles/smallnorb-cpu.yaml validates, trains 3 seeds on all 8,100 familiar images
+    of each kind and halves the learning rate once per epoch of them (docs/em.md)."""
+    from pipeline import profile
+
+    _path, changes, merged = profile.load(repo_root / "params.yaml", "smallnorb-cpu")
+    settings = merged.viewpoints
+    assert set(changes) >= {"viewpoints.seeds", "viewpoints.train_limit", "viewpoints.epochs"}
+    assert settings.seed_list() == [0, 1, 2] and settings.train_limit is None
+    steps_per_epoch = -(-8100 // settings.batch_size)
+    assert (settings.lr_decay, settings.lr_decay_steps) == (0.5, steps_per_epoch)
+    assert merged.viewpoints.kinds == ("azimuth", "elevation")
+
+
 def test_both_models_train_at_the_sections_precision(tmp_path):
     fp32 = config.load(write_params(tmp_path / "p.yaml", "viewpoints:\n  amp: fp32\n"))
     for params, amp in ((config.Params(), TrainConfig.amp), (fp32, "fp32")):
@@ -400,7 +414,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
         assert entry["gap"] == pytest.approx(abs(errors[0] - errors[1]))
     assert "novel viewpoints (smallNORB)" in cli.stdout
     assert "azimuth" in cli.stdout and "elevation" in cli.stdout
-    assert "azimuth over 2 seeds (mean ± std): em-capsnet-small familiar" in cli.stdout
+    assert "Azimuth, over 2 seeds (mean ± std of test error): em-capsnet-small" in cli.stdout
     drawn = {p.name for p in (tmp_path / "eval" / "figures").glob("*.png")}
     assert {"viewpoints.png", "confusion-smallnorb-cnn-smallnorb.png"} <= drawn, drawn
     assert "confusion-models-smallnorb_lenet5-smallnorb.png" in drawn
@@ -466,7 +480,7 @@ def test_report_has_a_novel_viewpoint_table():
     assert lines[0].split() == ["checkpoint", "model", "mnist"] and len(lines[1].split()) == 3
     assert any("azimuth" in line and "(0.135)" in line for line in lines)
     assert any(line.split()[:2] == ["azimuth@seed1", "capsules"] for line in lines)
-    assert any("azimuth over 2 seeds" in line and "1 of 2" in line for line in lines)
+    assert any("Azimuth, over 2 seeds" in ln and "0.0500 ± 0.0141 familiar" in ln for ln in lines)
     assert any("elevation: skipped" in line for line in lines)
 
 

@@ -3,6 +3,7 @@ scored on the familiar and novel smallNORB test subsets, and its summary lines."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,21 @@ def viewpoint_lines(section: Viewpoints | None) -> list[str]:
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return lines + ["  " + line for line in seeds_lines(section, lambda m, s: f"{m:.4f} ± {s:.4f}")]
+
+
+def seeds_lines(section: Viewpoints, show: Callable[[float, float], str]) -> list[str]:
+    """A sentence per kind with more than one seed (``over_seeds``): each model's familiar
+    and novel error as ``show(mean, std)`` and how many seeds matched."""
+    lines = []
     for kind, summary in over_seeds(section).items():
         cells = [
-            f"{m['model']} familiar {m['familiar_error'][0]:.4f} ± {m['familiar_error'][1]:.4f}"
-            f", novel {m['novel_error'][0]:.4f} ± {m['novel_error'][1]:.4f}"
+            f"{m['model']} {show(*m['familiar_error'])} familiar, {show(*m['novel_error'])} novel"
             for m in summary["models"].values()
         ]
         lines.append(
-            f"  {kind} over {summary['seeds']} seeds (mean ± std): " + "; ".join(cells)
-            + f"; matched in {summary['matched']} of {summary['seeds']}"
-        )  # fmt: skip
+            f"{kind.capitalize()}, over {summary['seeds']} seeds (mean ± std of test error): "
+            + "; ".join(cells)
+            + f"; familiar errors matched in {summary['matched']} of {summary['seeds']} seeds."
+        )
     return lines
