@@ -119,7 +119,31 @@ def viewpoints_lines(section: Viewpoints | None) -> list[str]:
             novel = percent(m.novel_error) + cite
             familiar = percent(m.familiar_error)
             lines.append(f"| {entry.kind} | {m.model} | {familiar} | {novel} | {gap} |")
-    return lines + seeds_lines(section)
+    chance = viewpoints_at_chance(section)
+    return lines + seeds_lines(section) + (["", chance] if chance else [])
+
+
+def viewpoints_at_chance(section: Viewpoints) -> str:
+    """One sentence naming each novel-viewpoint run (kind, seed, model) whose familiar
+    accuracy is at chance (``AT_CHANCE``), so its comparison and any mean over seeds that
+    includes it support no conclusion; "" when there is none."""
+    chance = registry.chance("smallnorb")
+    found = [
+        f"{m.model} on {entry.kind}, familiar error {percent(m.familiar_error)}"
+        for entry in section.kinds
+        if entry.skipped is None
+        for m in entry.models
+        if chance is not None
+        and m.familiar_error is not None
+        and 1 - m.familiar_error < AT_CHANCE * chance
+    ]
+    if not found:
+        return ""
+    return (
+        f"At chance (familiar accuracy below 1.25 times 1 / classes, error above "
+        f"{percent(1 - AT_CHANCE * chance)}): " + "; ".join(found) + ". That run learned "
+        "nothing, so no conclusion follows from its comparison or from a mean that includes it."
+    )
 
 
 def seeds_lines(section: Viewpoints) -> list[str]:

@@ -28,7 +28,7 @@ from capsnet.io.files import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import paper_number
-from pipeline.readme import seeds_lines
+from pipeline.readme import seeds_lines, viewpoints_at_chance
 
 # --- HTML ---------------------------------------------------------------------------------------
 
@@ -212,7 +212,8 @@ def _viewpoints_table(section: Viewpoints | None) -> str:
         else ""
     )
     skipped = f'<ul class="skipped">{"".join(notes)}</ul>' if notes else ""
-    seeds = "".join(f"<p>{_e(line)}</p>" for line in seeds_lines(section) if line)
+    notes_after = [*seeds_lines(section), viewpoints_at_chance(section)]
+    seeds = "".join(f"<p>{_e(line)}</p>" for line in notes_after if line)
     return intro + table + seeds + skipped
 
 

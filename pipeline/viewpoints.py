@@ -63,7 +63,7 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str, seed: int | N
     return RunSpec(
         model=settings.model_name(role),
         train=TrainConfig(
-            epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+            epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr_of(role),
             weight_decay=getattr(settings.weight_decay, role),
             seed=settings.seed if seed is None else seed,
             device=settings.device, compile=settings.compile,

@@ -134,6 +134,8 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  overrides: {cnn: {num_classes: 3}}\n": "viewpoints.overrides.cnn",
         "viewpoints:\n  amp: fp16\n": "viewpoints.amp: 'fp16' unknown",
         "viewpoints:\n  seeds: 0\n": "viewpoints.seeds: must be >= 1",
+        "viewpoints:\n  lr: {capsules: 0.003, cnn: 0}\n": "viewpoints.lr.cnn: must be > 0",
+        "viewpoints:\n  lr: {rnn: 0.1}\n": "viewpoints.lr",
         "viewpoints:\n  lr_decay: 1.5\n": "viewpoints.lr_decay: must be in (0, 1]",
         "viewpoints:\n  lr_decay_steps: 0\n": "viewpoints.lr_decay_steps: must be >= 1",
     }
@@ -165,7 +167,14 @@ def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
         first, third = (stage.kind_spec(params, tmp_path, "azimuth", role, s) for s in (None, 7))
         assert (first.train.seed, third.train.seed) == (5, 7)
         assert (first.train.lr_decay, first.train.lr_decay_steps) == (0.5, 100)
+    per_model = "viewpoints:\n  lr: {capsules: 0.003, cnn: 0.001}\n"
+    params = config.load(write_params(tmp_path / "p.yaml", per_model))
+    lrs = {
+        r: stage.kind_spec(params, tmp_path, "elevation", r).train.lr for r in ("capsules", "cnn")
+    }
+    assert lrs == {"capsules": 0.003, "cnn": 0.001}
     unset = stage.kind_spec(config.Params(), tmp_path, "azimuth", "cnn").train
+    assert unset.lr == config.Params().viewpoints.lr == 3e-3  # one number: both models
     assert (unset.lr_decay, unset.lr_decay_steps) == (
         TrainConfig.lr_decay,
         TrainConfig.lr_decay_steps,
@@ -184,6 +193,7 @@ def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(re
     steps_per_epoch = -(-8100 // settings.batch_size)
     assert (settings.lr_decay, settings.lr_decay_steps) == (0.5, steps_per_epoch)
     assert merged.viewpoints.kinds == ("azimuth", "elevation")
+    assert (settings.lr_of("capsules"), settings.lr_of("cnn")) == (0.003, 0.001)
 
 
 def test_both_models_train_at_the_sections_precision(tmp_path):
@@ -466,6 +476,15 @@ def test_report_has_a_novel_viewpoint_table():
     assert seeds_line in readme.results_table(results).splitlines()
     assert f"<p>{seeds_line}</p>" in report.render_html(results)
     assert "over 2 seeds" not in readme.results_table({"lenet5": entry, "viewpoints": one_seed})
+    assert "At chance" not in readme.results_table(results)
+    later["models"]["cnn"]["familiar_error"] = 0.7995  # a CNN that learned nothing
+    chance_line = (
+        "At chance (familiar accuracy below 1.25 times 1 / classes, error above 75.00%): "
+        "smallnorb-cnn on azimuth@seed1, familiar error 79.95%. That run learned nothing, so "
+        "no conclusion follows from its comparison or from a mean that includes it."
+    )
+    assert chance_line in readme.results_table(results).splitlines()
+    assert f"<p>{chance_line}</p>" in report.render_html(results)
     page = report.render_html(results)
     table = page[page.index('<table id="viewpoints">') :]
     assert "15.00%" in table and "paper 13.50%" in table and "paper 20.00%" in table

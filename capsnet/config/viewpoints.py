@@ -62,7 +62,7 @@ class ViewpointsParams(Section):
     channels: int = 2  # 1: the left stereo image only; 2: both
     epochs: int = 20  # per model; every epoch is a candidate for the match
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float | PerModelFloat = 3e-3  # one for both, or {capsules: ..., cnn: ...}
     # the learning rate times lr_decay every lr_decay_steps steps; null: TrainConfig's
     lr_decay: float | None = None
     lr_decay_steps: int | None = None
@@ -91,7 +91,12 @@ class ViewpointsParams(Section):
             raise Invalid("channels", f"must be 1 or 2, got {self.channels}")
         for name in ("epochs", "batch_size", "train_limit", "test_limit", "seeds"):
             at_least(self, name, 1)
-        above(self, "lr", 0)
+        if isinstance(self.lr, PerModelFloat):
+            for role in ROLES:
+                if not getattr(self.lr, role) > 0:
+                    raise Invalid(f"lr.{role}", f"must be > 0, got {getattr(self.lr, role)}")
+        else:
+            above(self, "lr", 0)
         check_schedule(self)
         if not 0 <= self.tolerance <= 1:
             raise Invalid("tolerance", f"must be in [0, 1], got {self.tolerance}")
@@ -100,6 +105,10 @@ class ViewpointsParams(Section):
 
     def model_name(self, role: str) -> str:
         return self.capsules if role == "capsules" else self.cnn
+
+    def lr_of(self, role: str) -> float:
+        """The learning rate of ``role`` (capsules or cnn)."""
+        return getattr(self.lr, role) if isinstance(self.lr, PerModelFloat) else self.lr
 
     def seed_list(self) -> list[int]:
         """The seeds of the experiment's runs, the first one ``seed``."""

@@ -148,6 +148,7 @@ def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
     rows = max(len(keys) for keys in kinds.values())
     fig, axes = plt.subplots(rows, len(kinds), figsize=(5 * len(kinds), 3.8 * rows), squeeze=False)
     place = {key: axes[r][c] for c, keys in enumerate(kinds.values()) for r, key in enumerate(keys)}
+    fig.subplots_adjust(hspace=0.45)  # room for each panel's epoch label above the next
     for ax in axes.flat:
         ax.set_visible(any(ax is placed for placed in place.values()))
     for key, models in curves.items():
@@ -170,9 +171,11 @@ def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
         ax.set_ylabel("test error (%)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-        ax.legend(
-            fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False
-        )
+        if ax is axes[-1][0]:  # one legend, below the panels: every panel has the same lines
+            ax.legend(
+                fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=2,
+                frameon=False, handlelength=4,  # long enough to show the dashes
+            )  # fmt: skip
     fig.suptitle("Test error on the familiar (solid) and novel (dashed) viewpoints", fontsize=10)
     return save_figure(fig, path)
 
