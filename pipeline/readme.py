@@ -151,8 +151,7 @@ def seeds_lines(section: Viewpoints) -> list[str]:
     one seed; none otherwise."""
     from capsnet.evaluation.novel_viewpoints import seeds_lines as sentences
 
-    lines = sentences(section, percent)
-    return ["", *lines] if lines else []
+    return [part for line in sentences(section, percent) for part in ("", line)]  # paragraphs
 
 
 def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:

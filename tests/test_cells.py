@@ -157,7 +157,10 @@ def test_comparison_is_typed_for_the_sentences_and_tables():
     assert written["arms"]["equal_time"]["models"]["lenet5"]["accuracy"] == {"0": 0.97, "35": None}
 
 
-@pytest.mark.parametrize("committed", ["eval/metrics.json", "docs/cpu-profile/metrics.json"])
+@pytest.mark.parametrize(
+    "committed",
+    ["eval/metrics.json", "docs/cpu-profile/metrics.json", "docs/smallnorb-profile/metrics.json"],
+)
 def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committed):
     """One contract: each committed file the evaluate stage wrote, read into the
     dataclasses (which keep no copy of what was read) and written back by the same

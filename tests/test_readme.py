@@ -275,6 +275,24 @@ def test_cpu_profile_doc_table_matches_its_metrics(repo_root):
     assert capsules["seeds"] == 3 and capsules["augment"] == "shift"
 
 
+def test_smallnorb_profile_doc_table_matches_its_metrics(repo_root):
+    """docs/smallnorb-profile.md holds the block regenerated from the smallNORB profile's
+    eval/metrics.json (kept beside it): 3 seeds of each kind, the first at chance named."""
+    doc = repo_root / "docs" / "smallnorb-profile.md"
+    metrics = json.loads((repo_root / "docs" / "smallnorb-profile" / "metrics.json").read_text())
+    committed = readme.current_block(doc.read_text(), doc)
+    assert committed == readme.block(metrics), (
+        "docs/smallnorb-profile.md's table differs from docs/smallnorb-profile/metrics.json: "
+        "run python -m pipeline.readme docs/smallnorb-profile.md "
+        "docs/smallnorb-profile/metrics.json"
+    )
+    kinds = metrics["viewpoints"]["kinds"]
+    assert sorted(kinds) == sorted(f"{k}{s}" for k in ("azimuth", "elevation")
+                                   for s in ("", "@seed1", "@seed2"))  # fmt: skip
+    assert "Azimuth, over 3 seeds" in committed and "Elevation, over 3 seeds" in committed
+    assert (repo_root / "docs" / "smallnorb-profile" / "viewpoints.png").stat().st_size > 0
+
+
 def test_a_run_at_chance_is_named_under_the_table():
     """A single checkpoint below 1.25 / classes is named; so is one seed of a mean."""
     assert "At chance" not in readme.results_table(METRICS)
