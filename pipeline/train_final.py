@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.config import DATA_ROOT, SEARCHABLE_TYPES, FinalTrainConfig, Params, SweepConfig
-from capsnet.config.sweep import schedule
+from capsnet.config.sweep import schedule, seed_list
 from capsnet.io import outputset
 from capsnet.io.errors import ConfigError
 from capsnet.io.files import atomic_write_json, read_json, run_name
@@ -176,7 +176,7 @@ def train_arms(
     epochs; the best run first, its mean time is the budget), then each baseline for that
     budget (equal time) and with each of ``final.baseline_augments``. The runs of each of
     the two rounds are trained together (``_Trainer.fit_all``)."""
-    seeds = [final.seed + i for i in range(final.seeds)]
+    seeds = seed_list(final.seed, final.seeds)
     reference, baselines = specs[0].model, specs[1:]
 
     def arms(spec: RunSpec, tag: str, arm: dict[str, Any]) -> list[Arm]:

@@ -135,7 +135,9 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  amp: fp16\n": "viewpoints.amp: 'fp16' unknown",
         "viewpoints:\n  seeds: 0\n": "viewpoints.seeds: must be >= 1",
         "viewpoints:\n  lr: {capsules: 0.003, cnn: 0}\n": "viewpoints.lr.cnn: must be > 0",
-        "viewpoints:\n  lr: {rnn: 0.1}\n": "viewpoints.lr",
+        "viewpoints:\n  lr: {rnn: 0.1}\n": "viewpoints.lr.rnn: unknown key",
+        "viewpoints:\n  lr: {cnn: -1}\n": "viewpoints.lr.cnn: must be >= 0",
+        "viewpoints:\n  lr: fast\n": "viewpoints.lr: expected float or {capsules, cnn}",
         "viewpoints:\n  lr_decay: 1.5\n": "viewpoints.lr_decay: must be in (0, 1]",
         "viewpoints:\n  lr_decay_steps: 0\n": "viewpoints.lr_decay_steps: must be >= 1",
     }

@@ -95,6 +95,8 @@ def dimension_values(value: Any) -> list:
 
 
 def _type_name(tp) -> str:
+    if dataclasses.is_dataclass(tp):  # a section's mapping: named by its keys
+        return "{" + ", ".join(f.name for f in dataclasses.fields(tp)) + "}"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -147,6 +149,9 @@ def _union(args, value, key: str, source: str):
     options = [a for a in args if a is not type(None)]
     if len(options) == 1 and typing.get_origin(options[0]) is Literal:  # names the choices
         return _convert(options[0], value, key, source)
+    mappings = [o for o in options if dataclasses.is_dataclass(o)]
+    if isinstance(value, dict) and len(mappings) == 1:  # its own errors name the key inside
+        return _convert(mappings[0], value, key, source)
     for option in options:
         try:
             return _convert(option, value, key, source)

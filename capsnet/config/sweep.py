@@ -321,6 +321,11 @@ class FinalTrainConfig(Section):
         return dataclasses.asdict(self)
 
 
+def seed_list(seed: int, seeds: int) -> list[int]:
+    """The seeds of a section's runs: ``seed``, ``seed + 1``, ..., ``seeds`` of them."""
+    return [seed + i for i in range(seeds)]
+
+
 def check_schedule(section) -> None:
     """A section's ``lr_decay`` (in (0, 1]) and ``lr_decay_steps`` (>= 1), each or null."""
     at_least(section, "lr_decay_steps", 1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from capsnet.config.schema import Invalid, Section, above, at_least
-from capsnet.config.sweep import Precision, check_schedule
+from capsnet.config.sweep import Precision, check_schedule, seed_list
 
 Kind = Literal["azimuth", "elevation"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
@@ -112,4 +112,4 @@ class ViewpointsParams(Section):
 
     def seed_list(self) -> list[int]:
         """The seeds of the experiment's runs, the first one ``seed``."""
-        return [self.seed + i for i in range(self.seeds)]
+        return seed_list(self.seed, self.seeds)
