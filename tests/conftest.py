@@ -14,6 +14,10 @@ for _key, _value in {
     "NO_ALBUMENTATIONS_UPDATE": "1",
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
+    # Ray refuses object puts once the disk holding its temp folder is 95% used, counting
+    # every other user of a shared disk (CI failed so: OutOfDiskError with the suite's own
+    # files a small part of it); 1 turns the check off for the clusters the tests start.
+    "RAY_local_fs_capacity_threshold": "1",
 }.items():
     os.environ.setdefault(_key, _value)
 if os.environ.get("PYTEST_XDIST_WORKER") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
