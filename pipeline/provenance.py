@@ -141,12 +141,21 @@ def code_hash() -> str:
 
 def data_hash(lock_path: str | os.PathLike = "dvc.lock") -> str | None:
     """The hash of the data DVC recorded (every ``data/`` output's hash in dvc.lock), None
-    without a dvc.lock."""
+    without a dvc.lock. Parsed once per version of the file (a stage starts many runs)."""
+    try:
+        stat = os.stat(lock_path)
+    except OSError:
+        return None
+    return _lock_data_hash(str(Path(lock_path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _lock_data_hash(path: str, _mtime_ns: int, _size: int) -> str | None:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: a large lock in ms
     try:
-        text = Path(lock_path).read_text()
+        text = Path(path).read_text()
         stages = (yaml.load(text, Loader=loader) or {}).get("stages") or {}
     except (OSError, yaml.YAMLError):
         return None

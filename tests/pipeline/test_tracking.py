@@ -248,3 +248,7 @@ def test_provenance_names_commit_params_code_and_data(tmp_path, monkeypatch):
     assert len(origin["code_hash"]) == 16
     (tmp_path / "params.yaml").write_text("a: 1\n")  # layout and comments do not count
     assert provenance.params_hash() == origin["params_hash"]
+    # a rewritten dvc.lock is read again (the parse is kept per version of the file)
+    lock = (tmp_path / "dvc.lock").read_text()
+    (tmp_path / "dvc.lock").write_text(lock.replace("abc.dir", "abd.dir"))
+    assert provenance.data_hash() == provenance.content_hash([("data/prepared/mnist", "abd.dir")])
