@@ -154,6 +154,9 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
 
     from capsnet.data import stages
 
+    def pid_and_gpus() -> tuple[int, list]:  # a closure: it travels by value
+        return os.getpid(), ray.get_gpu_ids()
+
     _cluster, worker = gpu_cluster
     root = tmp_path / "data"
     write_smallnorb_raw(root / "raw" / "smallnorb", n=72, side=48)
@@ -173,11 +176,10 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
     params = config.load(params_path)
     with placement() as runner:
         payload = viewpoints.run(params, root, runner=runner)
-        pid = runner(os.getpid)  # functions of importable modules travel by name
-        gpus = runner(ray.get_gpu_ids)
-    # the capsules, the CNN, then the two calls above: on the worker, in a Ray worker
-    # process holding its GPU 0
-    assert runner.remote and runner.nodes == [worker.node_id] * 4
+        pid, gpus = runner(pid_and_gpus)  # one task: each GPU task is a new process
+    # the capsules, the CNN, then the call above: on the worker, in a Ray worker process
+    # holding its GPU 0
+    assert runner.remote and runner.nodes == [worker.node_id] * 3
     assert pid != os.getpid() and gpus == [0]
     models = payload["kinds"]["azimuth"]["models"]
     for entry in models.values():
