@@ -178,9 +178,9 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
         payload = viewpoints.run(params, root, runner=runner)
         pid, gpus = runner(pid_and_gpus)  # one task: each GPU task is a new process
     # the capsules, the CNN, then the call above: on the worker, in a Ray worker process
-    # holding its GPU 0
+    # holding one of its two GPUs (which one: whichever Ray had free)
     assert runner.remote and runner.nodes == [worker.node_id] * 3
-    assert pid != os.getpid() and gpus == [0]
+    assert pid != os.getpid() and len(gpus) == 1 and gpus[0] in (0, 1)
     models = payload["kinds"]["azimuth"]["models"]
     for entry in models.values():
         _model, meta = checkpoint.load(tmp_path / "vp" / entry["checkpoint"])
