@@ -7,11 +7,11 @@ from __future__ import annotations
 #: order puts files with few tests, the slow end-to-end ones, last), so the long files start
 #: first and the short ones fill in at the end. tests/test_dvc_experiments.py leads: its
 #: worker reproduces the shrunk DVC project (``reproduced_project``) while the other worker
-#: runs slow files that do not need it; the two other files that copy the project come later.
+#: runs slow files that do not need it; the files that use the project come later
+#: (tests/pipeline/test_cluster_path.py seeds its RayJob's DVC remote from it).
 SLOWEST_FIRST = (
     "tests/test_dvc_experiments.py",
     "tests/data/test_reproducible.py",
-    "tests/pipeline/test_cluster_path.py",
     "tests/pipeline/test_sweep.py",
     "tests/test_smallnorb_synth_training.py",
     "tests/pipeline/test_gpu_worker.py",
@@ -19,6 +19,7 @@ SLOWEST_FIRST = (
     "tests/data/test_dvc.py",
     "tests/faults/test_fault_boundary.py",
     "tests/pipeline/test_gpu_profile.py",
+    "tests/pipeline/test_cluster_path.py",
     "tests/test_dvc_repro.py",
     "tests/test_bench.py",
     "tests/pipeline/test_sweep_cluster.py",

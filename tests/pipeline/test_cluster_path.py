@@ -394,8 +394,9 @@ def git(*args, cwd):
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
 
 
-def job_checkout(work: Path) -> None:
-    """A clean git checkout of the code with the shrunk params, as in the image."""
+def job_checkout(work: Path, lock: dict | None = None) -> None:
+    """A clean git checkout of the code with the shrunk params (and ``lock`` as its
+    dvc.lock), as in the image."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in JOB_DIRS:
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
@@ -403,9 +404,38 @@ def job_checkout(work: Path) -> None:
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, work / name)
     (work / "params.yaml").write_text(shrunk_params())
+    if lock is not None:
+        (work / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     git("init", "-q", "-b", "main", cwd=work)
     git("add", "--all", cwd=work)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "image", cwd=work)
+
+
+#: The data stages `dvc repro sweep train` depends on; an earlier run's outputs of them wait
+#: on the DVC remote (the session's shrunk repro made them with the same params and code).
+DATA_STAGES = ("download_mnist", "prepare_mnist", "build_multimnist")
+
+
+def earlier_run(reproduced: Path, remote: Path) -> dict:
+    """dvc.lock holding only ``reproduced``'s DATA_STAGES, their outputs hard-linked from
+    its DVC cache into the local DVC remote ``remote`` (a remote has the cache's layout)."""
+    lock = yaml.safe_load((reproduced / "dvc.lock").read_text())
+    stages = {name: lock["stages"][name] for name in DATA_STAGES}
+    cache = reproduced / ".dvc" / "cache" / "files" / "md5"
+
+    def link(md5: str) -> None:
+        source, target = cache / md5[:2] / md5[2:], remote / "files" / "md5" / md5[:2] / md5[2:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            os.link(source, target)
+
+    for stage in stages.values():
+        for out in stage["outs"]:
+            link(out["md5"])
+            if out["md5"].endswith(".dir"):
+                for entry in json.loads((cache / out["md5"][:2] / out["md5"][2:]).read_text()):
+                    link(entry["md5"])
+    return {"schema": lock["schema"], "stages": stages}
 
 
 @pytest.fixture
@@ -414,7 +444,8 @@ def ray_job_cluster():
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    head = {"num_cpus": 0, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     worker = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     try:
@@ -424,14 +455,19 @@ def ray_job_cluster():
 
 
 @pytest.mark.slow
-def test_rayjob_entrypoint_pushes_what_a_fresh_clone_pulls(ray_job_cluster, tmp_path, mnist_mirror):
+def test_rayjob_entrypoint_pushes_what_a_fresh_clone_pulls(
+    ray_job_cluster, reproduced_project, tmp_path, mnist_mirror
+):
+    """The job pulls the data stages' outputs of an earlier run from the DVC remote
+    (`dvc repro --pull`), runs the sweep and the final training on the cluster, and pushes
+    what a fresh clone of its branch pulls."""
     bin_dir = Path(sys.executable).parent
     dvc = shutil.which("dvc", path=str(bin_dir))
     if dvc is None or shutil.which("capsnet", path=str(bin_dir)) is None:
         pytest.skip("dvc or the capsnet command is not installed")
     cluster, worker = ray_job_cluster
     work, git_remote, dvc_remote = tmp_path / "app", tmp_path / "origin.git", tmp_path / "dvc"
-    job_checkout(work)
+    job_checkout(work, earlier_run(reproduced_project[0], dvc_remote))
     git("init", "-q", "--bare", str(git_remote), cwd=tmp_path)
     spec = rayjob()["spec"]
     env = {
@@ -452,6 +488,10 @@ def test_rayjob_entrypoint_pushes_what_a_fresh_clone_pulls(ray_job_cluster, tmp_
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "pushed the DVC outputs" in done.stdout
+    for stage in DATA_STAGES:  # pulled, not run again
+        assert f"Running stage '{stage}'" not in done.stdout, done.stdout[-4000:]
+    for stage in ("sweep", "train"):
+        assert f"Running stage '{stage}'" in done.stdout, done.stdout[-4000:]
 
     # the trial ran on the cluster's worker: results.csv says on what, Tune's state in the
     # repository's runs/ray where

@@ -33,6 +33,27 @@ def test_without_a_cluster_the_work_runs_in_this_process(monkeypatch):
     assert Runner()(max, 2, 5) == 5 and Runner().nodes == []
 
 
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    """A two-node loopback cluster, this module's one: a head without GPUs (this driver's)
+    and a worker node declaring two GPUs; RAY_ADDRESS names it."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    worker = cluster.add_node(num_cpus=2, num_gpus=2)
+    cluster.wait_for_nodes()
+    before = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = cluster.address
+    try:
+        yield cluster, worker
+    finally:
+        if before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = before
+        cluster.shutdown()
+
+
 def _meet(folder: Path, count: int):
     """A score that marks its arm as arrived, then waits (at most 120 s) until ``count``
     arms have: {"met": whether all of them were running at once}."""
@@ -47,9 +68,9 @@ def _meet(folder: Path, count: int):
     return score
 
 
-def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
-    """Two seeds of one arm on a loopback Ray instance with two logical GPUs: each run
-    waits in its score for the other to arrive, so both met only if they ran at once."""
+def test_final_training_arms_run_on_several_gpus_at_once(gpu_cluster, tmp_path):
+    """Two seeds of one arm on the loopback cluster's worker with two logical GPUs: each
+    run waits in its score for the other to arrive, so both met only if they ran at once."""
     import ray
 
     from capsnet.data import TensorImageDataset
@@ -64,8 +85,8 @@ def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
     final = FinalTrainConfig(seeds=2, equal_time=False)
     sweep = SweepConfig.from_dict({"wandb": {"mode": "disabled"}})
     (tmp_path / "met").mkdir()
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
-             log_to_driver=False)  # fmt: skip
+    cluster, _worker = gpu_cluster
+    ray.init(address=cluster.address, log_to_driver=False)
     try:
         runner = Runner(remote=True)
         lines: list[str] = []
@@ -80,29 +101,6 @@ def test_final_training_arms_run_on_several_gpus_at_once(tmp_path):
     starts, ends = zip(*runner.spans)
     assert max(starts) < min(ends)  # every run started before any of them ended
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == [f"{k}.pt" for k in results]
-
-
-# --- on a two-node loopback cluster: a CPU-only head (this driver) and a GPU worker -------
-
-
-@pytest.fixture(scope="module")
-def gpu_cluster():
-    """A head without GPUs and a worker node declaring one GPU; RAY_ADDRESS names it."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    worker = cluster.add_node(num_cpus=1, num_gpus=1)
-    cluster.wait_for_nodes()
-    before = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = cluster.address
-    try:
-        yield cluster, worker
-    finally:
-        if before is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = before
-        cluster.shutdown()
 
 
 def _final(tmp_path: Path, out: str):
@@ -156,6 +154,9 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
 
     from capsnet.data import stages
 
+    def pid_and_gpus() -> tuple[int, list]:  # a closure: it travels by value
+        return os.getpid(), ray.get_gpu_ids()
+
     _cluster, worker = gpu_cluster
     root = tmp_path / "data"
     write_smallnorb_raw(root / "raw" / "smallnorb", n=72, side=48)
@@ -175,12 +176,11 @@ def test_viewpoints_train_on_the_gpu_worker(gpu_cluster, tmp_path):
     params = config.load(params_path)
     with placement() as runner:
         payload = viewpoints.run(params, root, runner=runner)
-        pid = runner(os.getpid)  # functions of importable modules travel by name
-        gpus = runner(ray.get_gpu_ids)
-    # the capsules, the CNN, then the two calls above: on the worker, in a Ray worker
-    # process holding its GPU 0
-    assert runner.remote and runner.nodes == [worker.node_id] * 4
-    assert pid != os.getpid() and gpus == [0]
+        pid, gpus = runner(pid_and_gpus)  # one task: each GPU task is a new process
+    # the capsules, the CNN, then the call above: on the worker, in a Ray worker process
+    # holding one of its two GPUs (which one: whichever Ray had free)
+    assert runner.remote and runner.nodes == [worker.node_id] * 3
+    assert pid != os.getpid() and len(gpus) == 1 and gpus[0] in (0, 1)
     models = payload["kinds"]["azimuth"]["models"]
     for entry in models.values():
         _model, meta = checkpoint.load(tmp_path / "vp" / entry["checkpoint"])
