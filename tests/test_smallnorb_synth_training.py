@@ -32,7 +32,7 @@ def _train(model: str, root, **train) -> float:
         data_root=root, overrides={"routing_iterations": 2} if model.startswith("em") else {},
     )  # fmt: skip
     result = train_run(spec)
-    return accuracy(result.model, load_test(spec, limit=1000), 250)["accuracy"]
+    return accuracy(result.model, load_test(spec, limit=500), 250)["accuracy"]
 
 
 @pytest.mark.slow

@@ -173,7 +173,7 @@ def write_norb(path: str | os.PathLike, array) -> None:
     magic = NORB_MAGIC[array.dtype.name]
     dims = list(array.shape) + [1] * max(0, 3 - array.ndim)
     header = np.array([magic, array.ndim, *dims], dtype="<i4").tobytes()
-    payload = header + array.astype(array.dtype.newbyteorder("<")).tobytes()
+    payload = header + array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
     if str(path).endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=1, mtime=0)
     atomic_write_bytes(path, payload)

@@ -148,11 +148,10 @@ def _filter(values: torch.Tensor, dim: int, index: torch.Tensor, weight: torch.T
     """Weighted sum of ``values`` float64 (..., H, W) along ``dim`` (-2 or -1), tap by tap
     in order, with ``index``, ``weight`` (size, K) from ``_taps``."""
     total = None
+    axis = values.dim() + dim
     for k in range(index.shape[1]):
-        if dim == -2:
-            term = weight[:, k, None] * values[..., index[:, k], :]  # (..., size, W)
-        else:
-            term = weight[:, k] * values[..., index[:, k]]  # (..., H, size)
+        taps = values.index_select(axis, index[:, k])  # (..., size, W) or (..., H, size)
+        term = (weight[:, k, None] if dim == -2 else weight[:, k]) * taps
         total = term if total is None else total + term
     return total
 

@@ -205,7 +205,7 @@ def _render_elevation(
     first ``lightings`` lights. A part is traced only for the rays near it (``_near``) and
     a pixel shaded only where seen: each pixel gets the arithmetic of the whole grid."""
     cameras = [c[:, 0] for c in _cameras(yaw, 30.0 + 5.0 * elevation)]  # 9 x (V,)
-    right, up, towards = cameras[0:3], cameras[3:6], cameras[6:9]
+    right, up = cameras[0:3], cameras[3:6]  # cameras[6:9]: towards the camera
     u, v = _pixel_grid(side)  # (1, P)
     u, v = u[0], v[0]  # (P,)
     pixels = u.shape[0]
@@ -215,26 +215,29 @@ def _render_elevation(
         hit = _hit_ellipsoid if kind == "ellipsoid" else _hit_box
         axes = [a[:, None] for a in (*right, *up)]  # 6 x (V, 1)
         index = _near(u[:side], v[::side], axes[:3], axes[3:], kind, centre, half)  # (K,)
-        view, pu, pv = index // pixels, u[index % pixels], v[index % pixels]  # (K,) each
+        view, pixel = index // pixels, index % pixels  # (K,) each
+        pu, pv = u.index_select(0, pixel), v.index_select(0, pixel)  # (K,) each
+        at_view = [c.index_select(0, view) for c in cameras]  # 9 x (K,)
         origin = [
-            pu * r[view] + pv * w[view] + 3.0 * t[view] for r, w, t in zip(right, up, towards)
+            pu * r + pv * w + 3.0 * t for r, w, t in zip(at_view[0:3], at_view[3:6], at_view[6:9])
         ]  # 3 x (K,)
-        t, normal = hit(origin, [-c[view] for c in towards], centre, half)  # (K,), 3 x (K,)
-        previous = best[index]
+        t, normal = hit(origin, [-c for c in at_view[6:9]], centre, half)  # (K,), 3 x (K,)
+        previous = best.index_select(0, index)  # (K,)
         closer = t < previous  # (K,)
-        best[index] = torch.where(closer, t, previous)
+        index = index[closer]  # (K',) the rays this part is the nearest hit of so far
+        best.index_copy_(0, index, t[closer])
         for n, h in zip((nx, ny, nz), normal):
-            n[index] = torch.where(closer, h, n[index])
-        shade[index] = torch.where(closer, part_albedo, shade[index])
-    seen = best < torch.inf  # (V P,)
-    sx, sy, sz, albedo_seen = nx[seen], ny[seen], nz[seen], shade[seen]  # (S,)
+            n.index_copy_(0, index, h[closer])
+        shade.index_fill_(0, index, part_albedo)
+    seen = (best < torch.inf).nonzero().view(-1)  # (S,) flat indices of the rays that hit
+    sx, sy, sz, albedo_seen = (a.index_select(0, seen) for a in (nx, ny, nz, shade))  # (S,)
     images = []
     for light_azimuth, light_elevation, ambient, diffuse, background in LIGHTS[:lightings]:
         lx, ly, lz = _unit(light_azimuth - yaw, light_elevation)  # into the object's frame
         lambert = (sx * lx + sy * ly + sz * lz).clamp(min=0.0)  # (S,)
         value = albedo_seen * (ambient + diffuse * lambert)  # (S,)
         image = _to_uint8(torch.tensor(background, dtype=F64)).expand(best.shape).clone()
-        image[seen] = _to_uint8(value)  # (V P,)
+        image.index_copy_(0, seen, _to_uint8(value))  # (V P,)
         images.append(image)
     return torch.stack(images).view(lightings, len(AZIMUTHS), 2, side, side)
 
@@ -270,7 +273,7 @@ def render_split(split: str, seed: int = 0, side: int = SIDE, lightings: int = L
                 cat[row : row + block] = category
                 row += block
     order = torch.arange(count, dtype=torch.int64) * STRIDE % count  # (N,) a bijection
-    return table[order], cat[order], info[order]
+    return table.index_select(0, order), cat[order], info[order]
 
 
 def write_raw(
