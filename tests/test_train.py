@@ -244,8 +244,29 @@ def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch
     assert any(not torch.equal(before[k], v) for k, v in lenet.state_dict().items())  # trained
 
 
+def compiling_in_process():
+    """Inductor compiles in this process (no pool of compile workers) inside the block,
+    through its own ``config.patch``: pytest's monkeypatch would undo the setting with
+    ``delattr`` (it lives in no ``__dict__``), which hides it, and every later compile in
+    the process fails ("compile_threads does not exist") and falls back to eager."""
+    return torch._inductor.config.patch(compile_threads=1)
+
+
+@pytest.fixture
+def inductor_in_process():
+    with compiling_in_process():
+        yield
+
+
+def test_compiling_in_process_leaves_inductor_settings_readable():
+    before = torch._inductor.config.compile_threads
+    with compiling_in_process():
+        assert torch._inductor.config.compile_threads == 1
+    assert torch._inductor.config.compile_threads == before
+
+
 def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_second_epoch(
-    monkeypatch,
+    monkeypatch, inductor_in_process
 ):
     """CapsNet compiled whole (mode "default" on the CPU) through fit: the partial last
     batch is dropped (one training shape), every step passes its marker, the validation
@@ -256,7 +277,6 @@ def test_a_compiled_capsnet_trains_through_fit_and_recompiles_nothing_in_its_sec
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)  # no worker pool
     tiny = {"conv_channels": 4, "conv_kernel": 3, "primary_types": 2, "primary_dim": 4,
             "primary_kernel": 3, "class_dim": 4, "decoder_hidden": (8,),
             "routing_iterations": 1}  # fmt: skip
