@@ -47,7 +47,7 @@ SHRINK = {
     "evaluate.equivariance.limit": 16,
     "publish.mode": "offline",
     "data.smallnorb.synth.side": 16,  # rendered small, prepared at data.smallnorb.size
-    "data.smallnorb.size": 24,  # EM steps 3.6x cheaper than at 48 / 32 (shrunk repro -22% CPU)
+    "data.smallnorb.size": 24,  # 48 / 32: its `dvc repro` 254 CPU-s, 24 / 20: 197
     "data.smallnorb.crop": 20,  # em-capsnet-small: 3x3 then 1x1 convolutional capsules
     "data.smallnorb.synth.lightings": 1,  # 4,050 images per split: every view, one lighting
     "smallnorb_sweep.epochs": 1,
