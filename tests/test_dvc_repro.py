@@ -39,6 +39,7 @@ SHRINK = {
     "train.seeds": 2,
     "train.equal_time": False,  # its arm: tests/pipeline/test_train_final.py
     "evaluate.limit": 50,
+    "evaluate.compile": False,
     "evaluate.angles": [0, 35],
     "evaluate.robustness.epsilons": [0.1],
     "evaluate.robustness.bim_steps": 2,

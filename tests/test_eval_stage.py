@@ -491,3 +491,39 @@ def test_cli_scores_smallnorb_as_the_params_file_says(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert (seen["smallnorb"].crop, seen["smallnorb"].standardize) == (40, False)
+
+
+def test_place_compiles_the_em_routing_only_when_asked():
+    """evaluate.compile compiles an EM model's routing (EMCapsNet.compile_routing) and
+    leaves every other model eager."""
+    em, capsules = models.build("em-capsnet-small"), models.build("capsnet-small")
+    assert EvaluateParams().compile is False
+    for asked in (True, False):
+        placing = evaluation.EvalRequest(EvaluateParams(device="cpu", compile=asked))
+        assert placing.place(em) is em and placing.place(capsules) is capsules
+        assert (em.caps1.compiled, em.caps2.compiled) == (asked, asked)
+        assert capsules._compiled_call_impl is None  # CapsNet's compile wraps the forward
+
+
+@pytest.mark.parametrize(
+    ("flag", "section", "expected"),
+    [(None, "true", True), (None, "false", False), ("--no-compile", "true", False),
+     ("--compile", "false", True)],
+)  # fmt: skip
+def test_cli_compiles_em_checkpoints_as_flag_or_section_says(
+    flag, section, expected, mnist_root, tmp_path, monkeypatch
+):
+    """`capsnet eval` asks each EM checkpoint for compiled routing as --compile/--no-compile
+    says, else as evaluate.compile of the params file (the switch itself is recorded, not
+    compiled: compiled and eager routing agree in tests/test_em.py)."""
+    from capsnet.models.em import EMCapsNet
+
+    asked = []
+    monkeypatch.setattr(EMCapsNet, "compile_routing", lambda self, on=True: asked.append(on))
+    path = checkpoint.save(tmp_path / "em.pt", models.build("em-capsnet-small"))
+    params = tmp_path / "params.yaml"
+    params.write_text(f"evaluate:\n  compile: {section}\n")
+    args = ["eval", path, "--data-root", mnist_root, "--limit", "4", "--params", params]
+    result = invoke_cli(*args, *([flag] if flag else []))
+    assert result.returncode == 0, result.stderr
+    assert asked == [expected]

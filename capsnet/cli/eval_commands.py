@@ -76,6 +76,13 @@ COMMANDS = (
     help="[default: evaluate.batch_size of the params file]",
 )
 @click.option("--device", default=field_default(EvaluateParams, "device"), show_default=True)
+@click.option(
+    "--compile/--no-compile",
+    "compile_routing",
+    default=None,
+    help="torch.compile the EM routing of em-capsnet checkpoints (a one-off compilation, "
+    "then faster scoring)  [default: evaluate.compile of the params file]",
+)
 @data_root_option()
 @mirror_option
 @click.option(
@@ -137,6 +144,7 @@ def eval_command(
     limit,
     batch_size,
     device,
+    compile_routing,
     data_root,
     mirror,
     robustness,
@@ -166,6 +174,7 @@ def eval_command(
         base,
         batch_size=_or(batch_size, section.batch_size),
         device=str(select_device(device)),
+        compile=_or(compile_routing, section.compile),
         robustness=dataclasses.replace(
             base.robustness,
             enabled=robustness,

@@ -66,6 +66,9 @@ class EvaluateParams(Section):
     limit: int | None = None  # first N test images of every dataset (null: all)
     batch_size: int = 500
     device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.training.device.select_device)
+    # torch.compile the EM routing of em-capsnet models (EMCapsNet.compile_routing); other
+    # models are scored eagerly
+    compile: bool = False
     confusion_angle: float = 35.0
     figure_examples: int = 8
     robustness: RobustnessParams = field(default_factory=RobustnessParams)

@@ -57,7 +57,7 @@ def evaluate_checkpoints(
     data = TestSets(request)
     entries: dict[str, Entry] = {}
     for name, path, (model, meta) in zip(names, paths, loaded):
-        model.to(request.device)
+        request.place(model)
         request.say(f"evaluating {name} ({meta['model_name']})")
         with evaluate.remembering_predictions():  # the figures reuse the scores' forward passes
             with checkpoint.scoring(path):

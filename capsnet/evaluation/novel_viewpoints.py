@@ -86,7 +86,7 @@ def _scored(
     from capsnet.models import checkpoint
 
     model, meta = checkpoint.load(path, map_location="cpu")
-    model.to(request.device)
+    request.place(model)
     scores: dict[str, Any] = {}
     try:
         for which in ("familiar", "novel"):

@@ -37,6 +37,16 @@ class EvalRequest:
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("--device", "evaluate.device", 1)) from None
 
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` moved to ``device``, its EM routing compiled when ``params.compile``
+        asks (``EMCapsNet.compile_routing``; other models are scored eagerly)."""
+        from capsnet.models.em import EMCapsNet
+
+        model.to(self.device)
+        if isinstance(model, EMCapsNet):
+            model.compile_routing(self.params.compile)
+        return model
+
     def say(self, line: str) -> None:
         if self.log is not None:
             self.log(line)
