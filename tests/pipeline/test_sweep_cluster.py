@@ -4,7 +4,10 @@ driver resuming is tests/faults/test_fault_boundary.py's Ctrl+C case."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import signal
 
 import pytest
 from ray.tune import Callback
@@ -48,7 +51,8 @@ EPOCHS = 3
 
 
 class KillAtFirstReport(Callback):
-    """Kills ``worker`` (without grace) as Tune takes the first result reported from it."""
+    """Kills ``worker`` (without grace) and the trial process that reported, as Tune takes
+    the first result reported from that node."""
 
     def __init__(self, cluster, worker):
         self.cluster, self.worker, self.killed = cluster, worker, False
@@ -59,6 +63,10 @@ class KillAtFirstReport(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if not self.killed and result.get("node") == self.worker.node_id:
             self.cluster.remove_node(self.worker, allow_graceful=False)
+            # remove_node ends the node's daemons, not its worker processes: the trial's own
+            # process could still take Tune's next call and finish the trial where it was
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(result["pid"], signal.SIGKILL)
             self.killed = True
 
 
