@@ -527,3 +527,12 @@ def test_cli_compiles_em_checkpoints_as_flag_or_section_says(
     result = invoke_cli(*args, *([flag] if flag else []))
     assert result.returncode == 0, result.stderr
     assert asked == [expected]
+
+
+def test_a_non_boolean_compile_setting_is_one_line_naming_it_and_writes_nothing(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("evaluate:\n  compile: maybe\n")
+    out = tmp_path / "out.json"
+    result = invoke_cli("eval", tmp_path / "none.pt", "--params", params, "--out", out)
+    assert_one_line_error(result, "evaluate.compile", "expected true or false, got 'maybe'")
+    assert not out.exists()
