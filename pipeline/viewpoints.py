@@ -4,8 +4,9 @@ section ``viewpoints``; the matching rule and the results' format are
 
 For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
 familiar viewpoints of the smallNORB training set with ``capsnet.training.run.train_run``; after
-every epoch each model's error is measured on the familiar and the novel test viewpoints,
-and ``select_matched`` picks the epochs compared.
+every epoch (and ``viewpoints.checks_per_epoch`` times in all per epoch, evenly spaced) each
+model's error is measured on the familiar and the novel test viewpoints, and
+``select_matched`` picks the checks compared.
 
 ``run(params, data_root)`` writes ``viewpoints.out_dir`` as one atomic directory, then
 ``<out_dir>.csv``; with smallNORB switched off, DISABLED.txt, viewpoints.json
@@ -116,46 +117,56 @@ def _error(model, dataset, batch_size: int, device) -> float:
     return 1.0 - accuracy(model, dataset, batch_size, device)["accuracy"]
 
 
-def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str):
-    """Train ``spec`` through ``capsnet.training.run``; after each epoch measure the error on
-    tests["familiar"] and tests["novel"]. Returns (RunResult, history, {epoch: CPU
-    state_dict}) keeping the weights of every epoch ``select_matched`` could choose
-    (``candidate_epochs``)."""
+def epoch_label(epoch: float) -> int | float:
+    """A check's epoch as results store it: an int at an epoch's end, else the fraction of
+    training done rounded to 4 places (1.125: an eighth into the second epoch)."""
+    return int(epoch) if float(epoch).is_integer() else round(float(epoch), 4)
+
+
+def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str,
+                  checks_per_epoch: int = 1):  # fmt: skip
+    """Train ``spec`` through ``capsnet.training.run``; at ``checks_per_epoch`` evenly spaced
+    checks in every epoch, the last at its end, measure the error on tests["familiar"] and
+    tests["novel"]. Returns (RunResult, history, {epoch: CPU state_dict}) keeping the weights
+    of every check ``select_matched`` could choose (each new best familiar error,
+    ``candidate_epochs``); a check within an epoch has a fractional epoch (``epoch_label``)
+    and no training loss or accuracy."""
     from capsnet.training.device import select_device
     from capsnet.training.run import train_run
 
     config = spec.train
     device = select_device(config.device)
     history: list[dict[str, Any]] = []
-    states: dict[int, dict[str, torch.Tensor]] = {}
+    states: dict[int | float, dict[str, torch.Tensor]] = {}
     best = math.inf
 
-    def on_epoch(record: dict, state, model) -> None:
+    def measure(epoch: float, model, record: dict | None = None) -> None:
         nonlocal best
         started = time.perf_counter()
         familiar = _error(model, tests["familiar"], config.eval_batch_size, device)
         novel = _error(model, tests["novel"], config.eval_batch_size, device)
-        epoch = int(record["epoch"])
-        history.append(
-            {
-                "epoch": epoch,
-                "familiar_error": familiar,
-                "novel_error": novel,
+        epoch = epoch_label(epoch)
+        entry: dict[str, Any] = {"epoch": epoch, "familiar_error": familiar, "novel_error": novel}
+        if record is not None:
+            entry |= {
                 "train_loss": float(record["train_loss"]),
                 "train_accuracy": float(record["train_accuracy"]),
                 "seconds": float(record["seconds"]),
-                "eval_seconds": time.perf_counter() - started,
             }
-        )
+        history.append(entry | {"eval_seconds": time.perf_counter() - started})
         if familiar < best:  # a candidate for the match: keep a CPU copy of the weights
             best = familiar
             states[epoch] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        log(
-            f"{label} epoch {epoch}/{config.epochs}: familiar error {familiar:.4f}, "
-            f"novel error {novel:.4f} ({record['seconds']:.1f} s)"
-        )
+        if record is not None:
+            log(
+                f"{label} epoch {epoch}/{config.epochs}: familiar error {familiar:.4f}, "
+                f"novel error {novel:.4f} ({record['seconds']:.1f} s)"
+            )
 
-    result = train_run(spec, split, on_epoch=on_epoch)
+    result = train_run(
+        spec, split, on_epoch=lambda record, state, model: measure(record["epoch"], model, record),
+        checks_per_epoch=checks_per_epoch, on_check=measure,
+    )  # fmt: skip
     return result, history, states
 
 
@@ -199,7 +210,10 @@ def _run_seed(settings, kind: str, key: str, seed: int, specs: dict, split, test
     trained: dict[str, dict[str, Any]] = {}
     for role, spec in specs.items():
         label = f"[{key}] {spec.model}"
-        result, history, states = (runner or _here)(train_tracked, spec, split, tests, log, label)
+        checks = getattr(settings.checks_per_epoch, role)
+        result, history, states = (runner or _here)(
+            train_tracked, spec, split, tests, log, label, checks
+        )
         trained[role] = {
             "model": result.model, "config": result.train_config, "history": history,
             "states": states, "data": result.data,
@@ -259,6 +273,7 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
         "config": to_dict(model.config),
         "train_config": trained["config"].to_dict(),
         "epochs": settings.epochs,
+        "checks_per_epoch": getattr(settings.checks_per_epoch, role),
         "history": trained["history"],
     }
 

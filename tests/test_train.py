@@ -4,11 +4,12 @@ from clihelpers import invoke_cli
 
 from capsnet import models
 from capsnet.data.datasets import TensorImageDataset, load
+from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
 from capsnet.nn import losses
 from capsnet.training import scoring as evaluate
 from capsnet.training.device import mark_step, select_device
-from capsnet.training.fit import TrainConfig, compute_loss, fit
+from capsnet.training.fit import TrainConfig, check_steps, compute_loss, fit
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,45 @@ def test_history_records_and_callback(mnist_small):
         assert 0.0 <= record["val_accuracy"] <= 1.0
     # Adam lr decays as 0.96 ** (step / 2000): 16 steps after two epochs of 8 batches
     assert history[-1]["lr"] == pytest.approx(1e-3 * 0.96 ** (16 / 2000))
+
+
+def test_check_steps_are_evenly_spaced_within_an_epoch():
+    assert check_steps(254, 1) == {}
+    assert check_steps(8, 4) == {2: 0.25, 4: 0.5, 6: 0.75}
+    assert check_steps(254, 8) == {round(k * 254 / 8): k / 8 for k in range(1, 8)}
+    assert check_steps(3, 8) == {1: 0.25, 2: 0.5}  # one check per step at most, none at the end
+    assert check_steps(1, 4) == {}
+
+
+def test_checks_within_epochs_see_the_model_mid_training_and_change_nothing(mnist_small):
+    """``on_check`` runs at the fractional epochs, sees weights that differ from the epoch
+    ends', gets the model back in training mode, and the run trains bit for bit as one
+    without checks (the checks score the model in eval mode, drawing no random numbers)."""
+    train, test = mnist_small
+    data = train.subset(256)  # 8 steps an epoch
+    config = TrainConfig(epochs=2, batch_size=32, seed=3, augment="shift", progress=False)
+    torch.manual_seed(7)
+    plain = models.build("lenet5")
+    fit(plain, data, None, config)
+    torch.manual_seed(7)
+    model = models.build("lenet5")
+    seen = []
+
+    def check(epoch):
+        seen.append((epoch, evaluate.accuracy(model, test.subset(64))["accuracy"]))
+        model.eval()  # fit puts it back in training mode
+
+    def at_end(record, state):
+        seen.append((record["epoch"], evaluate.accuracy(model, test.subset(64))["accuracy"]))
+        assert model.training
+
+    fit(model, data, None, config, on_epoch=at_end, checks_per_epoch=4, on_check=check)
+    assert [epoch for epoch, _ in seen] == [0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2]
+    assert len({accuracy for _, accuracy in seen}) > 1  # measured while the weights moved
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    with pytest.raises(ConfigError, match="checks_per_epoch must be at least 1, got 0"):
+        fit(models.build("lenet5"), data, None, config, checks_per_epoch=0)
 
 
 def test_resume_continues_where_a_run_stopped(mnist_small):

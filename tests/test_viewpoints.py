@@ -21,6 +21,7 @@ from capsnet.config.viewpoints import KINDS
 from capsnet.evaluation import viewpoint_matching as viewpoints
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
+from capsnet.training import scoring
 from pipeline import viewpoints as stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
@@ -60,6 +61,31 @@ def test_target_is_the_larger_best_error_and_first_epoch_at_or_below_it():
     assert result["matched"] is True
     strict = viewpoints.select_matched({"capsules": caps, "cnn": cnn}, tolerance=0.01)
     assert strict["matched"] is False and strict["tolerance"] == 0.01
+
+
+def test_checks_within_an_epoch_take_the_first_fractional_check_at_or_below_the_target():
+    capsules = hist(0.5, 0.3, 0.2)
+    cnn = [
+        {"epoch": e, "familiar_error": f, "novel_error": n}
+        for e, f, n in [(0.5, 0.4, 0.6), (1, 0.25, 0.55), (1.5, 0.21, 0.5), (2, 0.19, 0.45),
+                        (2.5, 0.1, 0.4), (3, 0.05, 0.3)]
+    ]  # fmt: skip
+    chosen = viewpoints.select_matched({"capsules": capsules, "cnn": cnn}, tolerance=0.02)
+    assert chosen["target_familiar_error"] == 0.2
+    assert chosen["models"]["cnn"]["epoch"] == 2 and chosen["models"]["capsules"]["epoch"] == 3
+    assert chosen["matched"] and chosen["gap"] == pytest.approx(0.01)
+    cnn[3]["familiar_error"] = 0.15  # the first check at or below 0.2 is now 0.15: no match
+    chosen = viewpoints.select_matched({"capsules": capsules, "cnn": cnn}, tolerance=0.02)
+    assert chosen["models"]["cnn"]["epoch"] == 2 and not chosen["matched"]
+    cnn[2]["familiar_error"] = 0.195  # ... unless a check inside the epoch lands closer
+    chosen = viewpoints.select_matched({"capsules": capsules, "cnn": cnn}, tolerance=0.02)
+    assert chosen["models"]["cnn"]["epoch"] == 1.5 and chosen["matched"]
+
+
+def test_epoch_labels_are_whole_at_an_epochs_end_and_rounded_within():
+    assert stage.epoch_label(2.0) == 2 and isinstance(stage.epoch_label(2.0), int)
+    assert stage.epoch_label(1 + 1 / 3) == 1.3333
+    assert stage.epoch_label(0.125) == 0.125
 
 
 def test_ties_take_the_first_epoch():
@@ -140,6 +166,9 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  lr: fast\n": "viewpoints.lr: expected float or {capsules, cnn}",
         "viewpoints:\n  lr_decay: 1.5\n": "viewpoints.lr_decay: must be in (0, 1]",
         "viewpoints:\n  lr_decay_steps: 0\n": "viewpoints.lr_decay_steps: must be >= 1",
+        "viewpoints:\n  checks_per_epoch: {cnn: 0}\n": "checks_per_epoch.cnn: must be >= 1",
+        "viewpoints:\n  checks_per_epoch: {cnn: 2.5}\n": "checks_per_epoch.cnn: expected",
+        "viewpoints:\n  checks_per_epoch: 4\n": "viewpoints.checks_per_epoch",
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
@@ -296,6 +325,42 @@ def experiment(norb_root, tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return params, out, result
+
+
+def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_path):
+    """The CNN measured twice an epoch (24 images, batches of 12: after each step): its
+    history has the half epochs, the CSV too, and the saved checkpoint holds the weights of
+    the check selected (its familiar error recomputed from the file)."""
+    out = tmp_path / "vp"
+    extra = "  kinds: [azimuth]\n  checks_per_epoch: {capsules: 1, cnn: 2}\n"
+    params = tiny_params(tmp_path, out, extra)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = invoke_cli("viewpoints", "--params", params, "--data-root", norb_root)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    entry = json.loads((out / "viewpoints.json").read_text())["kinds"]["azimuth"]
+    cnn, capsules = entry["models"]["cnn"], entry["models"]["capsules"]
+    assert [r["epoch"] for r in cnn["history"]] == [0.5, 1, 1.5, 2]
+    assert [r["epoch"] for r in capsules["history"]] == [1, 2]
+    assert (cnn["checks_per_epoch"], capsules["checks_per_epoch"]) == (2, 1)
+    assert "train_loss" not in cnn["history"][0] and "train_loss" in cnn["history"][1]
+    histories = {role: m["history"] for role, m in entry["models"].items()}
+    assert entry["selection"] == viewpoints.select_matched(histories, 0.5)
+    with open(viewpoints.csv_path(out), newline="") as fh:
+        epochs = [r["epoch"] for r in csv.DictReader(fh) if r["model"] == "smallnorb-cnn"]
+    assert epochs == ["0.5", "1", "1.5", "2"]
+    spec = stage.kind_spec(config.load(params), norb_root, "azimuth", "cnn")
+    familiar = stage.load_tests(spec, "azimuth", None)["familiar"]
+    for role, model in entry["models"].items():
+        loaded, meta = checkpoint.load(out / model["checkpoint"])
+        chosen = entry["selection"]["models"][role]
+        assert meta["metrics"]["epoch"] == chosen["epoch"]
+        scored = scoring.accuracy(loaded, familiar, spec.train.eval_batch_size, "cpu")
+        recomputed = 1 - scored["accuracy"]
+        assert recomputed == pytest.approx(chosen["familiar_error"], abs=1e-9)
 
 
 def test_experiment_outputs(experiment):

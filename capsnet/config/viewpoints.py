@@ -31,6 +31,19 @@ class PerModelFloat:
 
 
 @dataclass(frozen=True)
+class PerModelChecks:
+    """How often each model is measured: checks per epoch, evenly spaced, the last at the
+    epoch's end (1: once an epoch)."""
+
+    capsules: int = 1
+    cnn: int = 1
+
+    def __post_init__(self):
+        for role in ROLES:
+            at_least(self, role, 1)
+
+
+@dataclass(frozen=True)
 class PerModelOverrides:
     """Model config overrides (``capsnet.models.build`` keywords) for each model."""
 
@@ -70,6 +83,9 @@ class ViewpointsParams(Section):
     train_limit: int | None = None  # first N familiar training images (null: all)
     test_limit: int | None = None  # N familiar and N novel test images per epoch (null: all)
     tolerance: float = 0.005  # |familiar error gap| that still counts as matched
+    # familiar and novel test error measured this often per epoch; each check is a
+    # candidate for the match (a model that learns fast needs more to be matched)
+    checks_per_epoch: PerModelChecks = field(default_factory=PerModelChecks)
     seed: int = 0
     seeds: int = 1  # runs with the seeds seed, seed + 1, ... (each kind, both models)
     out_dir: str = "models-viewpoints"

@@ -103,7 +103,7 @@ class FigureDrawer:
         )
 
     def viewpoints(self, payload: dict) -> None:
-        """The novel-viewpoint experiment's familiar and novel test error per epoch
+        """The novel-viewpoint experiment's familiar and novel test error at every check
         (``capsnet.evaluation.viewpoint_matching`` results: kinds -> models -> history)."""
         curves = {
             kind: {

@@ -173,7 +173,7 @@ class ViewpointModel:
 
     role: str
     model: str
-    epoch: int | None
+    epoch: int | float | None  # fractional: a check within an epoch
     familiar_error: float | None
     novel_error: float | None
     paper_novel_error: float | None
@@ -461,7 +461,7 @@ def _viewpoint_model(where: str, role: str, m: dict) -> ViewpointModel:
     return ViewpointModel(
         role,
         str(m.get("model", "")),
-        _optional(where, m, "epoch", int),
+        _optional(where, m, "epoch", number),
         _optional(where, m, "familiar_error", number),
         _optional(where, m, "novel_error", number),
         _optional(where, m, "paper_novel_error", number),

@@ -155,7 +155,7 @@ def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
         ax = place[key]
         kind, _, seed = key.partition("@")
         for k, (model, history) in enumerate(models.items()):
-            epochs = [int(r["epoch"]) for r in history]
+            epochs = [float(r["epoch"]) for r in history]  # fractional within an epoch
             colour = f"C{k}"
             for field, style, what in (
                 ("familiar_error", "-", "familiar"),

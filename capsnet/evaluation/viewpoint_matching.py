@@ -4,15 +4,18 @@ The stage itself (training, writing the outputs) is ``pipeline.viewpoints``.
 
 For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
 familiar viewpoints of the smallNORB training set (``<kind>-familiar``: azimuths 300..40
-degrees, or the three lowest elevations) with ``capsnet.training.fit.fit``. After every epoch each
-model's error is measured on the familiar and the novel viewpoints of the test set.
+degrees, or the three lowest elevations) with ``capsnet.training.fit.fit``. After every epoch
+(and, with ``viewpoints.checks_per_epoch``, at evenly spaced checks within it) each model's
+error is measured on the familiar and the novel viewpoints of the test set.
 
 The paper compares the two on novel viewpoints at matched familiar error (it stopped
 training the capsules when they matched the CNN's familiar error). ``select_matched`` does
 this after the fact: the target is the larger of the two models' best familiar errors (the
-level both reach), and each model is taken at its FIRST epoch whose familiar error is at or
-below the target. The result names the chosen epochs, their familiar and novel errors, the
-familiar-error gap that remains and whether it is within the tolerance.
+level both reach), and each model is taken at its FIRST check whose familiar error is at or
+below the target; a model that learns fast needs checks within an epoch, or its first epoch
+below the target can undershoot it by more than the tolerance. The result names the chosen
+checks, their familiar and novel errors, the familiar-error gap that remains and whether it
+is within the tolerance.
 
 The stage writes, atomically as one directory, ``<out_dir>/<kind>/<model>.pt``
 (the selected weights, with the history and selection in the checkpoint's metrics)
@@ -44,7 +47,8 @@ PAPER_NOTE = (
 )
 RULE = (
     "target = the larger of the models' best familiar test errors; each model is taken at "
-    "its first epoch whose familiar error is <= target"
+    "its first check (the end of an epoch, or one of viewpoints.checks_per_epoch within it) "
+    "whose familiar error is <= target"
 )
 
 # --- the matching rule (pure) -------------------------------------------------------------------
@@ -56,10 +60,11 @@ def select_matched(
     """The matched pair of epochs for per-model histories.
 
     ``histories``: {model or role: [{"epoch", "familiar_error", "novel_error"}, ...]} in
-    epoch order. Returns {"target_familiar_error", "gap", "tolerance", "matched", "models":
-    {key: {"epoch", "familiar_error", "novel_error", "best_familiar_error"}}}, where
-    target = max over models of their minimum familiar error, each model's epoch is the
-    first whose familiar error <= target, gap = the spread of the chosen familiar errors and
+    the order measured ("epoch": whole, or fractional for a check within an epoch).
+    Returns {"target_familiar_error", "gap", "tolerance", "matched", "models": {key:
+    {"epoch", "familiar_error", "novel_error", "best_familiar_error"}}}, where target = max
+    over models of their minimum familiar error, each model's check is the first whose
+    familiar error <= target, gap = the spread of the chosen familiar errors and
     matched = gap <= tolerance. ValueError for no models, an empty history or a NaN error.
     """
     if not histories:
@@ -79,7 +84,7 @@ def select_matched(
         record = history[index]
         novel = record.get("novel_error")
         chosen[key] = {
-            "epoch": int(record.get("epoch", index + 1)),
+            "epoch": record.get("epoch", index + 1),
             "familiar_error": float(record["familiar_error"]),
             "novel_error": None if novel is None else float(novel),
             "best_familiar_error": best[key],
@@ -96,9 +101,10 @@ def select_matched(
 
 
 def candidate_epochs(familiar_errors: Sequence[float]) -> list[int]:
-    """1-based epochs that ``select_matched`` can ever choose: those whose familiar error is
-    a new strict minimum (an epoch at or above an earlier one is never the first <= any
-    target). Only these epochs' weights need keeping."""
+    """1-based positions of the checks (epochs, when measured once an epoch) that
+    ``select_matched`` can ever choose: those whose familiar error is a new strict minimum
+    (one at or above an earlier one is never the first <= any target). Only these checks'
+    weights need keeping."""
     out, low = [], math.inf
     for epoch, error in enumerate(familiar_errors, start=1):
         if error < low:

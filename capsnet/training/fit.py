@@ -255,9 +255,37 @@ def paired_step_costs(
     ]
 
 
-def _train_epoch(model, batches, config, generators, state, optimizer, scheduler):
+#: ``on_check(epoch)`` within an epoch: ``epoch`` the fraction of training done (1.25: a
+#: quarter into the second epoch), the model in training mode again when it returns.
+OnCheck = Callable[[float], None]
+
+
+def check_steps(steps: int, checks_per_epoch: int) -> dict[int, float]:
+    """{step within the epoch (1-based): fraction of the epoch} of the ``checks_per_epoch
+    - 1`` checks inside an epoch of ``steps`` steps, evenly spaced (the last check is the
+    epoch's end, ``on_epoch``); a check that would fall on no step of its own is dropped."""
+    checks = {}
+    for k in range(1, checks_per_epoch):
+        step = round(k * steps / checks_per_epoch)
+        if 0 < step < steps and step not in checks:
+            checks[step] = k / checks_per_epoch
+    return checks
+
+
+def _train_epoch(
+    model,
+    batches,
+    config,
+    generators,
+    state,
+    optimizer,
+    scheduler,
+    checks: dict[int, float] | None = None,
+    on_check: OnCheck | None = None,
+):
     """One pass over ``batches``; returns (images seen, summed loss, correct count), the
-    two sums still on the device."""
+    two sums still on the device. After the steps of ``checks`` ({step within the epoch:
+    fraction}) it calls ``on_check(epoch + fraction)``."""
     from tqdm.auto import tqdm
 
     generator, cpu_generator = generators
@@ -273,7 +301,7 @@ def _train_epoch(model, batches, config, generators, state, optimizer, scheduler
         leave=False,
         unit="batch",
     )
-    for batch in bar:
+    for done, batch in enumerate(bar, start=1):
         batch = augment(batch, config, generator)
         batch_loss, batch_correct = train_step(
             model, batch, optimizer, scheduler, config, state.step, total_steps
@@ -282,6 +310,9 @@ def _train_epoch(model, batches, config, generators, state, optimizer, scheduler
         seen += batch[0].shape[0]
         loss_sum += batch_loss
         correct += batch_correct
+        if on_check is not None and done in (checks or {}):
+            on_check(state.epoch + checks[done])
+            model.train()
     bar.close()
     return seen, loss_sum, correct
 
@@ -328,6 +359,8 @@ def fit(
     on_epoch: Callable[[dict, TrainState], None] | None = None,
     resume: TrainState | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    checks_per_epoch: int = 1,
+    on_check: OnCheck | None = None,
 ) -> list[dict]:
     """Train ``model`` on ``train_data`` and return the per-epoch history.
 
@@ -338,17 +371,23 @@ def fit(
     that is ``DeviceRenderable`` (or in memory) lives on the device for the whole run.
     Raises TrainingDiverged (before ``on_epoch``, so nothing is saved) when the loss or
     the weights stop being finite. ``clock`` (seconds) measures ``config.time_budget``.
+    ``on_check(epoch)`` is also called ``checks_per_epoch - 1`` times evenly within each
+    epoch (``check_steps``), e.g. to measure a model more often than once an epoch.
     """
     config = config or TrainConfig()
     state = resume or TrainState()
     batches, generators, optimizer, scheduler = _prepare(model, train_data, config, state)
+    if checks_per_epoch < 1:
+        raise ConfigError(f"checks_per_epoch must be at least 1, got {checks_per_epoch}")
+    checks = check_steps(len(batches), checks_per_epoch)
 
     fit_started = clock()
     while state.epoch < config.epochs:
         epoch_clock = clock()
         record = _fit_epoch(
-            model, batches, val_data, config, generators, state, optimizer, scheduler
-        )
+            model, batches, val_data, config, generators, state, optimizer, scheduler,
+            checks, on_check,
+        )  # fmt: skip
         state.epoch += 1
         state.history.append(record)
         state.optimizer = optimizer.state_dict()
@@ -362,13 +401,14 @@ def fit(
     return state.history
 
 
-def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, scheduler) -> dict:
-    """Train one epoch, score ``val_data``; the epoch's record (TrainingDiverged when the
-    loss or the weights stop being finite)."""
+def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, scheduler,
+               checks=None, on_check: OnCheck | None = None) -> dict:  # fmt: skip
+    """Train one epoch (``on_check`` within it, ``_train_epoch``), score ``val_data``; the
+    epoch's record (TrainingDiverged when the loss or the weights stop being finite)."""
     model.train()
     started = time.perf_counter()
     seen, loss_sum, correct = _train_epoch(
-        model, batches, config, generators, state, optimizer, scheduler
+        model, batches, config, generators, state, optimizer, scheduler, checks, on_check
     )
     lr = scheduler.get_last_lr()[0]
     loss_total, correct_total = _epoch_totals(model, loss_sum, correct, state.epoch + 1, config.lr)

@@ -264,6 +264,8 @@ def _fit_config(spec: RunSpec) -> TrainConfig:
 
 
 OnEpoch = Callable[[dict, TrainState, nn.Module], None]
+#: ``on_check(epoch, model)`` within an epoch (``fit``'s ``on_check``, with the model).
+OnCheck = Callable[[float, nn.Module], None]
 
 
 def train_run(
@@ -274,11 +276,14 @@ def train_run(
     resume: tuple[dict[str, torch.Tensor], TrainState] | None = None,
     progress: bool = False,
     to_cpu: bool = True,
+    checks_per_epoch: int = 1,
+    on_check: OnCheck | None = None,
 ) -> RunResult:
     """Load the data (unless ``split`` is given), build the model, fit it; return the
     model and its history. ``on_epoch(record, state, model)`` runs after every epoch;
     ``resume`` is (model weights, TrainState) of an interrupted run. The model is moved
-    to the CPU unless ``to_cpu`` is false (a caller that scores it first, on the device)."""
+    to the CPU unless ``to_cpu`` is false (a caller that scores it first, on the device).
+    ``on_check(epoch, model)`` runs ``checks_per_epoch - 1`` times within every epoch."""
     from capsnet.data.datasets import shape_of
     from capsnet.training.device import select_device
 
@@ -299,7 +304,11 @@ def train_run(
 
     clock_name, clock = budget_clock(select_device(config.device))
     started, clock_started = time.perf_counter(), clock()
-    history = fit(model, split.train, split.val, config, on_epoch=report, resume=state, clock=clock)
+    history = fit(
+        model, split.train, split.val, config, on_epoch=report, resume=state, clock=clock,
+        checks_per_epoch=checks_per_epoch,
+        on_check=None if on_check is None else (lambda epoch: on_check(epoch, model)),
+    )  # fmt: skip
     seconds, clock_seconds = time.perf_counter() - started, clock() - clock_started
     return RunResult(
         model.cpu() if to_cpu else model, history, seconds, config, len(split.train),
