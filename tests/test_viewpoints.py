@@ -214,7 +214,8 @@ def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
 
 def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(repo_root):
     """profiles/smallnorb-cpu.yaml validates, trains 3 seeds on all 8,100 familiar images
-    of each kind and halves the learning rate once per epoch of them (docs/em.md)."""
+    of each kind, multiplies the learning rate by 0.7 once per epoch of them and measures
+    the CNN every 16 steps (docs/em.md)."""
     from pipeline import profile
 
     _path, changes, merged = profile.load(repo_root / "params.yaml", "smallnorb-cpu")
@@ -222,7 +223,10 @@ def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(re
     assert set(changes) >= {"viewpoints.seeds", "viewpoints.train_limit", "viewpoints.epochs"}
     assert settings.seed_list() == [0, 1, 2] and settings.train_limit is None
     steps_per_epoch = -(-8100 // settings.batch_size)
-    assert (settings.lr_decay, settings.lr_decay_steps) == (0.5, steps_per_epoch)
+    assert (settings.lr_decay, settings.lr_decay_steps) == (0.7, steps_per_epoch)
+    checks = settings.checks_per_epoch
+    assert (checks.capsules, checks.cnn) == (1, 16)
+    assert steps_per_epoch // checks.cnn == 15  # 16 checks: after every 15 or 16 steps
     assert merged.viewpoints.kinds == ("azimuth", "elevation")
     assert (settings.lr_of("capsules"), settings.lr_of("cnn")) == (0.003, 0.001)
 
