@@ -151,8 +151,10 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str,
             entry |= {
                 "train_loss": float(record["train_loss"]),
                 "train_accuracy": float(record["train_accuracy"]),
-                "seconds": float(record["seconds"]),
+                "seconds": float(record["seconds"]),  # training alone, not the checks
             }
+            if "check_seconds" in record:
+                entry["check_seconds"] = float(record["check_seconds"])
         history.append(entry | {"eval_seconds": time.perf_counter() - started})
         if familiar < best:  # a candidate for the match: keep a CPU copy of the weights
             best = familiar

@@ -109,6 +109,33 @@ def test_checks_within_epochs_see_the_model_mid_training_and_change_nothing(mnis
         fit(models.build("lenet5"), data, None, config, checks_per_epoch=0)
 
 
+def test_an_epochs_seconds_leave_out_the_checks_within_it(mnist_small, monkeypatch):
+    """Each check moves fit's clock on by 100 s: the epoch's ``seconds`` stay the training
+    time, ``check_seconds`` take the 300 s of its three checks."""
+    import types
+
+    from capsnet.training import fit as fit_module
+
+    offset = [0.0]
+    real = fit_module.time.perf_counter
+    monkeypatch.setattr(
+        fit_module, "time", types.SimpleNamespace(perf_counter=lambda: real() + offset[0])
+    )
+
+    def check(epoch):
+        offset[0] += 100.0
+
+    train, _ = mnist_small
+    config = TrainConfig(epochs=2, batch_size=32, progress=False)
+    history = fit(models.build("lenet5"), train.subset(256), None, config, checks_per_epoch=4,
+                  on_check=check)  # fmt: skip
+    for record in history:
+        assert 300.0 <= record["check_seconds"] < 300.0 + 100.0
+        assert 0 < record["seconds"] < 100.0
+    plain = fit(models.build("lenet5"), train.subset(256), None, config)
+    assert all("check_seconds" not in record for record in plain)
+
+
 def test_resume_continues_where_a_run_stopped(mnist_small):
     train, _ = mnist_small
     data = train.subset(128)

@@ -283,16 +283,16 @@ def _train_epoch(
     checks: dict[int, float] | None = None,
     on_check: OnCheck | None = None,
 ):
-    """One pass over ``batches``; returns (images seen, summed loss, correct count), the
-    two sums still on the device. After the steps of ``checks`` ({step within the epoch:
-    fraction}) it calls ``on_check(epoch + fraction)``."""
+    """One pass over ``batches``; returns (images seen, summed loss, correct count, seconds
+    in ``on_check``), the two sums still on the device. After the steps of ``checks``
+    ({step within the epoch: fraction}) it calls ``on_check(epoch + fraction)``."""
     from tqdm.auto import tqdm
 
     generator, cpu_generator = generators
     total_steps = len(batches) * config.epochs
     loss_sum = torch.zeros((), device=batches.device)
     correct = torch.zeros((), device=batches.device, dtype=torch.long)
-    seen = 0
+    seen, checking = 0, 0.0
     bar = tqdm(
         batches.epoch(state.epoch, generator, cpu_generator),
         total=len(batches),
@@ -311,10 +311,12 @@ def _train_epoch(
         loss_sum += batch_loss
         correct += batch_correct
         if on_check is not None and done in (checks or {}):
+            check_started = time.perf_counter()
             on_check(state.epoch + checks[done])
             model.train()
+            checking += time.perf_counter() - check_started
     bar.close()
-    return seen, loss_sum, correct
+    return seen, loss_sum, correct, checking
 
 
 def _epoch_totals(model: nn.Module, loss_sum, correct, epoch: int, lr: float):
@@ -404,15 +406,17 @@ def fit(
 def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, scheduler,
                checks=None, on_check: OnCheck | None = None) -> dict:  # fmt: skip
     """Train one epoch (``on_check`` within it, ``_train_epoch``), score ``val_data``; the
-    epoch's record (TrainingDiverged when the loss or the weights stop being finite)."""
+    epoch's record (TrainingDiverged when the loss or the weights stop being finite). Its
+    ``seconds`` are training alone; time in ``on_check`` is ``check_seconds``, present when
+    checks ran."""
     model.train()
     started = time.perf_counter()
-    seen, loss_sum, correct = _train_epoch(
+    seen, loss_sum, correct, checking = _train_epoch(
         model, batches, config, generators, state, optimizer, scheduler, checks, on_check
     )
     lr = scheduler.get_last_lr()[0]
     loss_total, correct_total = _epoch_totals(model, loss_sum, correct, state.epoch + 1, config.lr)
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started - checking
     record = {
         "epoch": state.epoch + 1,
         "train_loss": loss_total / max(1, seen),
@@ -421,6 +425,8 @@ def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, s
         "seconds": seconds,
         "images_per_second": seen / seconds if seconds > 0 else float("nan"),
     }
+    if on_check is not None and checks:
+        record["check_seconds"] = checking
     if val_data is not None and len(val_data):
         scored = accuracy(model, val_data, config.eval_batch_size, batches.device, config.amp)
         record["val_accuracy"] = scored["accuracy"]
