@@ -64,7 +64,8 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str, seed: int | N
     return RunSpec(
         model=settings.model_name(role),
         train=TrainConfig(
-            epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr_of(role),
+            epochs=settings.epochs_of(role), batch_size=settings.batch_size,
+            lr=settings.lr_of(role),
             weight_decay=getattr(settings.weight_decay, role),
             seed=settings.seed if seed is None else seed,
             device=settings.device, compile=settings.compile,
@@ -274,7 +275,7 @@ def _save_selected(trained: dict, role: str, selection: dict, kind: str, setting
         "checkpoint": relative,
         "config": to_dict(model.config),
         "train_config": trained["config"].to_dict(),
-        "epochs": settings.epochs,
+        "epochs": settings.epochs_of(role),
         "checks_per_epoch": getattr(settings.checks_per_epoch, role),
         "history": trained["history"],
     }

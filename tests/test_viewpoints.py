@@ -169,6 +169,10 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  checks_per_epoch: {cnn: 0}\n": "checks_per_epoch.cnn: must be >= 1",
         "viewpoints:\n  checks_per_epoch: {cnn: 2.5}\n": "checks_per_epoch.cnn: expected",
         "viewpoints:\n  checks_per_epoch: 4\n": "viewpoints.checks_per_epoch",
+        "viewpoints:\n  epochs: {capsules: 2, cnn: 0}\n": "viewpoints.epochs.cnn: must be >= 1",
+        "viewpoints:\n  epochs: {rnn: 2}\n": "viewpoints.epochs.rnn: unknown key",
+        "viewpoints:\n  epochs: many\n": "viewpoints.epochs: expected",
+        "viewpoints:\n  epochs: {cnn: 2}\n": "viewpoints.epochs.capsules: missing: name both",
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
@@ -210,6 +214,26 @@ def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
         TrainConfig.lr_decay,
         TrainConfig.lr_decay_steps,
     )
+
+
+def test_epochs_are_one_number_for_both_models_or_one_each(tmp_path, repo_root):
+    """``viewpoints.epochs`` as one number trains both models that long; as {capsules, cnn}
+    each its own, also when a profile lays the mapping over params.yaml's number."""
+    from pipeline import profile
+
+    each = config.load(
+        write_params(tmp_path / "p.yaml", "viewpoints:\n  epochs: {capsules: 3, cnn: 1}\n")
+    )
+    both = config.load(write_params(tmp_path / "q.yaml", "viewpoints:\n  epochs: 4\n"))
+    for params, expected in ((each, {"capsules": 3, "cnn": 1}), (both, {"capsules": 4, "cnn": 4})):
+        for role, epochs in expected.items():
+            assert stage.kind_spec(params, tmp_path, "azimuth", role).train.epochs == epochs
+            assert params.viewpoints.epochs_of(role) == epochs
+    laid = tmp_path / "cnn-short.yaml"
+    laid.write_text("viewpoints:\n  epochs: {capsules: 6, cnn: 2}\n")
+    _path, changes, merged = profile.load(repo_root / "params.yaml", laid)
+    assert changes == {"viewpoints.epochs.capsules": 6, "viewpoints.epochs.cnn": 2}
+    assert (merged.viewpoints.epochs_of("capsules"), merged.viewpoints.epochs_of("cnn")) == (6, 2)
 
 
 def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(repo_root):
@@ -298,14 +322,14 @@ def norb_root(tmp_path_factory):
     return root
 
 
-def tiny_params(tmp_path: Path, out: Path, extra: str = "") -> Path:
+def tiny_params(tmp_path: Path, out: Path, extra: str = "", epochs: str = "2") -> Path:
     return write_params(
         tmp_path / "params.yaml",
         "data:\n  smallnorb: {enabled: true}\n"
         "viewpoints:\n"
         f"  out_dir: {out}\n"
         "  channels: 1\n"
-        "  epochs: 2\n"
+        f"  epochs: {epochs}\n"
         "  batch_size: 12\n"
         "  tolerance: 0.5\n"
         "  device: cpu\n"
@@ -332,12 +356,13 @@ def experiment(norb_root, tmp_path_factory):
 
 
 def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_path):
-    """The CNN measured twice an epoch (24 images, batches of 12: after each step): its
-    history has the half epochs, the CSV too, and the saved checkpoint holds the weights of
-    the check selected (its familiar error recomputed from the file)."""
+    """The CNN trained 2 epochs and measured twice an epoch (24 images, batches of 12: after
+    each step), the capsules 1 epoch: the CNN's history has the half epochs, the CSV too,
+    and the saved checkpoint holds the weights of the check selected (its familiar error
+    recomputed from the file)."""
     out = tmp_path / "vp"
     extra = "  kinds: [azimuth]\n  checks_per_epoch: {capsules: 1, cnn: 2}\n"
-    params = tiny_params(tmp_path, out, extra)
+    params = tiny_params(tmp_path, out, extra, epochs="{capsules: 1, cnn: 2}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -348,8 +373,9 @@ def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_pat
     entry = json.loads((out / "viewpoints.json").read_text())["kinds"]["azimuth"]
     cnn, capsules = entry["models"]["cnn"], entry["models"]["capsules"]
     assert [r["epoch"] for r in cnn["history"]] == [0.5, 1, 1.5, 2]
-    assert [r["epoch"] for r in capsules["history"]] == [1, 2]
+    assert [r["epoch"] for r in capsules["history"]] == [1]  # epochs of its own
     assert (cnn["checks_per_epoch"], capsules["checks_per_epoch"]) == (2, 1)
+    assert (cnn["epochs"], capsules["epochs"]) == (2, 1)
     assert "train_loss" not in cnn["history"][0] and "train_loss" in cnn["history"][1]
     histories = {role: m["history"] for role, m in entry["models"].items()}
     assert entry["selection"] == viewpoints.select_matched(histories, 0.5)

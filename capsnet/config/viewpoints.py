@@ -31,9 +31,22 @@ class PerModelFloat:
 
 
 @dataclass(frozen=True)
-class PerModelChecks:
-    """How often each model is measured: checks per epoch, evenly spaced, the last at the
-    epoch's end (1: once an epoch)."""
+class PerModelEpochs:
+    """The epochs of each of the two models, both named (None: not given)."""
+
+    capsules: int | None = None
+    cnn: int | None = None
+
+    def __post_init__(self):
+        for role in ROLES:
+            if getattr(self, role) is None:
+                raise Invalid(role, "missing: name both capsules and cnn, or give one number")
+            at_least(self, role, 1)
+
+
+@dataclass(frozen=True)
+class PerModelCount:
+    """A whole number of at least 1 for each of the two models, 1 unless given."""
 
     capsules: int = 1
     cnn: int = 1
@@ -73,7 +86,7 @@ class ViewpointsParams(Section):
     cnn: str = "smallnorb-cnn"
     overrides: PerModelOverrides = field(default_factory=PerModelOverrides)
     channels: int = 2  # 1: the left stereo image only; 2: both
-    epochs: int = 20  # per model; every epoch is a candidate for the match
+    epochs: int | PerModelEpochs = 20  # one for both, or {capsules: ..., cnn: ...}
     batch_size: int = 64
     lr: float | PerModelFloat = 3e-3  # one for both, or {capsules: ..., cnn: ...}
     # the learning rate times lr_decay every lr_decay_steps steps; null: TrainConfig's
@@ -85,7 +98,7 @@ class ViewpointsParams(Section):
     tolerance: float = 0.005  # |familiar error gap| that still counts as matched
     # familiar and novel test error measured this often per epoch; each check is a
     # candidate for the match (a model that learns fast needs more to be matched)
-    checks_per_epoch: PerModelChecks = field(default_factory=PerModelChecks)
+    checks_per_epoch: PerModelCount = field(default_factory=PerModelCount)
     seed: int = 0
     seeds: int = 1  # runs with the seeds seed, seed + 1, ... (each kind, both models)
     out_dir: str = "models-viewpoints"
@@ -105,8 +118,10 @@ class ViewpointsParams(Section):
             raise Invalid("cnn", f"must differ from viewpoints.capsules ({self.capsules!r})")
         if self.channels not in (1, 2):
             raise Invalid("channels", f"must be 1 or 2, got {self.channels}")
-        for name in ("epochs", "batch_size", "train_limit", "test_limit", "seeds"):
+        for name in ("batch_size", "train_limit", "test_limit", "seeds"):
             at_least(self, name, 1)
+        if not isinstance(self.epochs, PerModelEpochs):  # a PerModelEpochs checks itself
+            at_least(self, "epochs", 1)
         if isinstance(self.lr, PerModelFloat):
             for role in ROLES:
                 if not getattr(self.lr, role) > 0:
@@ -121,6 +136,12 @@ class ViewpointsParams(Section):
 
     def model_name(self, role: str) -> str:
         return self.capsules if role == "capsules" else self.cnn
+
+    def epochs_of(self, role: str) -> int:
+        """The epochs of ``role`` (capsules or cnn)."""
+        return (
+            getattr(self.epochs, role) if isinstance(self.epochs, PerModelEpochs) else self.epochs
+        )
 
     def lr_of(self, role: str) -> float:
         """The learning rate of ``role`` (capsules or cnn)."""
