@@ -354,7 +354,7 @@ FIGURE_CAPTIONS = {
     "(steps of 0.05), reconstructed.",
     "confusion": "Confusion matrix (rows: true class, columns: predicted) on the test set "
     "its title names.",
-    "viewpoints": "Test error at every check (epoch) on the familiar (solid) and novel (dashed) "
+    "viewpoints": "Test error per epoch on the familiar (solid) and novel (dashed) "
     "viewpoints, one colour per model.",
     "multimnist": "MultiMNIST inputs with the two predicted digits reconstructed.",
 }

@@ -108,7 +108,7 @@ def test_viewpoints_are_typed_and_skips_keep_their_reason():
         ({"rule": 1, "kinds": {}}, "m.json: viewpoints/rule: str expected"),
         (
             {"kinds": {"azimuth": {"models": {"cnn": {"epoch": "two"}}}}},
-            "m.json: viewpoints/azimuth/models/cnn/epoch: int expected",
+            "m.json: viewpoints/azimuth/models/cnn/epoch: a number expected",
         ),
         (
             {"kinds": {"azimuth": {"gap": "big", "models": {}}}},
