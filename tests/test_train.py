@@ -81,18 +81,25 @@ def test_check_steps_are_evenly_spaced_within_an_epoch():
 def test_checks_within_epochs_see_the_model_mid_training_and_change_nothing(mnist_small):
     """``on_check`` runs at the fractional epochs, sees weights that differ from the epoch
     ends', gets the model back in training mode, and the run trains bit for bit as one
-    without checks (the checks score the model in eval mode, drawing no random numbers)."""
+    without checks: a model with dropout, and checks that draw from the global generator
+    as a DataLoader does for its base seed."""
     train, test = mnist_small
     data = train.subset(256)  # 8 steps an epoch
     config = TrainConfig(epochs=2, batch_size=32, seed=3, augment="shift", progress=False)
-    torch.manual_seed(7)
-    plain = models.build("lenet5")
+    shape = {"in_channels": 1, "input_size": 28, "num_classes": 10}
+
+    def build():
+        torch.manual_seed(7)
+        return models.build("smallnorb-cnn", **shape)  # dropout 0.5 before its classifier
+
+    plain = build()
     fit(plain, data, None, config)
-    torch.manual_seed(7)
-    model = models.build("lenet5")
+    model = build()
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     seen = []
 
     def check(epoch):
+        torch.rand(())  # a draw from the global generator, as DataLoader(...) makes
         seen.append((epoch, evaluate.accuracy(model, test.subset(64))["accuracy"]))
         model.eval()  # fit puts it back in training mode
 

@@ -285,7 +285,8 @@ def _train_epoch(
 ):
     """One pass over ``batches``; returns (images seen, summed loss, correct count, seconds
     in ``on_check``), the two sums still on the device. After the steps of ``checks``
-    ({step within the epoch: fraction}) it calls ``on_check(epoch + fraction)``."""
+    ({step within the epoch: fraction}) it calls ``on_check(epoch + fraction)``, the global
+    CPU generator restored after it, so training draws the same numbers with any checks."""
     from tqdm.auto import tqdm
 
     generator, cpu_generator = generators
@@ -312,7 +313,9 @@ def _train_epoch(
         correct += batch_correct
         if on_check is not None and done in (checks or {}):
             check_started = time.perf_counter()
-            on_check(state.epoch + checks[done])
+            rng = torch.get_rng_state()  # what a check draws (a DataLoader's base seed)
+            on_check(state.epoch + checks[done])  # is not taken from dropout's masks
+            torch.set_rng_state(rng)
             model.train()
             checking += time.perf_counter() - check_started
     bar.close()
