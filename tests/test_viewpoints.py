@@ -238,19 +238,20 @@ def test_epochs_are_one_number_for_both_models_or_one_each(tmp_path, repo_root):
 
 def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(repo_root):
     """profiles/smallnorb-cpu.yaml validates, trains 3 seeds on all 8,100 familiar images
-    of each kind, multiplies the learning rate by 0.7 once per epoch of them and measures
-    the CNN every 16 steps (docs/em.md)."""
+    of each kind, multiplies the learning rate by 0.7 once per epoch of them, trains the
+    capsules 6 epochs and the CNN 2, measuring it every 5 or 6 steps (docs/em.md)."""
     from pipeline import profile
 
     _path, changes, merged = profile.load(repo_root / "params.yaml", "smallnorb-cpu")
     settings = merged.viewpoints
-    assert set(changes) >= {"viewpoints.seeds", "viewpoints.train_limit", "viewpoints.epochs"}
+    assert set(changes) >= {"viewpoints.seeds", "viewpoints.train_limit", "viewpoints.epochs.cnn"}
     assert settings.seed_list() == [0, 1, 2] and settings.train_limit is None
     steps_per_epoch = -(-8100 // settings.batch_size)
     assert (settings.lr_decay, settings.lr_decay_steps) == (0.7, steps_per_epoch)
     checks = settings.checks_per_epoch
-    assert (checks.capsules, checks.cnn) == (1, 16)
-    assert steps_per_epoch // checks.cnn == 15  # 16 checks: after every 15 or 16 steps
+    assert (checks.capsules, checks.cnn) == (1, 48)
+    assert steps_per_epoch // checks.cnn == 5  # 48 checks: after every 5 or 6 steps
+    assert (settings.epochs_of("capsules"), settings.epochs_of("cnn")) == (6, 2)
     assert merged.viewpoints.kinds == ("azimuth", "elevation")
     assert (settings.lr_of("capsules"), settings.lr_of("cnn")) == (0.003, 0.001)
 
