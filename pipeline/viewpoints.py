@@ -32,7 +32,7 @@ from capsnet.evaluation.viewpoint_matching import (
     PAPER_NOTE,
     PAPER_NOVEL_ERROR,
     RESULTS_FILE,
-    RULE,
+    RULES,
     csv_path,
     select_matched,
 )
@@ -222,7 +222,8 @@ def _run_seed(settings, kind: str, key: str, seed: int, specs: dict, split, test
             "states": states, "data": result.data,
         }  # fmt: skip
 
-    selection = select_matched({r: t["history"] for r, t in trained.items()}, settings.tolerance)
+    histories = {r: t["history"] for r, t in trained.items()}
+    selection = select_matched(histories, settings.tolerance, settings.match)
     names = {r: run_name(settings.model_name(r), "", seed, settings.seed) for r in trained}
     models_entry = {
         role: _save_selected(
@@ -338,7 +339,7 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         }
         payload = {
             "experiment": "novel viewpoints (smallNORB; Hinton et al. 2018, section 5.2)",
-            "rule": RULE,
+            "rule": RULES[settings.match],
             "settings": to_dict(settings),
             "data": {
                 "crop": params.data.smallnorb.crop,

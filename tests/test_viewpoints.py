@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import shutil
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from clihelpers import assert_one_line_error, invoke_cli, run_cli
 from capsnet import config, evaluation, models
 from capsnet.cli import main
 from capsnet.config.training import TrainConfig
-from capsnet.config.viewpoints import KINDS
+from capsnet.config.viewpoints import KINDS, MatchRule
 from capsnet.evaluation import viewpoint_matching as viewpoints
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
@@ -82,6 +84,44 @@ def test_checks_within_an_epoch_take_the_first_fractional_check_at_or_below_the_
     assert chosen["models"]["cnn"]["epoch"] == 1.5 and chosen["matched"]
 
 
+def test_nearest_takes_the_lowest_error_before_the_crossing_when_that_is_nearer():
+    """A CNN checked every few steps whose familiar error jumps from just above the target
+    to far below it (the profile's azimuths with seed 2: 9.1% then 6.3% against the
+    capsules' 8.5%): "first" takes 6.3% (not matched), "nearest" 9.1%."""
+    capsules = hist(0.2, 0.12, 0.085)
+    cnn = [
+        {"epoch": e, "familiar_error": f, "novel_error": n}
+        for e, f, n in [(0.25, 0.3, 0.6), (0.5, 0.096, 0.45), (0.75, 0.198, 0.5),
+                        (1, 0.091, 0.39), (1.25, 0.063, 0.33), (1.5, 0.08, 0.3)]
+    ]  # fmt: skip
+    histories = {"capsules": capsules, "cnn": cnn}
+    first = viewpoints.select_matched(histories, 0.01)
+    assert first["models"]["cnn"]["epoch"] == 1.25 and first["gap"] == pytest.approx(0.022)
+    assert not first["matched"]
+    near = viewpoints.select_matched(histories, 0.01, "nearest")
+    assert near["target_familiar_error"] == 0.085
+    assert near["models"]["cnn"] == {
+        "epoch": 1, "familiar_error": 0.091, "novel_error": 0.39, "best_familiar_error": 0.063,
+    }  # fmt: skip
+    assert near["models"]["capsules"]["epoch"] == 3  # its best sets the target: taken there
+    assert near["gap"] == pytest.approx(0.006) and near["matched"]
+    cnn[4]["familiar_error"] = 0.084  # the crossing is nearer: both rules take it
+    assert viewpoints.select_matched(histories, 0.01, "nearest")["models"]["cnn"]["epoch"] == 1.25
+    tie = {"capsules": hist(0.5, 0.25), "cnn": hist(0.375, 0.125)}  # 0.125 either side
+    assert viewpoints.select_matched(tie, 0, "nearest")["models"]["cnn"]["epoch"] == 2  # later
+    with pytest.raises(ValueError, match="unknown matching rule 'closest'"):
+        viewpoints.select_matched(histories, 0.01, "closest")
+
+
+def test_nearest_only_ever_takes_a_check_whose_weights_are_kept():
+    history = [0.5, 0.6, 0.4, 0.45, 0.41, 0.1, 0.3, 0.05]
+    kept = viewpoints.candidate_epochs(history)
+    for other in (0.03, 0.05, 0.07, 0.1, 0.2, 0.35, 0.4, 0.42, 0.5, 0.55, 0.9):
+        for rule in viewpoints.RULES:
+            chosen = viewpoints.select_matched({"a": hist(*history), "b": hist(other)}, 0, rule)
+            assert chosen["models"]["a"]["epoch"] in kept, (other, rule)
+
+
 def test_epoch_labels_are_whole_at_an_epochs_end_and_rounded_within():
     assert stage.epoch_label(2.0) == 2 and isinstance(stage.epoch_label(2.0), int)
     assert stage.epoch_label(1 + 1 / 3) == 1.3333
@@ -141,6 +181,8 @@ def test_params_defaults_and_errors(tmp_path):
     assert (defaults.capsules, defaults.cnn) == ("em-capsnet-small", "smallnorb-cnn")
     assert defaults.weight_decay.capsules == 2e-7 and defaults.weight_decay.cnn == 0
     assert defaults.batch_size == 64 and defaults.out_dir == "models-viewpoints"
+    assert defaults.match == "first"
+    assert set(viewpoints.RULES) == set(typing.get_args(MatchRule))  # one rule text each
     repo = config.load(Path(__file__).resolve().parents[1] / "params.yaml")
     assert repo.viewpoints.out_dir == "models-viewpoints"
     cases = {
@@ -173,6 +215,7 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  epochs: {rnn: 2}\n": "viewpoints.epochs.rnn: unknown key",
         "viewpoints:\n  epochs: many\n": "viewpoints.epochs: expected",
         "viewpoints:\n  epochs: {cnn: 2}\n": "viewpoints.epochs.capsules: missing: name both",
+        "viewpoints:\n  match: closest\n": "viewpoints.match: 'closest' unknown",
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
@@ -254,6 +297,7 @@ def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(re
     assert (settings.epochs_of("capsules"), settings.epochs_of("cnn")) == (6, 2)
     assert merged.viewpoints.kinds == ("azimuth", "elevation")
     assert (settings.lr_of("capsules"), settings.lr_of("cnn")) == (0.003, 0.001)
+    assert settings.match == "nearest" and changes["viewpoints.match"] == "nearest"
 
 
 def test_both_models_train_at_the_sections_precision(tmp_path):
@@ -362,7 +406,7 @@ def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_pat
     and the saved checkpoint holds the weights of the check selected (its familiar error
     recomputed from the file)."""
     out = tmp_path / "vp"
-    extra = "  kinds: [azimuth]\n  checks_per_epoch: {capsules: 1, cnn: 2}\n"
+    extra = "  kinds: [azimuth]\n  checks_per_epoch: {capsules: 1, cnn: 2}\n  match: nearest\n"
     params = tiny_params(tmp_path, out, extra, epochs="{capsules: 1, cnn: 2}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -371,7 +415,10 @@ def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_pat
     finally:
         torch.set_num_threads(threads)
     assert result.returncode == 0, (result.stdout, result.stderr)
-    entry = json.loads((out / "viewpoints.json").read_text())["kinds"]["azimuth"]
+    payload = json.loads((out / "viewpoints.json").read_text())
+    assert payload["rule"] == viewpoints.RULES["nearest"]
+    assert payload["settings"]["match"] == "nearest"
+    entry = payload["kinds"]["azimuth"]
     cnn, capsules = entry["models"]["cnn"], entry["models"]["capsules"]
     assert [r["epoch"] for r in cnn["history"]] == [0.5, 1, 1.5, 2]
     assert [r["epoch"] for r in capsules["history"]] == [1]  # epochs of its own
@@ -379,7 +426,7 @@ def test_checks_within_epochs_are_recorded_selected_and_saved(norb_root, tmp_pat
     assert (cnn["epochs"], capsules["epochs"]) == (2, 1)
     assert "train_loss" not in cnn["history"][0] and "train_loss" in cnn["history"][1]
     histories = {role: m["history"] for role, m in entry["models"].items()}
-    assert entry["selection"] == viewpoints.select_matched(histories, 0.5)
+    assert entry["selection"] == viewpoints.select_matched(histories, 0.5, "nearest")
     with open(viewpoints.csv_path(out), newline="") as fh:
         epochs = [r["epoch"] for r in csv.DictReader(fh) if r["model"] == "smallnorb-cnn"]
     assert epochs == ["0.5", "1", "1.5", "2"]
@@ -457,8 +504,14 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
     write = stage.write_outputs
     monkeypatch.setattr(stage, "write_outputs", lambda r, *a: built.append(r) or write(r, *a))
 
-    _, out, result = experiment
+    _, trained_out, result = experiment
     assert result.exit_code == 0, result.stderr
+    out = tmp_path / "models-viewpoints"  # a copy that says it matched by the other rule
+    shutil.copytree(trained_out, out)
+    payload = json.loads((out / "viewpoints.json").read_text())
+    assert payload["rule"] == viewpoints.RULES["first"]  # params.yaml's default
+    payload["rule"] = viewpoints.RULES["nearest"]
+    (out / "viewpoints.json").write_text(json.dumps(payload))
     data_root = tmp_path / "data"  # MNIST from the mirror copy, the tiny smallNORB
     for sub, source in (("raw/mnist", mnist_root), ("prepared/smallnorb", norb_root)):
         (data_root / sub).parent.mkdir(parents=True, exist_ok=True)
@@ -504,6 +557,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
     assert load_results(tmp_path / "eval" / "metrics.json") == built[0]  # one contract
     section = metrics["viewpoints"]
     payload = json.loads((out / "viewpoints.json").read_text())
+    assert section["rule"] == viewpoints.RULES["nearest"]  # as the stage's output says
     assert set(section["kinds"]) == set(payload["kinds"])  # every seed scored
     for key, trained in payload["kinds"].items():
         entry, kind = section["kinds"][key], trained["kind"]

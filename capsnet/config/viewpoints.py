@@ -13,6 +13,7 @@ from capsnet.config.schema import Invalid, Section, above, at_least
 from capsnet.config.sweep import Precision, check_schedule, seed_list
 
 Kind = Literal["azimuth", "elevation"]
+MatchRule = Literal["first", "nearest"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
 ROLES: tuple[str, ...] = ("capsules", "cnn")
 DATA_FIELDS = ("in_channels", "input_size", "num_classes")  # set by the data, never by params
@@ -96,6 +97,10 @@ class ViewpointsParams(Section):
     train_limit: int | None = None  # first N familiar training images (null: all)
     test_limit: int | None = None  # N familiar and N novel test images per epoch (null: all)
     tolerance: float = 0.005  # |familiar error gap| that still counts as matched
+    # which check of each model is compared (capsnet.evaluation.viewpoint_matching.RULES):
+    # first: its first at or below the target; nearest: that or its lowest error before it,
+    # whichever is nearer the target
+    match: MatchRule = "first"
     # familiar and novel test error measured this often per epoch; each check is a
     # candidate for the match (a model that learns fast needs more to be matched)
     checks_per_epoch: PerModelCount = field(default_factory=PerModelCount)

@@ -47,7 +47,8 @@ def evaluate_viewpoints(
             kinds.append(_kind(Path(viewpoints_dir), kind, entry, data, request))
         except DataError as exc:
             kinds.append(ViewpointKind(kind, skipped=str(exc)))
-    return Viewpoints(viewpoints.RULE, None, tuple(kinds), viewpoints.PAPER_NOTE)
+    rule = payload.get("rule", viewpoints.RULE)  # the rule the stage matched by
+    return Viewpoints(rule, None, tuple(kinds), viewpoints.PAPER_NOTE)
 
 
 def _kind(

@@ -13,7 +13,11 @@ training the capsules when they matched the CNN's familiar error). ``select_matc
 this after the fact: the target is the larger of the two models' best familiar errors (the
 level both reach), and each model is taken at its FIRST check whose familiar error is at or
 below the target; a model that learns fast needs checks within an epoch, or its first epoch
-below the target can undershoot it by more than the tolerance. The result names the chosen
+below the target can undershoot it by more than the tolerance. With ``viewpoints.match:
+nearest`` a model is taken instead at its lowest error before that check when that is
+nearer the target (a model whose error jumps by points between checks, such as a CNN in
+small batches, can land far below the target right after being just above it). The
+result names the chosen
 checks, their familiar and novel errors, the familiar-error gap that remains and whether it
 is within the tolerance.
 
@@ -45,17 +49,28 @@ PAPER_NOTE = (
     "Hinton, Sabour, Frosst 2018, section 5.2: smallNORB test error on novel viewpoints of "
     "the baseline CNN and the capsules at matched familiar-viewpoint error"
 )
-RULE = (
-    "target = the larger of the models' best familiar test errors; each model is taken at "
-    "its first check (the end of an epoch, or one of viewpoints.checks_per_epoch within it) "
-    "whose familiar error is <= target"
-)
+RULES = {
+    "first": (
+        "target = the larger of the models' best familiar test errors; each model is taken at "
+        "its first check (the end of an epoch, or one of viewpoints.checks_per_epoch within it) "
+        "whose familiar error is <= target"
+    ),
+    "nearest": (
+        "target = the larger of the models' best familiar test errors; each model is taken at "
+        "whichever is nearer the target (the later on a tie) of its first check (the end of an "
+        "epoch, or one of viewpoints.checks_per_epoch within it) whose familiar error is <= "
+        "target and its lowest familiar error before that check"
+    ),
+}
+RULE = RULES["first"]  # params.yaml's viewpoints.match (ViewpointsParams.match)
 
 # --- the matching rule (pure) -------------------------------------------------------------------
 
 
 def select_matched(
-    histories: Mapping[str, Sequence[Mapping[str, Any]]], tolerance: float = 0.0
+    histories: Mapping[str, Sequence[Mapping[str, Any]]],
+    tolerance: float = 0.0,
+    rule: str = "first",
 ) -> dict[str, Any]:
     """The matched pair of epochs for per-model histories.
 
@@ -64,9 +79,14 @@ def select_matched(
     Returns {"target_familiar_error", "gap", "tolerance", "matched", "models": {key:
     {"epoch", "familiar_error", "novel_error", "best_familiar_error"}}}, where target = max
     over models of their minimum familiar error, each model's check is the first whose
-    familiar error <= target, gap = the spread of the chosen familiar errors and
-    matched = gap <= tolerance. ValueError for no models, an empty history or a NaN error.
+    familiar error <= target (``rule`` "first"), or whichever of that check and the
+    model's lowest familiar error before it is nearer the target (``rule`` "nearest": for
+    a model checked often whose error jumps past the target between two checks), gap = the
+    spread of the chosen familiar errors and matched = gap <= tolerance. ValueError for no
+    models, an empty history, a NaN error or an unknown rule.
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown matching rule {rule!r}: one of {', '.join(RULES)}")
     if not histories:
         raise ValueError("select_matched needs at least one model history")
     best: dict[str, float] = {}
@@ -81,6 +101,11 @@ def select_matched(
     chosen: dict[str, dict[str, Any]] = {}
     for key, history in histories.items():
         index = next(i for i, r in enumerate(history) if float(r["familiar_error"]) <= target)
+        if rule == "nearest" and index > 0:
+            above = min(range(index), key=lambda i: float(history[i]["familiar_error"]))
+            over = float(history[above]["familiar_error"]) - target
+            if over < target - float(history[index]["familiar_error"]):
+                index = above  # the lowest approach from above is nearer the target
         record = history[index]
         novel = record.get("novel_error")
         chosen[key] = {
@@ -103,8 +128,8 @@ def select_matched(
 def candidate_epochs(familiar_errors: Sequence[float]) -> list[int]:
     """1-based positions of the checks (epochs, when measured once an epoch) that
     ``select_matched`` can ever choose: those whose familiar error is a new strict minimum
-    (one at or above an earlier one is never the first <= any target). Only these checks'
-    weights need keeping."""
+    (one at or above an earlier one is never the first <= any target, nor the lowest before
+    it). Only these checks' weights need keeping."""
     out, low = [], math.inf
     for epoch, error in enumerate(familiar_errors, start=1):
         if error < low:
