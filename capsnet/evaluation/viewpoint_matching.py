@@ -17,9 +17,8 @@ below the target can undershoot it by more than the tolerance. With ``viewpoints
 nearest`` a model is taken instead at its lowest error before that check when that is
 nearer the target (a model whose error jumps by points between checks, such as a CNN in
 small batches, can land far below the target right after being just above it). The
-result names the chosen
-checks, their familiar and novel errors, the familiar-error gap that remains and whether it
-is within the tolerance.
+result names the chosen checks, their familiar and novel errors, the familiar-error gap
+that remains and whether it is within the tolerance.
 
 The stage writes, atomically as one directory, ``<out_dir>/<kind>/<model>.pt``
 (the selected weights, with the history and selection in the checkpoint's metrics)
@@ -62,7 +61,7 @@ RULES = {
         "target and its lowest familiar error before that check"
     ),
 }
-RULE = RULES["first"]  # params.yaml's viewpoints.match (ViewpointsParams.match)
+RULE = RULES["first"]  # the default rule's text (ViewpointsParams.match: first)
 
 # --- the matching rule (pure) -------------------------------------------------------------------
 
