@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from capsnet.data import registry
+from capsnet.evaluation.headline import AT_CHANCE, at_chance
 from capsnet.evaluation.metrics import (
     Entry,
     EvalResults,
@@ -68,34 +69,34 @@ def _test_sizes(picks: dict[str, dict[str, Entry]]) -> str:
     return "Test images per cell: " + ", ".join(f"{n:,}" for n in sorted(sizes)) + "."
 
 
-#: A run whose accuracy is below this multiple of chance (1 / classes) learned nothing.
-AT_CHANCE = 1.25
-
-
 def at_chance_line(
     metrics: EvalResults, picks: dict[str, dict[str, Entry]], titles: dict[str, str]
 ) -> str:
-    """One sentence naming each checkpoint behind a cell (a seed of a mean included) whose
-    accuracy is at chance, so the cell supports no conclusion; "" when there is none."""
+    """One sentence naming each checkpoint behind a cell (a seed of a mean, or a seed the
+    mean left out as failed) whose accuracy is at chance (``headline.at_chance``); "" when
+    there is none."""
     by_checkpoint = {e.checkpoint: name for name, e in metrics.entries.items() if e.checkpoint}
-    found = {}
+    found, left_out = {}, set()
     for chosen in picks.values():
         for column, entry in chosen.items():
-            chance = registry.chance(column)
-            members = entry.checkpoints or (entry.checkpoint,)
-            for name in (by_checkpoint.get(c) for c in members):
-                value = None if name is None else metrics.entries[name].value(column)
-                if chance is not None and value is not None and value < AT_CHANCE * chance:
+            members = [by_checkpoint.get(c) for c in entry.checkpoints or (entry.checkpoint,)]
+            left_out.update(entry.failed)
+            for name in [*members, *entry.failed]:
+                if name is not None and at_chance(metrics.entries[name], column):
+                    value, chance = metrics.entries[name].value(column), registry.chance(column)
                     where = titles.get(column, column)
                     found[name, column] = (
                         f"{name} on {where}, {percent(value)} (chance {percent(chance)})"
                     )
     if not found:
         return ""
+    failed = sorted(left_out & {name for name, _ in found})
     return (
-        "At chance (below 1.25 times 1 / classes): " + "; ".join(found.values()) + ". That run"
-        " learned nothing, so no conclusion about its model follows from a cell that includes it."
-    )
+        f"At chance (below {AT_CHANCE:g} times 1 / classes): " + "; ".join(found.values()) + "."
+        + (f" Failed runs, left out of their means: {', '.join(failed)}." if failed else "")
+        + (" No conclusion about a model follows from a cell that includes a run at chance."
+           if set(n for n, _ in found) - left_out else "")
+    )  # fmt: skip
 
 
 def viewpoints_lines(section: Viewpoints | None) -> list[str]:

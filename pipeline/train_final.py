@@ -85,10 +85,10 @@ def config_value_problem(key: str, value: Any) -> str | None:
 
 def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, Any]]:
     """The run configs to train: the best one, then each baseline with its augmentation,
-    learning rate, margins and weight decay (parameters a baseline lacks are ignored). A
-    baseline trains with its own model's default loss (cross-entropy for the CNNs): the
-    sweep's loss is a capsule ablation axis. ``final.augment``, when set, replaces every
-    run's augmentation."""
+    learning rate (``final.baseline_lr`` when set), margins and weight decay (parameters a
+    baseline lacks are ignored). A baseline trains with its own model's default loss
+    (cross-entropy for the CNNs): the sweep's loss is a capsule ablation axis.
+    ``final.augment``, when set, replaces every run's augmentation."""
     first = dict(best["config"])
     if final.augment is not None:
         first["augment"] = final.augment
@@ -98,6 +98,8 @@ def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, 
             run = {**first, "model": name}
             if "loss" in run:
                 run["loss"] = "auto"
+            if final.baseline_lr is not None:
+                run["lr"] = final.baseline_lr
             runs.append(run)
     return runs
 

@@ -291,6 +291,36 @@ def test_seed_means_are_named_after_their_first_checkpoint_when_the_model_name_i
     assert timed["std"]["mnist"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
 
 
+def test_a_seed_at_chance_on_its_own_set_is_a_failed_run_left_out_of_the_mean():
+    def entry(name, own, other):  # smallNORB: 5 classes, chance 20%; mnist: 10%
+        return {"model": "smallnorb-cnn", "checkpoint": f"{name}.pt",
+                "smallnorb": {"accuracy": own}, "mnist": {"accuracy": other}}  # fmt: skip
+
+    runs = {"cnn": (0.6, 0.5), "cnn@seed1": (0.2015, 0.5), "cnn@seed2": (0.7, 0.05)}
+    results = parse_results({n: entry(n, *acc) for n, acc in runs.items()}).entries
+    seeds = {"cnn": 0, "cnn@seed1": 1, "cnn@seed2": 2}
+    own = dict.fromkeys(runs, "smallnorb")
+    mean = evaluation.aggregate_seeds(results, None, seeds, own)["smallnorb-cnn"].to_dict()
+    assert mean["failed"] == ["cnn@seed1"] and mean["names"] == ["cnn", "cnn@seed2"]
+    assert mean["seeds"] == 2 and mean["smallnorb"]["accuracy"] == pytest.approx(0.65)
+    assert mean["std"]["smallnorb"]["accuracy"] == pytest.approx(0.0707107, rel=1e-4)
+    back = parse_results({**{n: entry(n, *acc) for n, acc in runs.items()}, "m": mean})
+    assert back.entries["m"].failed == ("cnn@seed1",)  # read back from metrics.json
+    # chance on another set than its own (seed2 on mnist) fails no run; nor does a 1.25x run
+    kept = evaluation.aggregate_seeds(results, None, seeds, dict.fromkeys(runs, "mnist"))
+    assert kept["smallnorb-cnn"].failed == ("cnn@seed2",)
+    everyone = evaluation.aggregate_seeds(results, None, seeds)  # no own set known
+    assert everyone["smallnorb-cnn"].seeds == 3 and not everyone["smallnorb-cnn"].failed
+
+
+def test_own_set_is_the_recorded_dataset_else_the_run_default():
+    from capsnet.evaluation.seeds import own_set
+
+    assert own_set({"extra": {"dataset": "smallnorb"}}) == "smallnorb"
+    assert own_set({"metrics": {"dataset": "multimnist"}, "extra": {}}) == "multimnist"
+    assert own_set({"metrics": {}}) == "mnist"  # RunSpec's default set
+
+
 def trained_meta(seed: int, epochs: int, **data) -> dict:
     """Checkpoint metadata of a lenet5 run: its TrainConfig and training data."""
     from capsnet.config.training import TrainConfig

@@ -81,3 +81,29 @@ def test_capsnet_forward_is_chunk_size_independent():
     for out in outputs[1:]:
         for a, b in zip(out, outputs[0]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_routing_casts_the_weight_once_with_the_same_values(monkeypatch):
+    """Under bf16 autocast the routing casts W once per forward: outputs bit for bit those
+    of casting it at every product, as autocast would; the weight's gradient, summed over
+    the products in bf16 before its one cast back, agrees to bf16's precision."""
+    from capsnet.nn import layers
+
+    torch.manual_seed(0)
+    u = torch.rand(6, 16, 8)  # (B, n_in, d_in)
+    weight = torch.rand(16, 3, 4, 8) / 8  # (n_in, n_out, d_out, d_in)
+
+    def run():
+        w = weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            v, c = layers.fused_dynamic_routing(u, w, 3, True, 4)
+        v.square().sum().backward()
+        return v, c, w.grad
+
+    cast_once = run()
+    monkeypatch.setattr(layers, "_autocast_once", lambda w: w)
+    cast_each_time = run()
+    assert torch.equal(cast_once[0], cast_each_time[0])  # v (B, n_out, d_out)
+    assert torch.equal(cast_once[1], cast_each_time[1])  # c (B, n_in, n_out)
+    assert cast_once[0].dtype == cast_once[2].dtype == torch.float32  # squash, W's gradient
+    torch.testing.assert_close(cast_once[2], cast_each_time[2], rtol=1e-2, atol=2e-3)

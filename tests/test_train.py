@@ -450,17 +450,49 @@ def test_bf16_autocast_keeps_squash_routing_softmax_and_losses_in_fp32():
     torch.testing.assert_close(loss, reference_loss, atol=2e-2, rtol=2e-2)
 
 
-def test_precision_is_bf16_by_default_and_autocasts_only_on_cuda():
+def test_precision_is_auto_by_default_bf16_only_where_the_cpu_has_it(monkeypatch):
     from capsnet.cli.train_commands import PRECISIONS as CLI_PRECISIONS
     from capsnet.config.sweep import PRECISIONS
     from capsnet.io.errors import ConfigError
-    from capsnet.training.device import autocast
+    from capsnet.training import device as policy
 
-    assert TrainConfig().amp == "bf16" and PRECISIONS == CLI_PRECISIONS == ("bf16", "fp32")
-    with autocast(torch.device("cpu"), "bf16"):
-        assert not torch.is_autocast_enabled("cpu")  # CPU runs stay fp32
-    with pytest.raises(ConfigError, match=r"train\.amp 'off' unknown; choose one of bf16, fp32"):
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert TrainConfig().amp == "auto"
+    assert PRECISIONS == CLI_PRECISIONS == ("auto", "bf16", "fp32")
+    with pytest.raises(ConfigError, match=r"train\.amp 'off' unknown; choose one of auto, "):
         TrainConfig(amp="off")
+    for native in (True, False):
+        monkeypatch.setattr(policy, "cpu_native_bf16", lambda native=native: native)
+        expected = "bf16" if native else "fp32"
+        assert policy.effective_precision(cpu, "auto") == expected
+        assert policy.effective_precision(cpu, None) == expected  # TrainConfig's auto
+        assert policy.effective_precision(cpu, "bf16") == "bf16"  # asked for: emulated or not
+        assert policy.effective_precision(cpu, "fp32") == "fp32"
+        assert policy.effective_precision(meta, "bf16") == "fp32"  # no autocast there
+        with policy.autocast(cpu, "auto"):
+            assert torch.is_autocast_enabled("cpu") is native
+
+
+def test_native_cpu_bf16_needs_avx512_kernels_the_flags_and_the_accuracy_check(monkeypatch):
+    from capsnet.training import device as policy
+
+    assert policy.bf16_matches_fp32()  # the check itself holds for real autocast here
+
+    def native(capability: str, flags: set[str], accurate: bool = True) -> bool:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(policy, "_cpu_flags", lambda: flags)
+        monkeypatch.setattr(policy, "bf16_matches_fp32", lambda: accurate)
+        policy.cpu_native_bf16.cache_clear()
+        try:
+            return policy.cpu_native_bf16()
+        finally:
+            policy.cpu_native_bf16.cache_clear()
+
+    assert native("AVX512", {"avx512f", "avx512_bf16"})
+    assert native("AVX512", {"amx_bf16"})
+    assert not native("AVX512", {"avx512f"})  # AVX-512 without bf16: emulated
+    assert not native("AVX2", {"avx512_bf16", "amx_bf16"})  # ATEN_CPU_CAPABILITY=avx2
+    assert not native("AVX512", {"avx512_bf16"}, accurate=False)
 
 
 def test_amp_reaches_the_run_from_the_params_sections():

@@ -76,7 +76,7 @@ def models_command() -> None:
 #: torch (tests/test_core_cli.py checks they agree).
 AUGMENT_STRATEGIES = ("none", "shift", "rotate", "affine", "elastic")
 #: capsnet.config.sweep.PRECISIONS (checked equal in tests/test_train.py).
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @click.command("train")
@@ -161,8 +161,9 @@ PRECISIONS = ("bf16", "fp32")
     "--amp",
     type=click.Choice(PRECISIONS),
     **train_default("amp"),
-    help="Precision: bf16 autocast on CUDA (squash, routing softmax and losses in fp32; "
-    "CPU runs stay fp32), or fp32 everywhere. Also used for the test score.",
+    help="Precision: auto (bf16 autocast on CUDA and on CPUs with native bf16, fp32 "
+    "elsewhere), bf16 (autocast wherever it exists) or fp32. Squash, routing softmax and "
+    "losses stay fp32. Also used for the test score.",
 )
 @data_root_option()
 @mirror_option

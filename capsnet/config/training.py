@@ -26,9 +26,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "auto"
-    # bf16: bf16 autocast on CUDA (squash, routing softmax and losses stay fp32); CPU and
-    # MPS always run fp32. fp32: no autocast anywhere (docs/gpu.md, precision policy).
-    amp: str = "bf16"
+    # auto: bf16 autocast on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), fp32
+    # elsewhere; bf16: autocast on CUDA and any CPU; fp32: none (docs/gpu.md). Squash, the
+    # routing softmax and the losses stay fp32 under autocast.
+    amp: str = "auto"
     augment: str = "none"  # capsnet.data.augment strategy, applied to every batch in fit
     augment_params: AugmentParams = field(default_factory=AugmentParams)
     loss: str = "auto"  # auto (the model's default) | margin | cross-entropy | spread

@@ -109,7 +109,7 @@ class ViewpointsParams(Section):
     out_dir: str = "models-viewpoints"
     device: str = "auto"
     compile: bool = False  # torch.compile the capsules' EM routing (TrainConfig.compile)
-    amp: Precision | None = None  # bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
+    amp: Precision | None = None  # auto | bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
 
     def __post_init__(self):
         if not self.kinds:

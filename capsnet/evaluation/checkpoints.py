@@ -17,7 +17,7 @@ from capsnet.evaluation.datasets import TestSets, check_preprocessing, image_sha
 from capsnet.evaluation.figures import FigureDrawer
 from capsnet.evaluation.metrics import COMPARISON_KEY, Entry, EvalResults
 from capsnet.evaluation.request import EvalRequest
-from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, seed_of
+from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, own_set, seed_of
 from capsnet.io.errors import CapsnetError, DataError, DatasetDisabled
 from capsnet.training import scoring as evaluate
 
@@ -70,7 +70,8 @@ def evaluate_checkpoints(
     metas = {name: meta for name, (_, meta) in zip(entries, loaded)}
     experiments = {name: experiment_key(meta) for name, meta in metas.items()}
     seeds = {name: seed_of(meta) for name, meta in metas.items()}
-    entries.update(aggregate_seeds(entries, experiments, seeds))
+    own_sets = {name: own_set(meta) for name, meta in metas.items()}
+    entries.update(aggregate_seeds(entries, experiments, seeds, own_sets))
     results = EvalResults(entries, comparison_section(entries, metas))
     if figures is not None:
         figures.finish(results)

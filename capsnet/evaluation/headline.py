@@ -99,6 +99,20 @@ def epochs_text(value) -> str:
 # --- which entry fills a model's cell ----------------------------------------------------------
 
 
+#: A run whose accuracy on its own set is below this multiple of chance (1 / classes)
+#: learned nothing: a failed run, named apart and never averaged into a seed mean.
+AT_CHANCE = 1.25
+
+
+def at_chance(entry: Entry, column: str) -> bool:
+    """Whether ``entry``'s accuracy on ``column`` is below ``AT_CHANCE`` times chance (False
+    where the column has no chance level or no number)."""
+    from capsnet.data import registry
+
+    chance, value = registry.chance(column), cell_value(entry, column)
+    return chance is not None and value is not None and value < AT_CHANCE * chance
+
+
 def trained_for(column: str) -> str | None:
     """The training set a test column is scored for (its dataset's ``trained_on``: the part
     after "@" in a checkpoint name); None for a model's own set."""

@@ -71,8 +71,9 @@ def _flatten(scores: dict, prefix: str = "") -> dict[str, float]:
 class Entry:
     """One evaluated checkpoint (``checkpoint`` set) or the mean of an experiment's seeds
     (``names`` and ``checkpoints`` of the grouped entries, their count in ``seeds``, the
-    deviations in ``deviations``). ``scores``: {test set, "robustness", "equivariance":
-    its block}, a block being {"skipped": reason} where the set was not scored."""
+    deviations in ``deviations``, the seeds left out at chance in ``failed``). ``scores``:
+    {test set, "robustness", "equivariance": its block}, a block being {"skipped": reason}
+    where the set was not scored."""
 
     name: str
     model: str
@@ -82,6 +83,7 @@ class Entry:
     seeds: int = 1
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
     deviations: dict[str, Any] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()  # seeds at chance on their own set: not in the mean
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as metrics.json holds it."""
@@ -96,6 +98,7 @@ class Entry:
             "names": list(self.names),
             "checkpoints": list(self.checkpoints),
             "seeds": self.seeds,
+            **({"failed": list(self.failed)} if self.failed else {}),
             **copy.deepcopy(self.scores),
             "std": copy.deepcopy(self.deviations),
         }
@@ -417,7 +420,7 @@ def _check_scores(where: str, scores: Any) -> None:
 
 
 #: The fields of an entry beside its score blocks.
-ENTRY_FIELDS = ("model", "checkpoint", "names", "checkpoints", "seeds", "std")
+ENTRY_FIELDS = ("model", "checkpoint", "names", "checkpoints", "seeds", "std", "failed")
 
 
 def _entry(path: Path, name: str, data: Any) -> Entry:
@@ -430,9 +433,9 @@ def _entry(path: Path, name: str, data: Any) -> Entry:
         raise CapsnetError(f"{where}: no model name")
     if checkpoint is None and not checkpoints:
         raise CapsnetError(f"{where}: neither a checkpoint nor the checkpoints of a seed mean")
-    names = data.get("names") or []
+    names, failed = data.get("names") or [], data.get("failed") or []
     if not isinstance(checkpoint, (str, type(None))) or not all(
-        isinstance(c, str) for c in [*checkpoints, *names]
+        isinstance(c, str) for c in [*checkpoints, *names, *failed]
     ):
         raise CapsnetError(f"{where}: checkpoint paths and names must be text")
     scores = {k: v for k, v in data.items() if k not in ENTRY_FIELDS}
@@ -446,7 +449,7 @@ def _entry(path: Path, name: str, data: Any) -> Entry:
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise CapsnetError(f"{where}/seeds: a count >= 1 expected")
     return Entry(name, model, checkpoint, tuple(names), tuple(checkpoints), seeds, scores,
-                 deviations if isinstance(deviations, dict) else {})  # fmt: skip
+                 deviations if isinstance(deviations, dict) else {}, tuple(failed))  # fmt: skip
 
 
 def _optional(where: str, data: dict, key: str, kind: type | tuple) -> Any:

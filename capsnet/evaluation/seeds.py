@@ -93,12 +93,17 @@ def aggregate_seeds(
     results: dict[str, Entry],
     experiments: dict[str, str] | None = None,
     seeds: dict[str, int] | None = None,
+    own_sets: dict[str, str] | None = None,
 ) -> dict[str, Entry]:
     """For each experiment with several checkpoints (``experiments``: result name ->
     ``experiment_key``; without it, one experiment per model name): one seed-mean entry
     with the mean of every number, the deviations, the grouped result names (in the order
-    of their ``seeds``) and their files. It is named after the model, or "<first name>
-    (mean)" when that name is taken."""
+    of their ``seeds``) and their files. A seed at chance on its own test set (``own_sets``:
+    result name -> the column of the set it was trained on; ``headline.at_chance``) is a
+    failed run: listed in the entry's ``failed``, left out of the mean. It is named after
+    the model, or "<first name> (mean)" when that name is taken."""
+    from capsnet.evaluation.headline import at_chance
+
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
         if entry.checkpoint is not None:
@@ -109,6 +114,10 @@ def aggregate_seeds(
         if len(names) < 2:
             continue
         names = sorted(names, key=lambda n: (seeds or {}).get(n, 0))
+        failed = tuple(n for n in names if at_chance(results[n], (own_sets or {}).get(n, "")))
+        names = [n for n in names if n not in failed]
+        if not names:
+            continue
         entries = [results[n] for n in names]
         key, i = model, 1
         while key in results or key in out:  # a checkpoint name, or another experiment's mean
@@ -116,9 +125,20 @@ def aggregate_seeds(
         means, deviations = _mean_scores([e.scores for e in entries])
         out[key] = Entry(
             key, model, names=tuple(names), checkpoints=tuple(e.checkpoint for e in entries),
-            seeds=len(entries), scores=means, deviations=deviations,
+            seeds=len(entries), scores=means, deviations=deviations, failed=failed,
         )  # fmt: skip
     return out
+
+
+def own_set(meta: dict[str, Any]) -> str:
+    """The dataset a checkpoint was trained on, as its metadata records it (a run that
+    records none trained on ``RunSpec``'s default set)."""
+    from capsnet.training.run import RunSpec
+
+    for source in (meta.get("metrics") or {}, meta.get("extra") or {}):
+        if isinstance(source.get("dataset"), str):
+            return source["dataset"]
+    return RunSpec.dataset
 
 
 def seed_of(meta: dict[str, Any]) -> int:

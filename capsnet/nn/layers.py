@@ -54,6 +54,7 @@ def fused_dynamic_routing(
     if iterations < 1:
         raise ValueError(f"routing iterations must be >= 1, got {iterations}")
     n_in, n_out, d_out, d_in = weight.shape
+    weight = _autocast_once(weight)
     w = weight.permute(0, 3, 1, 2).reshape(n_in * d_in, n_out * d_out)  # (I*K, J*D)
     w_j = w.view(n_in * d_in, n_out, d_out).permute(1, 0, 2)  # (J, I*K, D): strided view
     vs, cs = [], []
@@ -62,6 +63,17 @@ def fused_dynamic_routing(
         vs.append(v)  # (b, J, D)
         cs.append(c)  # (b, I, J)
     return torch.cat(vs), torch.cat(cs)  # (B, J, D), (B, I, J)
+
+
+def _autocast_once(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in autocast's dtype when autocast is on for its device, else unchanged.
+    Every routing product would cast it again (it is a view, not a parameter, so autocast
+    keeps no cached copy); one cast gives the same forward values once per forward, and
+    sums the weight's gradient over the products in bf16 before casting it back."""
+    kind = weight.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return weight.to(torch.get_autocast_dtype(kind))
+    return weight
 
 
 def _route_chunk(

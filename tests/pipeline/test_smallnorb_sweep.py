@@ -110,9 +110,18 @@ def test_mnist_runs_keep_the_defaults():
 
 def test_baselines_train_with_their_own_loss():
     best = {"config": {"model": "em-capsnet-small", "loss": "spread", "pose": "vector"}}
-    runs = final_runs(best, SmallnorbTrainConfig())
+    runs = final_runs(best, SmallnorbTrainConfig(baseline_lr=None))
     assert runs[0]["loss"] == "spread"
     assert runs[1] == {"model": "smallnorb-cnn", "loss": "auto", "pose": "vector"}
+
+
+def test_baselines_train_at_their_own_learning_rate():
+    best = {"config": {"model": "em-capsnet-small", "lr": 0.003}}
+    runs = final_runs(best, SmallnorbTrainConfig())  # default: 1e-3 for the CNN
+    assert [r["lr"] for r in runs] == [0.003, 0.001]
+    assert final_runs(best, SmallnorbTrainConfig(baseline_lr=None))[1]["lr"] == 0.003
+    with pytest.raises(ConfigError, match=r"smallnorb_train\.baseline_lr.*> 0"):
+        SmallnorbTrainConfig.from_dict({"baseline_lr": 0})
 
 
 # --- the data split -----------------------------------------------------------------------

@@ -223,9 +223,10 @@ def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data, monkeypatc
     assert fingerprint(tiny_sweep(resources={"cpus_per_trial": 2}), spec, sweep_data) == (
         fingerprint(tiny_sweep(), spec, sweep_data)
     )
-    precision = {amp: tiny_sweep(amp=amp) for amp in (None, "bf16", "fp32")}
+    precision = {amp: tiny_sweep(amp=amp) for amp in (None, "auto", "bf16", "fp32")}
     prints = {amp: fingerprint(s, base(s), sweep_data) for amp, s in precision.items()}
-    assert prints[None] == prints["bf16"] != prints["fp32"]  # null: TrainConfig's bf16
+    assert prints[None] == prints["auto"]  # null: TrainConfig's auto
+    assert len({prints["auto"], prints["bf16"], prints["fp32"]}) == 3
 
 
 def test_changed_shift_setting_starts_a_fresh_experiment(
