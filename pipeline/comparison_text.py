@@ -106,26 +106,59 @@ def _pair(prefix: str, caps: ComparisonGroup, base: ComparisonGroup, key: str, t
 
 
 def _time_sentence(arm: ComparisonArm, group: ComparisonGroup, reference: str) -> str:
-    budget, seconds = arm.time_budget_seconds, group.train_seconds
-    if budget is None or seconds is None:
-        return f"Equal training time: no time budget was recorded for {group.label}."
+    """The equal-time verdict: the budgeted times (the step-cost rule's, which decides the
+    tolerance), the measured ones beside them, and which seeds' measured times a busy
+    machine makes untrustworthy."""
     tolerance = arm.tolerance or 0.25
-    ratio = group.time_ratio
-    if ratio is None:
-        ratio = seconds / budget if budget else math.inf
+    budgeted, planned = arm.budgeted_seconds, group.budgeted_seconds
+    budget, seconds = arm.time_budget_seconds, group.train_seconds
+    label, epochs = group.label, group.epochs
+    ran = f" ({epochs_text(epochs)})" if epochs is not None else ""
+    if budgeted is not None and planned is not None:
+        ratio = group.budgeted_ratio or planned / budgeted
+        head = (
+            f"Equal training time: by the step-cost rule (a step's cost times the steps) "
+            f"{reference} trains {budgeted:.1f} s and {label}{ran} {planned:.1f} s, {ratio:.2f} "
+            f"of it"
+        )
+        measured = ""
+        if budget is not None and seconds is not None:
+            measured = (
+                f"; measured, {budget:.1f} s and {seconds:.1f} s of CPU time "
+                f"({seconds / budget:.2f})"
+                if budget
+                else ""
+            )
+    else:
+        if budget is None or seconds is None:
+            return f"Equal training time: no time budget was recorded for {label}."
+        ratio = group.time_ratio if group.time_ratio is not None else seconds / budget
+        head = (
+            f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
+            f"time; {label} trained {seconds:.1f} s{ran}, {ratio:.2f} of the budget"
+        )
+        measured = ""
     within = group.within_tolerance
     if within is None:
         within = abs(ratio - 1) <= tolerance
-    label, epochs = group.label, group.epochs
-    ran = f", {epochs_text(epochs)}" if epochs is not None else ""
-    head = (
-        f"Equal training time: the budget was {budget:.1f} s, {reference}'s mean training "
-        f"time; {label} trained {seconds:.1f} s ({ratio:.2f} of the budget{ran})"
-    )
-    if within:
-        return head + f", within the {tolerance:.0%} tolerance."
-    return head + (
-        f", NOT within the {tolerance:.0%} tolerance, so this arm is not an equal-time comparison."
+    verdict = (
+        f", within the {tolerance:.0%} tolerance" if within
+        else f", NOT within the {tolerance:.0%} tolerance: not an equal-time comparison"
+    )  # fmt: skip
+    return head + verdict + measured + "." + _busy_words(arm, group, reference)
+
+
+def _busy_words(arm: ComparisonArm, group: ComparisonGroup, reference: str) -> str:
+    """ " Measured times of ... are not trustworthy: ..." for seeds trained on a busy
+    machine (load average above its cores plus one); "" when none was."""
+    rows = [arm.groups.get(reference), group]
+    busy = [n for row in rows if row is not None for n in row.busy]
+    if not busy:
+        return ""
+    load = max(row.load_average or 0.0 for row in rows if row is not None and row.busy)
+    return (
+        f" The measured times of {', '.join(busy)} are not trustworthy: other work shared the "
+        f"machine (load average up to {load:.1f})."
     )
 
 
@@ -252,6 +285,7 @@ class Row:
     upright: tuple[float, float] | None
     headline: tuple[float, float] | None
     angle: str | None
+    budgeted_seconds: float | None = None  # the equal-time arm's step-cost rule
 
 
 def rows(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> list[Row]:
@@ -269,6 +303,7 @@ def rows(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) ->
             stat(group, upright),
             stat(group, headline),
             headline,
+            group.budgeted_seconds,
         )
         for name, arm in arms(comparison).items()
         for label, group in arm.groups.items()
@@ -296,16 +331,17 @@ def long_rows(comparison: Comparison | dict | None) -> list[list]:
 
 
 def markdown(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE) -> str:
-    """The README's compact comparison: a table (arm, model, seeds, train s, MNIST, the
-    headline angle; mean ± std) and the sentences; "" without a comparison."""
+    """The README's compact comparison: a table (arm, model, seeds, the step-cost rule's
+    budgeted seconds, measured seconds, MNIST, the headline angle; mean ± std) and the
+    sentences; "" without a comparison."""
     table = rows(comparison, angle)
     words = sentences(comparison, angle)
     if not table:
         return ""
     head = f"{float(table[0].angle):g}°" if table[0].angle is not None else f"{angle:g}°"
     lines = [
-        f"| comparison arm | model | seeds | train s | MNIST (0°) | {head} |",
-        "|---|---|---|---|---|---|",
+        f"| comparison arm | model | seeds | budgeted s | train s | MNIST (0°) | {head} |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in table:
         arm = ARM_TITLES.get(r.arm, r.arm).lower()
@@ -313,6 +349,7 @@ def markdown(comparison: Comparison | dict | None, angle: float = HEADLINE_ANGLE
             arm,
             r.model,
             str(r.seeds),
+            "–" if r.budgeted_seconds is None else f"{r.budgeted_seconds:.1f}",
             seconds(r),
             show(r.upright),
             show(r.headline),

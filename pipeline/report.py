@@ -121,7 +121,9 @@ def _comparison_section(comparison: Comparison | None, angle: float) -> str:
     for arm in dict.fromkeys(r.arm for r in rows):
         body = "".join(
             f"<tr><td>{_e(r.model)}</td><td>{r.seeds}</td><td>{_e(r.augment or '–')}</td>"
-            f"<td>{_e(count_text(r.epochs))}</td><td>{_e(comparison_text.seconds(r))}</td>"
+            f"<td>{_e(count_text(r.epochs))}</td>"
+            f"<td>{'–' if r.budgeted_seconds is None else f'{r.budgeted_seconds:.1f}'}</td>"
+            f"<td>{_e(comparison_text.seconds(r))}</td>"
             f"<td>{_e(comparison_text.show(r.upright))}</td>"
             f"<td>{_e(comparison_text.show(r.headline))}</td></tr>"
             for r in rows
@@ -130,7 +132,8 @@ def _comparison_section(comparison: Comparison | None, angle: float) -> str:
         tables.append(
             f"<h3>{_e(comparison_text.ARM_TITLES.get(arm, arm))}</h3>"
             f'<table class="comparison" id="comparison-{_e(arm)}"><tr><th>model</th>'
-            "<th>seeds</th><th>augment</th><th>epochs</th><th>train seconds</th>"
+            "<th>seeds</th><th>augment</th><th>epochs</th><th>budgeted seconds</th>"
+            "<th>train seconds</th>"
             f"<th>0°</th><th>{where}</th></tr>{body}</table>"
         )
     return "<h2>Comparison</h2>" + words + "".join(tables)

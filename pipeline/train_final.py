@@ -40,7 +40,14 @@ from capsnet.io import outputset
 from capsnet.io.errors import ConfigError
 from capsnet.io.files import atomic_write_json, read_json, run_name
 from capsnet.io.outputset import atomic_directory
-from capsnet.training.run import RunSpec, Split, equal_time_epochs, section_spec, step_costs
+from capsnet.training.run import (
+    RunSpec,
+    Split,
+    equal_time_epochs,
+    section_spec,
+    step_costs,
+    training_steps,
+)
 from pipeline import provenance, tracking
 from pipeline.gpu_worker import Runner, placement
 from pipeline.trainable import device_label, run_spec, used_settings
@@ -200,13 +207,18 @@ def train_arms(
         clock = results[run_name(reference, "", seeds[0], seeds[0])]["time_clock"]
         trainer.log(f"equal time: {reference}'s mean training time {budget:.1f} s of {clock} time")
         costs = trainer.runner(step_costs, specs, split)
+        items = len(split.train)
+        budgeted = training_steps(specs[0], items) * costs[0]  # what the rule spends
         for spec, cost in zip(baselines, costs[1:], strict=True):
-            epochs = equal_time_epochs(specs[0], spec, (costs[0], cost), len(split.train))
+            epochs = equal_time_epochs(specs[0], spec, (costs[0], cost), items)
+            planned = training_steps(spec, items, epochs) * cost
             trainer.log(f"equal time: {spec.model} trains {epochs} epochs (step costs "
-                        f"{costs[0] * 1000:.2f} ms and {cost * 1000:.2f} ms)")  # fmt: skip
+                        f"{costs[0] * 1000:.2f} ms and {cost * 1000:.2f} ms: {planned:.1f} s "
+                        f"budgeted against {reference}'s {budgeted:.1f} s)")  # fmt: skip
             timed = dataclasses.replace(spec.train, epochs=epochs)
             arm = {"arm": "equal_time", "label": spec.model, "time_budget_seconds": budget,
-                   "step_seconds": [costs[0], cost]}  # fmt: skip
+                   "step_seconds": [costs[0], cost], "budgeted_seconds": budgeted,
+                   "planned_seconds": planned}  # fmt: skip
             later += arms(dataclasses.replace(spec, train=timed), "equal-time", arm)
     for strategy in final.baseline_augments:
         for spec in baselines:
@@ -374,9 +386,14 @@ class _Trainer:
         ``pending``, the run submitted for it); ``report`` sees each epoch as it ends, or all
         of them when a remote run returns."""
         live = None if self.runner.remote else report
+        load_before = os.getloadavg()[0]
         if pending is None:
             pending = self.runner.submit(fit_and_score, spec, split, score, live)
         result, scores, device = self.runner.result(pending)
+        load = {} if self.runner.remote else {
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "cpus": os.cpu_count(),
+        }  # fmt: skip
         if live is None:
             for record in result.history:
                 report(record)
@@ -387,6 +404,7 @@ class _Trainer:
             "time_clock": result.clock,
             "wall_seconds": round(result.train_seconds, 3),
             "device": device,
+            **load,
             **({"node": self.runner.nodes[-1]} if self.runner.remote else {}),
             "val_accuracy": result.history[-1].get("val_accuracy"),
             **scores,

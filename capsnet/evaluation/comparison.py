@@ -9,8 +9,13 @@ declares it, is skipped there and has no place in a rotation comparison). The
 checkpoints of one arm and label are the seeds of one row; a row holds their mean accuracy
 per evaluated rotation angle with the sample standard deviation (0.0 for one seed) and
 their mean training time and epochs. The equal-time arm repeats the capsule reference's
-row from the equal-augmentation arm and gives each baseline its time over the budget
-(``time_ratio``) and whether that lies within ``TIME_TOLERANCE`` of 1.
+row from the equal-augmentation arm. Its budget is what the step-cost rule counts (a
+step's cost, measured back to back with the other model's, times the steps: a measure
+other load on the machine does not move); each baseline gets its budgeted time over the
+reference's (``budgeted_ratio``, which decides ``within_tolerance``: within
+``TIME_TOLERANCE`` of 1) and its measured time over the reference's mean measured time
+(``time_ratio``). Each run records the load average at its start and end: a seed that
+trained on a busy machine (``busy``) has a measured time that is not trustworthy.
 """
 
 from __future__ import annotations
@@ -33,8 +38,21 @@ from capsnet.evaluation.metrics import (
 from capsnet.evaluation.seeds import seed_of
 from capsnet.io.errors import CapsnetError
 
-#: How far a baseline's mean training time may lie from the budget, as a fraction of it.
+#: How far a baseline's training time may lie from the budget, as a fraction of it.
 TIME_TOLERANCE = 0.25
+#: Load average above the machine's cores plus this: other work shared the machine (a
+#: run's own threads account for up to the cores).
+BUSY_LOAD_MARGIN = 1.0
+
+
+def busy_run(metrics: dict[str, Any]) -> float | None:
+    """The highest load average a run recorded (``load_average``: [at its start, at its
+    end]) when it exceeds its machine's ``cpus`` + ``BUSY_LOAD_MARGIN``; None otherwise."""
+    loads, cpus = metrics.get("load_average"), metrics.get("cpus")
+    if not isinstance(loads, list) or not _is_number(cpus):
+        return None
+    highest = max((float(x) for x in loads if _is_number(x)), default=None)
+    return highest if highest is not None and highest > cpus + BUSY_LOAD_MARGIN else None
 
 
 def comparison_meta(meta: dict[str, Any], source: str) -> dict[str, Any] | None:
@@ -113,6 +131,9 @@ def group_row(
     sweeps = [results[n].sweep() for n in names]
     angles = [a for a in sweeps[0] if all(_is_number(s.get(a)) for s in sweeps)]
     extra = metas_[0].get("extra") or {}
+    planned = [(m.get("extra") or {}).get("comparison", {}).get("planned_seconds") for m in metas_]
+    loads = [m.get("load_average") for m in metrics]
+    busy = {n: found for n, m in zip(names, metrics) if (found := busy_run(m)) is not None}
     return ComparisonGroup(
         label,
         model=metas_[0].get("model_name"),
@@ -124,32 +145,51 @@ def group_row(
         train_seconds_std=_std(seconds) if seconds else None,
         accuracy={a: statistics.fmean(float(s[a]) for s in sweeps) for a in angles},
         std={a: _std([float(s[a]) for s in sweeps]) for a in angles},
-    )
+        budgeted_seconds=statistics.fmean(planned) if all(map(_is_number, planned)) else None,
+        busy=tuple(busy),
+        load_average=max((float(x) for pair in loads if isinstance(pair, list)
+                          for x in pair if _is_number(x)), default=None),
+    )  # fmt: skip
 
 
 def _equal_time(
     rows: dict[str, ComparisonGroup], equal: dict[str, ComparisonGroup], metas: dict
 ) -> ComparisonArm:
-    """The equal-time arm: the reference's row, then each baseline's with its time ratio."""
+    """The equal-time arm: the reference's row, then each baseline's with its budgeted and
+    measured time over the reference's; the tolerance judged on the budgeted times."""
     reference = _reference(rows, metas)
-    budgets = [
-        float(b)
-        for row in rows.values()
-        for n in row.names
-        if _is_number(b := comparison_meta(metas[n], n).get("time_budget_seconds"))
-    ]
-    budget = statistics.fmean(budgets) if budgets else None
+    budget = _mean_meta(rows, metas, "time_budget_seconds")
     if budget is None and reference in equal:
         budget = equal[reference].train_seconds
-    models = {reference: equal[reference]} if reference in equal else {}
+    budgeted = _mean_meta(rows, metas, "budgeted_seconds")
+    models = {}
+    if reference in equal:
+        models[reference] = dataclasses.replace(equal[reference], budgeted_seconds=budgeted)
     for label, row in rows.items():
         seconds = row.train_seconds
         ratio = seconds / budget if seconds is not None and budget else None
-        within = ratio is not None and abs(ratio - 1) <= TIME_TOLERANCE
-        models[label] = dataclasses.replace(row, time_ratio=ratio, within_tolerance=within)
+        planned = row.budgeted_seconds
+        budgeted_ratio = planned / budgeted if planned is not None and budgeted else None
+        judged = budgeted_ratio if budgeted_ratio is not None else ratio  # older runs: measured
+        within = judged is not None and abs(judged - 1) <= TIME_TOLERANCE
+        models[label] = dataclasses.replace(
+            row, time_ratio=ratio, within_tolerance=within, budgeted_ratio=budgeted_ratio
+        )
     return ComparisonArm(
-        "equal_time", models, reference, time_budget_seconds=budget, tolerance=TIME_TOLERANCE
-    )
+        "equal_time", models, reference, time_budget_seconds=budget, tolerance=TIME_TOLERANCE,
+        budgeted_seconds=budgeted,
+    )  # fmt: skip
+
+
+def _mean_meta(rows: dict[str, ComparisonGroup], metas: dict, key: str) -> float | None:
+    """The mean of the rows' checkpoints' comparison ``key`` (None where none records it)."""
+    found = [
+        float(value)
+        for row in rows.values()
+        for n in row.names
+        if _is_number(value := comparison_meta(metas[n], n).get(key))
+    ]
+    return statistics.fmean(found) if found else None
 
 
 def _reference(rows: dict[str, ComparisonGroup], metas: dict) -> str | None:

@@ -99,18 +99,21 @@ def epochs_text(value) -> str:
 # --- which entry fills a model's cell ----------------------------------------------------------
 
 
-#: A run whose accuracy on its own set is below this multiple of chance (1 / classes)
-#: learned nothing: a failed run, named apart and never averaged into a seed mean.
+#: A run whose accuracy on a set is below this multiple of chance (1 / classes) learned
+#: nothing there; one at or above ``LEARNED`` times chance learned. A seed at chance on its
+#: own set while another seed of its experiment learned is a failed run, named apart and
+#: never averaged into the seed mean.
 AT_CHANCE = 1.25
+LEARNED = 2.0
 
 
-def at_chance(entry: Entry, column: str) -> bool:
-    """Whether ``entry``'s accuracy on ``column`` is below ``AT_CHANCE`` times chance (False
+def at_chance(entry: Entry, column: str, multiple: float = AT_CHANCE) -> bool:
+    """Whether ``entry``'s accuracy on ``column`` is below ``multiple`` times chance (False
     where the column has no chance level or no number)."""
     from capsnet.data import registry
 
     chance, value = registry.chance(column), cell_value(entry, column)
-    return chance is not None and value is not None and value < AT_CHANCE * chance
+    return chance is not None and value is not None and value < multiple * chance
 
 
 def trained_for(column: str) -> str | None:

@@ -31,7 +31,7 @@ SECTIONS = (COMPARISON_KEY, VIEWPOINTS_KEY)
 #: The comparison's arms and the fields each writes before its "models", in file order.
 ARM_FIELDS = {
     "equal_augmentation": ("augment", "epochs", "reference"),
-    "equal_time": ("reference", "time_budget_seconds", "tolerance"),
+    "equal_time": ("reference", "time_budget_seconds", "budgeted_seconds", "tolerance"),
     "baseline_augmentation": (),
 }
 ARMS = tuple(ARM_FIELDS)
@@ -260,9 +260,13 @@ def _num(value: Any) -> float | None:
 @dataclass(frozen=True)
 class ComparisonGroup:
     """One model's seeds in a comparison arm (``label``: its key in the arm): accuracy mean
-    and sample std by angle key (None where not a number), the training time and, for a
-    baseline of the equal-time arm, its share of the budget (``within_tolerance`` None
-    elsewhere, and then neither is written)."""
+    and sample std by angle key (None where not a number), the measured training time, the
+    seeds that trained on a busy machine (``busy``, with the highest load average seen:
+    their measured time is not trustworthy) and, in the equal-time arm, the time the
+    step-cost rule budgets (``budgeted_seconds``: a step's cost x the steps). A baseline of
+    that arm has its budgeted and measured time over the reference's (``budgeted_ratio``,
+    ``time_ratio``) and ``within_tolerance``, judged on the budgeted ratio (None elsewhere,
+    and then none of the three is written)."""
 
     label: str
     model: str | None
@@ -276,6 +280,10 @@ class ComparisonGroup:
     std: dict[str, float | None]
     time_ratio: float | None = None
     within_tolerance: bool | None = None
+    budgeted_seconds: float | None = None
+    budgeted_ratio: float | None = None
+    busy: tuple[str, ...] = ()
+    load_average: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         row = {
@@ -289,8 +297,13 @@ class ComparisonGroup:
             "accuracy": dict(self.accuracy),
             "std": dict(self.std),
         }
+        if self.budgeted_seconds is not None:
+            row["budgeted_seconds"] = self.budgeted_seconds
+        if self.load_average is not None:
+            row.update(load_average=self.load_average, busy=list(self.busy))
         if self.within_tolerance is not None:
-            row.update(time_ratio=self.time_ratio, within_tolerance=self.within_tolerance)
+            row.update(time_ratio=self.time_ratio, budgeted_ratio=self.budgeted_ratio,
+                       within_tolerance=self.within_tolerance)  # fmt: skip
         return row
 
 
@@ -306,6 +319,7 @@ class ComparisonArm:
     epochs: float | None = None
     time_budget_seconds: float | None = None
     tolerance: float | None = None
+    budgeted_seconds: float | None = None  # the reference's step cost x its steps
 
     def to_dict(self) -> dict[str, Any]:
         own = {key: getattr(self, key) for key in ARM_FIELDS.get(self.name, ())}
@@ -334,10 +348,13 @@ def _comparison_group(label: str, g: dict) -> ComparisonGroup:
     within = g.get("within_tolerance")
     angles = {k: _num(v) for k, v in (g.get("accuracy") or {}).items()}
     stds = {k: _num(v) for k, v in (g.get("std") or {}).items()}
+    busy = tuple(str(n) for n in g.get("busy") or [] if isinstance(n, str))
     return ComparisonGroup(
         label, _text(g.get("model")), names, seeds, _text(g.get("augment")), _num(g.get("epochs")),
         _num(g.get("train_seconds")), _num(g.get("train_seconds_std")), angles, stds,
         _num(g.get("time_ratio")), within if isinstance(within, bool) else None,
+        _num(g.get("budgeted_seconds")), _num(g.get("budgeted_ratio")), busy,
+        _num(g.get("load_average")),
     )  # fmt: skip
 
 
@@ -347,6 +364,7 @@ def _comparison_arm(name: str, arm: dict) -> ComparisonArm:
     return ComparisonArm(
         name, groups, _text(arm.get("reference")), _text(arm.get("augment")),
         _num(arm.get("epochs")), _num(arm.get("time_budget_seconds")), _num(arm.get("tolerance")),
+        _num(arm.get("budgeted_seconds")),
     )  # fmt: skip
 
 

@@ -99,10 +99,11 @@ def aggregate_seeds(
     ``experiment_key``; without it, one experiment per model name): one seed-mean entry
     with the mean of every number, the deviations, the grouped result names (in the order
     of their ``seeds``) and their files. A seed at chance on its own test set (``own_sets``:
-    result name -> the column of the set it was trained on; ``headline.at_chance``) is a
-    failed run: listed in the entry's ``failed``, left out of the mean. It is named after
-    the model, or "<first name> (mean)" when that name is taken."""
-    from capsnet.evaluation.headline import at_chance
+    result name -> the column of the set it was trained on; ``headline.at_chance``) while
+    another seed learned there (``headline.LEARNED`` times chance) is a failed run: listed
+    in the entry's ``failed``, left out of the mean. It is named after the model, or
+    "<first name> (mean)" when that name is taken."""
+    from capsnet.evaluation.headline import LEARNED, at_chance
 
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
@@ -114,14 +115,17 @@ def aggregate_seeds(
         if len(names) < 2:
             continue
         names = sorted(names, key=lambda n: (seeds or {}).get(n, 0))
-        failed = tuple(n for n in names if at_chance(results[n], (own_sets or {}).get(n, "")))
-        names = [n for n in names if n not in failed]
-        if not names:
-            continue
+        own = {n: (own_sets or {}).get(n, "") for n in names}
+        learned = any(
+            results[n].value(own[n]) is not None and not at_chance(results[n], own[n], LEARNED)
+            for n in names
+        )
+        failed = tuple(n for n in names if learned and at_chance(results[n], own[n]))
+        first, names = names[0], [n for n in names if n not in failed]
         entries = [results[n] for n in names]
         key, i = model, 1
         while key in results or key in out:  # a checkpoint name, or another experiment's mean
-            key, i = (f"{names[0]} (mean)" if i == 1 else f"{names[0]} (mean {i})"), i + 1
+            key, i = (f"{first} (mean)" if i == 1 else f"{first} (mean {i})"), i + 1
         means, deviations = _mean_scores([e.scores for e in entries])
         out[key] = Entry(
             key, model, names=tuple(names), checkpoints=tuple(e.checkpoint for e in entries),

@@ -180,15 +180,22 @@ def step_costs(specs: list[RunSpec], split: Split) -> list[float]:
     return paired_step_costs(runs, step_clock)
 
 
+def training_steps(spec: RunSpec, train_items: int, epochs: int | None = None) -> int:
+    """The optimisation steps of ``epochs`` (default ``spec.train.epochs``) epochs of
+    ``train_items`` items in ``spec``'s batches (the last partial batch counted)."""
+    epochs = spec.train.epochs if epochs is None else epochs
+    return epochs * math.ceil(train_items / spec.train.batch_size)
+
+
 def equal_time_epochs(reference: RunSpec, baseline: RunSpec, costs: tuple[float, float],
                       train_items: int) -> int:  # fmt: skip
     """The epochs ``baseline`` trains for the training time of ``reference``'s
     ``reference.train.epochs`` epochs of ``train_items`` items, counted in steps of their
     costs ``costs`` = (reference's, baseline's) seconds per step (``step_costs``): the
     nearest whole number, at least 1."""
-    reference_steps = reference.train.epochs * math.ceil(train_items / reference.train.batch_size)
-    per_epoch = math.ceil(train_items / baseline.train.batch_size)
-    return max(1, round(reference_steps * costs[0] / (costs[1] * per_epoch)))
+    reference_seconds = training_steps(reference, train_items) * costs[0]
+    per_epoch = training_steps(baseline, train_items, epochs=1)
+    return max(1, round(reference_seconds / (costs[1] * per_epoch)))
 
 
 def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) -> Split:
