@@ -99,6 +99,15 @@ def at_chance_line(
     )  # fmt: skip
 
 
+def match_text(entry) -> str:
+    """A kind's verdict, the stage's: "0.40% <= 1.00%: matched" (familiar-error gap against
+    the tolerance, in test-error points)."""
+    gap, tolerance = percent(entry.gap), percent(entry.tolerance)
+    if entry.matched:
+        return f"{gap} ≤ {tolerance}: matched"
+    return f"{gap} > {tolerance}: not matched"
+
+
 def viewpoints_lines(section: Viewpoints | None) -> list[str]:
     """The smallNORB novel-viewpoint comparison (test error at matched familiar error)."""
     if section is None:
@@ -106,20 +115,23 @@ def viewpoints_lines(section: Viewpoints | None) -> list[str]:
     if section.skipped is not None:
         return [f"Novel smallNORB viewpoints: not run: {section.skipped.rstrip('.')}."]
     lines = [
-        "| novel viewpoints | model | familiar error | novel error | familiar gap |",
-        "|---|---|---|---|---|",
+        "| novel viewpoints | model | familiar error | novel error | target | familiar gap |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in section.kinds:
         if entry.skipped is not None:
-            lines.append(f"| {entry.kind} | skipped: {entry.skipped} | | | |")
+            lines.append(f"| {entry.kind} | skipped: {entry.skipped} | | | | |")
             continue
-        gap = percent(entry.gap) + ("" if entry.matched else " (not matched)")
+        target = percent(entry.target_familiar_error)
         for m in entry.models:
             paper = m.paper_novel_error
             cite = f" (Hinton 2018, real smallNORB: {percent(paper)})" if paper else ""
             novel = percent(m.novel_error) + cite
             familiar = percent(m.familiar_error)
-            lines.append(f"| {entry.kind} | {m.model} | {familiar} | {novel} | {gap} |")
+            lines.append(
+                f"| {entry.kind} | {m.model} | {familiar} | {novel} | {target} | "
+                f"{match_text(entry)} |"
+            )
     chance = viewpoints_at_chance(section)
     return lines + seeds_lines(section) + (["", chance] if chance else [])
 

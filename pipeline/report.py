@@ -28,7 +28,7 @@ from capsnet.io.files import atomic_write_text
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent
 from pipeline.paper import paper_number
-from pipeline.readme import seeds_lines, viewpoints_at_chance
+from pipeline.readme import match_text, seeds_lines, viewpoints_at_chance
 
 # --- HTML ---------------------------------------------------------------------------------------
 
@@ -198,14 +198,13 @@ def _viewpoints_table(section: Viewpoints | None) -> str:
         for m in entry.models:
             paper = m.paper_novel_error
             extra = f'<br><span class="paper">paper {percent(paper)}</span>' if paper else ""
-            match = "matched" if entry.matched else "not matched"
             epoch = "" if m.epoch is None else m.epoch
             rows.append(
                 f"<tr><td>{_e(kind)}</td><td>{_e(m.role)}</td><td>{_e(m.model)}</td>"
                 f"<td>{_e(epoch)}</td><td>{percent(m.familiar_error)}</td>"
                 f"<td>{percent(m.novel_error)}{extra}</td>"
                 f"<td>{percent(entry.target_familiar_error)}</td>"
-                f"<td>{percent(entry.gap)} ({match})</td></tr>"
+                f"<td>{_e(match_text(entry))}</td></tr>"
             )
     table = (
         '<table id="viewpoints"><tr><th>viewpoints</th><th>role</th><th>model</th>'

@@ -127,11 +127,12 @@ def epoch_label(epoch: float) -> int | float:
 def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str,
                   checks_per_epoch: int = 1):  # fmt: skip
     """Train ``spec`` through ``capsnet.training.run``; at ``checks_per_epoch`` evenly spaced
-    checks in every epoch, the last at its end, measure the error on tests["familiar"] and
-    tests["novel"]. Returns (RunResult, history, {epoch: CPU state_dict}) keeping the weights
-    of every check ``select_matched`` could choose (each new best familiar error,
-    ``candidate_epochs``); a check within an epoch has a fractional epoch (``epoch_label``)
-    and no training loss or accuracy."""
+    checks in every epoch, the last at its end, measure the error on tests["familiar"], and
+    on tests["novel"] at an epoch's end and at every check a match could choose (None at
+    the others: the novel error is never compared there). Returns (RunResult, history,
+    {epoch: CPU state_dict}) keeping the weights of every check ``select_matched`` could
+    choose (each new best familiar error, ``candidate_epochs``); a check within an epoch has
+    a fractional epoch (``epoch_label``) and no training loss or accuracy."""
     from capsnet.training.device import select_device
     from capsnet.training.run import train_run
 
@@ -145,7 +146,10 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str,
         nonlocal best
         started = time.perf_counter()
         familiar = _error(model, tests["familiar"], config.eval_batch_size, device)
-        novel = _error(model, tests["novel"], config.eval_batch_size, device)
+        candidate = familiar < best
+        novel = None  # measured where it can be compared: a candidate, or an epoch's end
+        if candidate or record is not None:
+            novel = _error(model, tests["novel"], config.eval_batch_size, device)
         epoch = epoch_label(epoch)
         entry: dict[str, Any] = {"epoch": epoch, "familiar_error": familiar, "novel_error": novel}
         if record is not None:
@@ -157,7 +161,7 @@ def train_tracked(spec, split, tests: Mapping[str, Any], log: Log, label: str,
             if "check_seconds" in record:
                 entry["check_seconds"] = float(record["check_seconds"])
         history.append(entry | {"eval_seconds": time.perf_counter() - started})
-        if familiar < best:  # a candidate for the match: keep a CPU copy of the weights
+        if candidate:  # a candidate for the match: keep a CPU copy of the weights
             best = familiar
             states[epoch] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         if record is not None:
@@ -301,10 +305,15 @@ def csv_text(kinds: Mapping[str, Mapping[str, Any]]) -> str:
                         model["model"],
                         record["epoch"],
                         f"{record['familiar_error']:.6f}",
-                        f"{record['novel_error']:.6f}",
+                        _csv_number(record.get("novel_error")),
                     ]
                 )
     return buffer.getvalue()
+
+
+def _csv_number(value) -> str:
+    """A CSV cell: the error to 6 places, empty where it was not measured."""
+    return "" if value is None else f"{value:.6f}"
 
 
 def write_disabled(out_dir: str | Path, reason: str) -> Path:

@@ -216,12 +216,17 @@ def test_params_defaults_and_errors(tmp_path):
         "viewpoints:\n  epochs: many\n": "viewpoints.epochs: expected",
         "viewpoints:\n  epochs: {cnn: 2}\n": "viewpoints.epochs.capsules: missing: name both",
         "viewpoints:\n  match: closest\n": "viewpoints.match: 'closest' unknown",
+        "viewpoints:\n  test_limit: 300\n  tolerance: 0.003\n": (
+            "viewpoints.tolerance: 0.003 is less than one of test_limit's 300 images"
+        ),
     }
     for text, fragment in cases.items():
         with pytest.raises(ConfigError) as info:
             config.load(write_params(tmp_path / "p.yaml", text))
         message = str(info.value)
         assert fragment in message and "\n" not in message, (text, message)
+    one_image = "viewpoints:\n  test_limit: 300\n  tolerance: 0.0034\n"  # just above 1/300
+    assert config.load(write_params(tmp_path / "p.yaml", one_image)).viewpoints.tolerance == 0.0034
 
 
 def test_default_run_trains_the_capsules_as_measured_to_learn(tmp_path):
@@ -566,14 +571,21 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
         assert entry["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind]
         for role in ("capsules", "cnn"):
             m = entry["models"][role]
-            assert (m["familiar_n"], m["novel_n"]) == (24, 30)
+            # the stage's test images (all of them here), not evaluate.limit's 30
+            sizes = (trained["familiar_test_size"], trained["novel_test_size"])
+            assert (m["familiar_n"], m["novel_n"]) == sizes and sizes[1] > 30
             assert m["paper_novel_error"] == viewpoints.PAPER_NOVEL_ERROR[kind][role]
             chosen = trained["selection"]["models"][role]
             assert m["epoch"] == chosen["epoch"]
-            # the familiar subset is smaller than the limit: the same 24 images as training
             assert m["familiar_error"] == pytest.approx(chosen["familiar_error"])
+            assert m["novel_error"] == pytest.approx(chosen["novel_error"])
+        # one verdict: the stage's gap, tolerance and match; the re-score agrees with it
+        selection = trained["selection"]
+        assert (entry["gap"], entry["tolerance"]) == (selection["gap"], selection["tolerance"])
+        assert entry["matched"] is selection["matched"]
         errors = [entry["models"][r]["familiar_error"] for r in ("capsules", "cnn")]
-        assert entry["gap"] == pytest.approx(abs(errors[0] - errors[1]))
+        assert entry["rescored_gap"] == pytest.approx(abs(errors[0] - errors[1]))
+        assert entry["rescored_gap"] == pytest.approx(selection["gap"])
     assert "novel viewpoints (smallNORB)" in cli.stdout
     assert "azimuth" in cli.stdout and "elevation" in cli.stdout
     assert "Azimuth, over 2 seeds (mean ± std of test error): em-capsnet-small" in cli.stdout

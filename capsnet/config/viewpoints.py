@@ -136,6 +136,12 @@ class ViewpointsParams(Section):
         check_schedule(self)
         if not 0 <= self.tolerance <= 1:
             raise Invalid("tolerance", f"must be in [0, 1], got {self.tolerance}")
+        if self.test_limit is not None and self.tolerance * self.test_limit < 1:
+            raise Invalid(
+                "tolerance",
+                f"{self.tolerance:g} is less than one of test_limit's {self.test_limit} images "
+                f"({1 / self.test_limit:.4g}): a gap is a whole number of images",
+            )
         if not self.out_dir:
             raise Invalid("out_dir", "must name a directory")
 

@@ -202,7 +202,8 @@ class ViewpointKind:
     """The comparison on novel azimuths or elevations for one seed, or why it was skipped.
     ``kind``: the key of viewpoints.json (``azimuth``, or ``azimuth@seed1`` for a later
     seed); ``selection``: the choice made at training time
-    (``capsnet.evaluation.viewpoint_matching``)."""
+    (``capsnet.evaluation.viewpoint_matching``), whose target, gap and verdict the kind
+    carries: one verdict per kind, the stage's."""
 
     kind: str
     skipped: str | None = None
@@ -214,6 +215,7 @@ class ViewpointKind:
     selection: dict[str, Any] | None = None
     paper_novel_error: dict[str, float] | None = None
     seed: int | None = None
+    rescored_gap: float | None = None  # the evaluate stage's re-score on the same images
 
     @property
     def viewpoints(self) -> str:
@@ -230,6 +232,7 @@ class ViewpointKind:
             "gap": self.gap,
             "tolerance": self.tolerance,
             "matched": self.matched,
+            **({} if self.rescored_gap is None else {"rescored_gap": self.rescored_gap}),
             "selection": copy.deepcopy(self.selection),
             "paper_novel_error": copy.deepcopy(self.paper_novel_error),
         }
@@ -512,6 +515,7 @@ def _viewpoint_kind(where: str, kind: str, data: Any) -> ViewpointKind:
         selection=_optional(where, data, "selection", dict),
         paper_novel_error=_optional(where, data, "paper_novel_error", dict),
         seed=_optional(where, data, "seed", int),
+        rescored_gap=_optional(where, data, "rescored_gap", number),
     )
 
 

@@ -24,10 +24,12 @@ def evaluate_viewpoints(
 ) -> Viewpoints:
     """The section from ``capsnet viewpoints``'s output directory.
 
-    For each kind, both selected checkpoints are evaluated on the familiar and the novel
-    test subsets (``params.limit`` applies), with the familiar-error gap, whether it is
-    within the selection's tolerance, the selection made at training time and the paper's
-    novel errors. The section is skipped, with the reason, when the experiment did not run
+    The match is decided once, by the stage, on its test images: each kind's target,
+    gap and verdict are the stage's selection. Both selected checkpoints are scored again
+    on the same images (the stage's ``test_limit`` first familiar and novel test images,
+    not ``params.limit``), so the errors shown are the ones the verdict was made on; a
+    re-score that differs from the stage's numbers is recorded (``rescored_gap``) and
+    said in the log. The section is skipped, with the reason, when the experiment did not run
     (missing or switched-off directory), and so is a kind whose test data is unavailable.
     ``figures`` (a ``FigureDrawer``) draws the per-epoch familiar and novel error curves.
     """
@@ -39,7 +41,7 @@ def evaluate_viewpoints(
         return Viewpoints(skipped=reason)
     if figures is not None:
         figures.viewpoints(payload)
-    data = TestSets(request)
+    data = TestSets(_stage_limit(request, payload))
     kinds: list[ViewpointKind] = []
     for kind, entry in payload["kinds"].items():
         request.say(f"viewpoints: evaluating {kind}")
@@ -51,10 +53,19 @@ def evaluate_viewpoints(
     return Viewpoints(rule, None, tuple(kinds), viewpoints.PAPER_NOTE)
 
 
+def _stage_limit(request: EvalRequest, payload: dict) -> EvalRequest:
+    """``request`` scoring the first ``viewpoints.test_limit`` test images the stage
+    measured on (all when it measured on all)."""
+    import dataclasses
+
+    limit = (payload.get("settings") or {}).get("test_limit")
+    return dataclasses.replace(request, params=dataclasses.replace(request.params, limit=limit))
+
+
 def _kind(
     folder: Path, kind: str, entry: dict, data: TestSets, request: EvalRequest
 ) -> ViewpointKind:
-    """One kind (azimuth, elevation): both selected models scored, and the error gap."""
+    """One kind (azimuth, elevation): the stage's verdict, both selected models scored."""
     from capsnet.evaluation import viewpoint_matching as viewpoints
 
     selection = entry["selection"]
@@ -65,18 +76,24 @@ def _kind(
         for role, info in entry["models"].items()
     )
     familiar = [m.familiar_error for m in models]
-    gap = max(familiar) - min(familiar)
-    tolerance = float(selection.get("tolerance", 0.0))
+    rescored_gap = max(familiar) - min(familiar)
+    chosen = [selection["models"][m.role]["familiar_error"] for m in models]
+    if any(abs(a - b) > 1e-9 for a, b in zip(familiar, chosen, strict=True)):
+        request.say(
+            f"viewpoints: {kind}: re-scored familiar errors {familiar} differ from the stage's "
+            f"{chosen} on the same images; the verdict stays the stage's"
+        )
     return ViewpointKind(
         kind,
         models=models,
         target_familiar_error=selection["target_familiar_error"],
-        gap=gap,
-        matched=bool(gap <= tolerance + 1e-12),
-        tolerance=tolerance,
-        selection=selection,  # at training time, on viewpoints.test_limit images
+        gap=float(selection["gap"]),
+        matched=bool(selection["matched"]),
+        tolerance=float(selection.get("tolerance", 0.0)),
+        selection=selection,  # the verdict, made at training time on the same images
         paper_novel_error=paper,
         seed=entry.get("seed"),
+        rescored_gap=rescored_gap,
     )
 
 

@@ -161,10 +161,15 @@ def viewpoint_curves(curves: dict[str, dict[str, list[dict]]], path) -> Path:
                 ("familiar_error", "-", "familiar"),
                 ("novel_error", "--", "novel"),
             ):
-                errors = [100 * float(r[field]) for r in history]
+                shown = [
+                    (e, 100 * float(r[field]))
+                    for e, r in zip(epochs, history, strict=True)
+                    if r.get(field) is not None
+                ]  # novel: not measured at every check
                 ax.plot(
-                    epochs, errors, style, color=colour, marker="o", ms=3, label=f"{model}, {what}"
-                )
+                    [e for e, _ in shown], [v for _, v in shown], style, color=colour,
+                    marker="o", ms=3, label=f"{model}, {what}",
+                )  # fmt: skip
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"novel {kind}s" + (f", {seed.replace('seed', 'seed ')}" if seed else ""))
         ax.set_xlabel("epoch")
