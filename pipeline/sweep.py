@@ -53,22 +53,6 @@ class SweepInterrupted(CapsnetError):
         self.experiment_path = experiment_path
 
 
-def restore_tuner(experiment_path: str, trainable, **options):
-    """``tune.Tuner.restore``; SweepError naming the state when it cannot be read (a
-    truncated or foreign tuner.pkl, a damaged experiment state)."""
-    from ray import tune
-
-    try:
-        return tune.Tuner.restore(experiment_path, trainable=trainable, **options)
-    except Exception as exc:  # whatever unpickling damaged state raises
-        from capsnet.cli.boundary import error_cause
-
-        raise SweepError(
-            f"{experiment_path}: the saved sweep state cannot be read ({error_cause(exc)}); "
-            "remove that directory to start the sweep afresh"
-        ) from exc
-
-
 @dataclass
 class SweepData:
     """What the driver sends every trial: the split and, for MNIST, the rotated
@@ -291,12 +275,12 @@ def _new_tuner(
     sweep: SweepConfig, trainable, name: str, storage: str, callbacks, mode: str, shared=None
 ):
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
 
-    scheduler = FIFOScheduler()
+    from pipeline.sweep_restore import CappedASHA, CappedFIFO, CappedVariantGenerator
+
+    scheduler = CappedFIFO()
     if sweep.asha.enabled:
-        scheduler = ASHAScheduler(
+        scheduler = CappedASHA(
             time_attr="epoch",
             max_t=sweep.epochs,
             grace_period=sweep.asha.grace_period,
@@ -316,10 +300,8 @@ def _new_tuner(
             mode="max",
             scheduler=scheduler,
             # sampled dimensions drawn from the sweep's seed: the same trials on every run;
-            # the generator holds the cap (Tune ignores max_concurrent_trials beside one)
-            search_alg=BasicVariantGenerator(
-                random_state=sweep.seed, max_concurrent=sweep.resources.max_concurrent_trials or 0
-            ),
+            # generator and scheduler hold the cap, set by run_sweep (cap_concurrency)
+            search_alg=CappedVariantGenerator(random_state=sweep.seed),
             num_samples=sweep.num_samples,
             reuse_actors=sweep.reuse_actors,
             trial_dirname_creator=trial_dirname,
@@ -357,6 +339,8 @@ def run_sweep(
     was interrupted; neither writes any output."""
     from ray import tune
 
+    from pipeline.sweep_restore import cap_concurrency, record_state, restore_tuner
+
     validate_space(sweep, base)
     mode = tracking.prepare_environment(sweep.wandb.mode)
     data = data if data is not None else load_data(sweep, base)
@@ -377,7 +361,11 @@ def run_sweep(
             else:
                 shared = tracking.sweep_run_config(sweep, base, data.split)
                 tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode, shared)
-            fitted = tuner.fit()
+            cap_concurrency(tuner, resources.max_concurrent_trials)
+            try:
+                fitted = tuner.fit()
+            finally:
+                record_state(experiment_path)
             expected = expected_trials(sweep.space, sweep.num_samples)
             unfinished = _unfinished_trials(experiment_path, trainable, expected)
             if unfinished or interrupted():
@@ -451,6 +439,7 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
     """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
     created yet. After an interrupt Tune stops the running trials and marks them
     TERMINATED in memory, but the state it saved first still has them RUNNING."""
+    from pipeline.sweep_restore import restore_tuner
 
     saved = restore_tuner(experiment_path, trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors
