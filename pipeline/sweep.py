@@ -241,8 +241,15 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
         "runtime_env": {"env_vars": {"WANDB_MODE": mode, "WANDB_SILENT": "true"}},
     }
     if address == "local":
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
-        ray_reaper.watch()  # its agents end with this process, even a SIGKILLed one
+        # watched from before ray.init: what Ray starts ends with this process, even one
+        # SIGKILLed while Ray is still starting
+        ray_reaper.watch()
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+        except BaseException:
+            ray.shutdown()
+            ray_reaper.stop()
+            raise
     else:
         connect(address, **options)
     return True

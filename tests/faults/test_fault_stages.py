@@ -183,6 +183,54 @@ def test_killing_the_sweep_driver_ends_its_local_ray(tmp_path, tally):
     assert not left
 
 
+#: A driver whose ``ray.init`` starts a process (standing for a Ray agent), then hangs.
+INIT_HANGS = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    import ray
+    from pipeline.sweep import _init_ray
+
+    def init(**options):
+        agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(sys.argv[1]).write_text(str(agent.pid))
+        time.sleep(600)
+
+    ray.init = init
+    _init_ray("local", 1, "disabled")
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_driver_killed_during_ray_init_leaves_nothing(tmp_path, tally):
+    """The reaper watches from before ``ray.init``: a driver SIGKILLed while Ray starts
+    leaves none of the processes Ray had started."""
+    pytest.importorskip("ray")
+    from pipeline.ray_reaper import INTERVAL, descendants, reap, running
+
+    started = tmp_path / "agent"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", INIT_HANGS, str(started)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    recorded: dict[int, int] = {}
+    try:
+        assert _wait_for(lambda: started.exists() and started.read_text(), 60), "no init"
+        agent = int(started.read_text())
+        recorded = {p: s for p, s in descendants(driver.pid).items() if p == agent}
+        assert recorded, "the agent is not the driver's"
+        time.sleep(3 * INTERVAL)  # a watching reaper has recorded it
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        ended = _wait_for(lambda: not running(recorded), 15)
+    finally:
+        driver.kill()
+        reap(recorded)  # the stand-in agent, if it outlived the driver
+    judge(tally, Outcome(137, "", False, hung=False), fault=True, killed=True)
+    assert ended, "the agent started during ray.init outlived its SIGKILLed driver"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_ray_shut_down_in_order_reaps_nothing():
     """ray_reaper.stop() (after ray.shutdown) ends the reaper and leaves the driver's other
