@@ -283,7 +283,12 @@ def _new_tuner(
 ):
     from ray import tune
 
-    from pipeline.sweep_restore import CappedASHA, CappedFIFO, CappedVariantGenerator
+    from pipeline.sweep_restore import (
+        CappedASHA,
+        CappedFIFO,
+        CappedVariantGenerator,
+        StateRecorder,
+    )
 
     scheduler = CappedFIFO()
     if sweep.asha.enabled:
@@ -293,7 +298,7 @@ def _new_tuner(
             grace_period=sweep.asha.grace_period,
             reduction_factor=sweep.asha.reduction_factor,
         )
-    callbacks = list(callbacks or [])
+    callbacks = [StateRecorder(f"{storage}/{name}"), *(callbacks or [])]
     wandb_callback = tracking.sweep_callback(
         sweep.wandb.project, sweep.name, mode, sweep.wandb.dir, shared
     )

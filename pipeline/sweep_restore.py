@@ -3,7 +3,8 @@
 Tune unpickles an experiment's state files (``tuner.pkl``, ``experiment_state-*.json``, the
 searcher's) when it restores one, so a planted file would run its code. ``record_state``
 writes the sha256 of every file at the top of the experiment directory to ``STATE_FILE``
-beside them (atomically, after every ``fit``); ``restore_tuner`` refuses to restore a
+beside them (atomically, after every snapshot Tune takes: ``StateRecorder``, and after every
+``fit``); ``restore_tuner`` refuses to restore a
 directory whose files differ from that record or that has none. Trial checkpoints are read
 with ``torch.load(weights_only=True)`` (pipeline/trainable.py), so they need no record.
 
@@ -19,6 +20,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from ray.tune import Callback
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
@@ -48,6 +50,36 @@ def record_state(experiment_path: str | os.PathLike) -> None:
     atomic_write_json(
         Path(experiment_path) / STATE_FILE, {"sha256": state_digests(experiment_path)}
     )
+
+
+class StateRecorder(Callback):
+    """``record_state`` after every experiment snapshot Tune takes (it snapshots at the end
+    of a step, before ``on_step_end``), so a driver killed between two resumes from its
+    last snapshot; the files are hashed only when their sizes or times changed."""
+
+    def __init__(self, experiment_path: str):
+        self.experiment_path = experiment_path
+        self._seen: dict[str, tuple[int, int]] | None = None
+
+    def _stats(self) -> dict[str, tuple[int, int]]:
+        directory = Path(self.experiment_path)
+        stats = {}
+        for name in foreign_entries(directory, {STATE_FILE}):
+            try:
+                found = (directory / name).stat()
+            except FileNotFoundError:
+                continue
+            stats[name] = (found.st_mtime_ns, found.st_size)
+        return stats
+
+    def on_step_end(self, iteration, trials, **info):
+        stats = self._stats()
+        if stats != self._seen:
+            record_state(self.experiment_path)
+            self._seen = stats
+
+    def __getstate__(self):
+        return {"experiment_path": self.experiment_path, "_seen": None}
 
 
 def verify_state(experiment_path: str | os.PathLike) -> None:

@@ -143,6 +143,28 @@ def test_a_planted_tuner_state_is_refused_unread(tmp_path, tally, plant):
     assert not ran.exists(), "the planted state was unpickled"
 
 
+def test_the_state_record_follows_every_snapshot_tune_takes(tmp_path):
+    """After each step whose snapshot changed the state files the record matches them, so
+    a driver killed between snapshots resumes; a file changed after it is refused."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from pipeline.sweep import SweepError
+    from pipeline.sweep_restore import StateRecorder, verify_state
+
+    state = tmp_path / "sweep-0123456789ab"
+    state.mkdir()
+    recorder = pickle.loads(pickle.dumps(StateRecorder(str(state))))  # as restored
+    for step in range(3):
+        (state / "tuner.pkl").write_bytes(pickle.dumps({"a": "tuner"}))
+        (state / f"experiment_state-{step}.json").write_text(f"{{'step': {step}}}")
+        recorder.on_step_end(iteration=step, trials=[])
+        verify_state(state)  # a SIGKILL here resumes from this snapshot
+    (state / "experiment_state-2.json").write_text("{'planted': 1}")
+    with pytest.raises(SweepError, match="differs"):
+        verify_state(state)
+
+
 @pytest.mark.parametrize("content", ["random", "truncated", "empty", "text"])
 def test_a_damaged_tuner_state_is_one_line(tmp_path, tally, content):
     pytest.importorskip("ray")
