@@ -230,6 +230,25 @@ def storage_root(storage: str) -> str:
     return str(tracking.workspace_path(storage))
 
 
+#: The address every server of a local Ray instance listens on: this machine alone.
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """Let ``ray.init(_node_ip_address=LOOPBACK)`` keep that address: Ray replaces a loopback
+    node address by the machine's own unless its cluster support is off (the switch it
+    keeps for Windows and macOS), and its servers listen on the node address."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     """Start or join Ray unless this process already did; True when this call did."""
     import ray
@@ -245,7 +264,9 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
         # SIGKILLed while Ray is still starting
         ray_reaper.watch()
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+            with _loopback_node():  # its gRPC ports reachable from this machine only
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                         _node_ip_address=LOOPBACK, **options)  # fmt: skip
         except BaseException:
             ray.shutdown()
             ray_reaper.stop()
