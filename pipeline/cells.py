@@ -5,9 +5,12 @@ report (pipeline/report.py) and the README table (pipeline/readme.py) use them."
 from __future__ import annotations
 
 import math
+import os
+from typing import Any
 
 from capsnet.data import registry
-from capsnet.evaluation.metrics import Entry
+from capsnet.evaluation.metrics import Entry, EvalResults, load_results, parse_results
+from pipeline.provenance import check_results_text
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
 TITLES = {
@@ -48,3 +51,12 @@ def paper_metric(column: str, entry: Entry) -> str:
     if registry.is_stand_in(column, entry.source(column.split("@")[0])):
         return ""  # a stand-in's data is never compared with the paper's
     return column
+
+
+def publishable(results: Any, path: str | os.PathLike = "metrics.json") -> EvalResults:
+    """metrics.json (its path, its content or typed) as the README and the report may print
+    it: ``load_results`` / ``parse_results``, then every string checked as plain text
+    (``pipeline.provenance.check_results_text``)."""
+    if isinstance(results, (str, os.PathLike)):
+        path, results = results, load_results(results)
+    return check_results_text(path, parse_results(results, path))

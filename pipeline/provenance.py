@@ -111,6 +111,53 @@ def check_origin(path: str | os.PathLike, origin: dict) -> dict[str, str | None]
     return {"git_commit": commit, "machine": where}
 
 
+#: What no published text may hold: a character that starts a tag, a comment (the README's
+#: markers) or a table cell, in Markdown or HTML ("<=" and ">=" are plain text).
+_TAG_OR_CELL = re.compile(r"<(?!=)|>(?!=)|\|")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot reach the README or the report as it is, or None."""
+    if not value.isprintable():
+        return "is not one printable line"
+    found = _TAG_OR_CELL.search(value)
+    if found is not None:
+        return f"holds {found.group(0)!r}, which would start markup"
+    return None
+
+
+def check_results_text(path: str | os.PathLike, results: Any) -> Any:
+    """``results`` (metrics.json typed, ``capsnet.evaluation.metrics``) when every string in
+    it, names and keys included, is plain text (``text_problem``); CapsnetError naming
+    ``path``, the field and the value otherwise. The one check of what the README and the
+    HTML report print from metrics.json."""
+    import dataclasses
+
+    from capsnet.io.errors import CapsnetError
+
+    def walk(value: Any, where: str) -> None:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for item in dataclasses.fields(value):
+                walk(getattr(value, item.name), f"{where}/{item.name}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key, f"{where} (a key)")
+                walk(item, f"{where}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{where}/{index}")
+        elif isinstance(value, str):
+            problem = text_problem(value)
+            if problem is not None:
+                raise CapsnetError(
+                    f"{path}: {where.lstrip('/') or 'a name'} {_shown(value)} {problem}; "
+                    "rename it or rerun the evaluate stage"
+                )
+
+    walk(results, "")
+    return results
+
+
 def _shown(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=True)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -27,11 +27,11 @@ from capsnet.evaluation.metrics import (
     COMPARISON_KEY,
     Comparison,
     EvalResults,
-    load_results,
     parse_results,
 )
 from capsnet.io.outputset import OutputSet, refuse_read_only
 from pipeline import comparison_text, provenance, readme, report, tracking
+from pipeline.cells import publishable
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
@@ -269,7 +269,7 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     the runs. Returns what was published (the content of published.json)."""
     settings = params.publish
     say = log or (lambda line: None)
-    results = load_results(metrics_path)
+    results = publishable(metrics_path)
     paths = output_paths(settings)
     for name, path in paths.items():
         refuse_read_only(path, f"{path} (publish {name})")

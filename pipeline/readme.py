@@ -20,16 +20,14 @@ from capsnet.evaluation.metrics import (
     Entry,
     EvalResults,
     Viewpoints,
-    load_results,
     model_picks,
-    parse_results,
     table_columns,
 )
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import atomic_write_text, check_input
 from capsnet.io.outputset import refuse_read_only
 from pipeline import comparison_text
-from pipeline.cells import column_title, paper_metric, percent
+from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import SOURCES_LINE, paper_number
 
 BEGIN = "<!-- results:begin -->"
@@ -172,7 +170,7 @@ def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:
     over seeds where there are seeds), the paper's number in brackets, where each cell
     comes from, the seeds' comparison and the novel-viewpoint comparison. ``metrics`` is
     metrics.json typed (``load_results``) or its content, checked here."""
-    metrics = parse_results(metrics)
+    metrics = publishable(metrics)
     entries = metrics.main_entries()
     columns = table_columns(entries, angle)
     titles = {c: column_title(c, entries) for c in columns}
@@ -260,7 +258,7 @@ def update_readme(
 ) -> bool:
     """Rewrite ``readme``'s results block from ``metrics`` (atomically); whether it changed."""
     text = read_document(readme)
-    new = replace_block(text, block(load_results(metrics), figure, origin), readme)
+    new = replace_block(text, block(publishable(metrics), figure, origin), readme)
     if new == text:
         return False
     atomic_write_text(readme, new)

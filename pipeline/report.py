@@ -19,14 +19,12 @@ from capsnet.evaluation.metrics import (
     Entry,
     EvalResults,
     Viewpoints,
-    load_results,
     model_picks,
-    parse_results,
     table_columns,
 )
 from capsnet.io.files import atomic_write_text
 from pipeline import comparison_text
-from pipeline.cells import column_title, paper_metric, percent
+from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import paper_number
 from pipeline.readme import match_text, seeds_lines, viewpoints_at_chance
 
@@ -441,7 +439,7 @@ def render_html(
     """The report as one HTML string: tables, and every figures/*.png inline (base64).
     ``results`` is metrics.json typed (``load_results``) or its content, checked here;
     ``sweeps`` maps each sweep's results.csv path to its rows (``read_sweeps``)."""
-    results = parse_results(results)
+    results = publishable(results)
     figures = sorted(Path(fig_dir).glob("*.png")) if fig_dir and Path(fig_dir).is_dir() else []
     order = list(FIGURE_CAPTIONS)
     figures.sort(
@@ -508,7 +506,7 @@ def write_report(
     title: str = "capsnet-pipeline evaluation",
 ) -> Path:
     """Write the self-contained report for ``metrics`` to ``out`` atomically."""
-    results = load_results(metrics)
+    results = publishable(metrics)
     fig_dir = fig_dir if fig_dir is not None else Path(metrics).parent / "figures"
     sweeps = read_sweeps([sweep_csv]) if sweep_csv is not None else {}
     text = render_html(results, fig_dir, sweeps, title)

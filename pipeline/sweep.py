@@ -53,22 +53,6 @@ class SweepInterrupted(CapsnetError):
         self.experiment_path = experiment_path
 
 
-def restore_tuner(experiment_path: str, trainable, **options):
-    """``tune.Tuner.restore``; SweepError naming the state when it cannot be read (a
-    truncated or foreign tuner.pkl, a damaged experiment state)."""
-    from ray import tune
-
-    try:
-        return tune.Tuner.restore(experiment_path, trainable=trainable, **options)
-    except Exception as exc:  # whatever unpickling damaged state raises
-        from capsnet.cli.boundary import error_cause
-
-        raise SweepError(
-            f"{experiment_path}: the saved sweep state cannot be read ({error_cause(exc)}); "
-            "remove that directory to start the sweep afresh"
-        ) from exc
-
-
 @dataclass
 class SweepData:
     """What the driver sends every trial: the split and, for MNIST, the rotated
@@ -246,6 +230,25 @@ def storage_root(storage: str) -> str:
     return str(tracking.workspace_path(storage))
 
 
+#: The address every server of a local Ray instance listens on: this machine alone.
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """Let ``ray.init(_node_ip_address=LOOPBACK)`` keep that address: Ray replaces a loopback
+    node address by the machine's own unless its cluster support is off (the switch it
+    keeps for Windows and macOS), and its servers listen on the node address."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
     """Start or join Ray unless this process already did; True when this call did."""
     import ray
@@ -257,8 +260,17 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
         "runtime_env": {"env_vars": {"WANDB_MODE": mode, "WANDB_SILENT": "true"}},
     }
     if address == "local":
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
-        ray_reaper.watch()  # its agents end with this process, even a SIGKILLed one
+        # watched from before ray.init: what Ray starts ends with this process, even one
+        # SIGKILLed while Ray is still starting
+        ray_reaper.watch()
+        try:
+            with _loopback_node():  # its gRPC ports reachable from this machine only
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                         _node_ip_address=LOOPBACK, **options)  # fmt: skip
+        except BaseException:
+            ray.shutdown()
+            ray_reaper.stop()
+            raise
     else:
         connect(address, **options)
     return True
@@ -291,18 +303,23 @@ def _new_tuner(
     sweep: SweepConfig, trainable, name: str, storage: str, callbacks, mode: str, shared=None
 ):
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
 
-    scheduler = FIFOScheduler()
+    from pipeline.sweep_restore import (
+        CappedASHA,
+        CappedFIFO,
+        CappedVariantGenerator,
+        StateRecorder,
+    )
+
+    scheduler = CappedFIFO()
     if sweep.asha.enabled:
-        scheduler = ASHAScheduler(
+        scheduler = CappedASHA(
             time_attr="epoch",
             max_t=sweep.epochs,
             grace_period=sweep.asha.grace_period,
             reduction_factor=sweep.asha.reduction_factor,
         )
-    callbacks = list(callbacks or [])
+    callbacks = [StateRecorder(f"{storage}/{name}"), *(callbacks or [])]
     wandb_callback = tracking.sweep_callback(
         sweep.wandb.project, sweep.name, mode, sweep.wandb.dir, shared
     )
@@ -316,10 +333,8 @@ def _new_tuner(
             mode="max",
             scheduler=scheduler,
             # sampled dimensions drawn from the sweep's seed: the same trials on every run;
-            # the generator holds the cap (Tune ignores max_concurrent_trials beside one)
-            search_alg=BasicVariantGenerator(
-                random_state=sweep.seed, max_concurrent=sweep.resources.max_concurrent_trials or 0
-            ),
+            # generator and scheduler hold the cap, set by run_sweep (cap_concurrency)
+            search_alg=CappedVariantGenerator(random_state=sweep.seed),
             num_samples=sweep.num_samples,
             reuse_actors=sweep.reuse_actors,
             trial_dirname_creator=trial_dirname,
@@ -357,6 +372,8 @@ def run_sweep(
     was interrupted; neither writes any output."""
     from ray import tune
 
+    from pipeline.sweep_restore import cap_concurrency, record_state, restore_tuner
+
     validate_space(sweep, base)
     mode = tracking.prepare_environment(sweep.wandb.mode)
     data = data if data is not None else load_data(sweep, base)
@@ -377,7 +394,11 @@ def run_sweep(
             else:
                 shared = tracking.sweep_run_config(sweep, base, data.split)
                 tuner = _new_tuner(sweep, trainable, name, storage, callbacks, mode, shared)
-            fitted = tuner.fit()
+            cap_concurrency(tuner, resources.max_concurrent_trials)
+            try:
+                fitted = tuner.fit()
+            finally:
+                record_state(experiment_path)
             expected = expected_trials(sweep.space, sweep.num_samples)
             unfinished = _unfinished_trials(experiment_path, trainable, expected)
             if unfinished or interrupted():
@@ -451,6 +472,7 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
     """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
     created yet. After an interrupt Tune stops the running trials and marks them
     TERMINATED in memory, but the state it saved first still has them RUNNING."""
+    from pipeline.sweep_restore import restore_tuner
 
     saved = restore_tuner(experiment_path, trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors

@@ -361,6 +361,7 @@ class _Trainer:
                 "epochs": len(result.history),
                 "train_images": result.train_images,
                 **measured,
+                **result.compile,
             }
             if wandb_run is not None:
                 numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}

@@ -153,6 +153,7 @@ def train_trial(
             "node": node,
             "device": device_label(device),
             "peak_gpu_memory_mb": peak_gpu_memory_mb(device),
+            **{k: record[k] for k in ("compiled", "compile_fallback") if k in record},
         }
         epoch, last = record["epoch"], record["epoch"] >= spec.train.epochs
         if epoch % checkpoint_every and not last:

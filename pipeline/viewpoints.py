@@ -103,9 +103,11 @@ def check_models(settings) -> None:
     for role in ("capsules", "cnn"):
         name = settings.model_name(role)
         try:
-            models.spec(name)
+            wrong = models.role_problem(name, role)
         except ConfigError as exc:
             raise ConfigError(f"params: viewpoints.{role}: {exc}") from None
+        if wrong is not None:
+            raise ConfigError(f"params: viewpoints.{role}: {wrong}")
         try:
             models.make_config(name, (1, 32, 5), **getattr(settings.overrides, role))
         except ConfigError as exc:

@@ -12,6 +12,7 @@ import yaml
 from comparisonhelpers import seeded_results
 
 from capsnet import config
+from capsnet.evaluation.metrics import model_picks, parse_results
 from capsnet.io.errors import CapsnetError
 from pipeline import readme
 
@@ -311,8 +312,8 @@ def test_a_run_at_chance_is_named_under_the_table():
     for name in names:
         committed[name]["smallnorb"]["accuracy"] = 0.6
     assert "smallnorb-cnn" not in readme.at_chance_line(
-        readme.parse_results(committed),
-        readme.model_picks(readme.parse_results(committed).main_entries(), ["smallnorb"]),
+        parse_results(committed),
+        model_picks(parse_results(committed).main_entries(), ["smallnorb"]),
         {},
     )
     committed[names[1]]["smallnorb"]["accuracy"] = 0.21  # 5 classes: chance 20%

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from capsnet.evaluation import plots as figures
+from capsnet.evaluation.metrics import load_results, parse_results
 from capsnet.io.errors import CapsnetError
 from pipeline import report
 
@@ -80,11 +81,11 @@ def test_report_html_is_self_contained(eval_dir, tmp_path):
 
 def test_load_results_errors(tmp_path):
     with pytest.raises(CapsnetError, match="not found"):
-        report.load_results(tmp_path / "none.json")
+        load_results(tmp_path / "none.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(CapsnetError, match="not valid JSON"):
-        report.load_results(bad)
+        load_results(bad)
 
 
 PROBE = """<script>
@@ -305,7 +306,7 @@ def test_report_shows_one_checkpoint_per_model_and_training_set_and_says_what_it
     stems += ["perturbation-capsnet-small_seed1", "confusion-lenet5_equal-time", "mine"]
     for stem in stems:
         figures.image_grid([torch.rand(1, 1, 4, 4)], figs / f"{stem}.png")
-    results = report.parse_results(seeded)
+    results = parse_results(seeded)
     assert report.shown_checkpoints(results) == ["capsnet-small", "lenet5"]
     page = report.render_html(results, figs)
     shown = re.findall(r'<img src="data:image/png;base64,[^"]*" alt="([^"]*)"', page)
@@ -324,7 +325,7 @@ def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_ro
     committed = repo_root / params.publish.html
     if not committed.is_file():
         pytest.skip(f"no committed {params.publish.html}")
-    results = report.load_results(repo_root / out_dir / "metrics.json")
+    results = load_results(repo_root / out_dir / "metrics.json")
     monkeypatch.chdir(repo_root)  # the figures folder named as publish names it: relative
     sweeps = report.read_sweeps(report.sweep_paths(params.publish))
     page = report.render_html(results, out_dir / "figures", sweeps)

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 from clihelpers import invoke_cli
@@ -9,7 +11,7 @@ from capsnet.models import checkpoint
 from capsnet.nn import losses
 from capsnet.training import scoring as evaluate
 from capsnet.training.device import mark_step, select_device
-from capsnet.training.fit import TrainConfig, check_steps, compute_loss, fit
+from capsnet.training.fit import TrainConfig, check_steps, compile_record, compute_loss, fit
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +318,33 @@ def test_compile_switches_on_compiled_routing_of_models_that_have_it(monkeypatch
     )
     assert len(history) == 1 and history[0]["train_loss"] > 0
     assert any(not torch.equal(before[k], v) for k, v in lenet.state_dict().items())  # trained
+
+
+@pytest.mark.parametrize("compiles", [True, False])
+def test_the_history_records_whether_routing_ran_compiled(monkeypatch, compiles):
+    """A run asking for compiled routing records in every epoch what ran: compiled, or
+    eager with the error that made it fall back (the checkpoint's metrics carry both)."""
+    import capsnet.nn.routing.em as em
+
+    def steps(device_type):
+        if not compiles:
+            raise OSError("no C++ compiler")
+        return em.em_step, em.em_last_step  # what compiled_steps compiles, run eagerly
+
+    monkeypatch.setattr(em, "compiled_steps", steps)
+    model = models.build("em-capsnet-small", A=8, B=4, C=4, D=4, input_size=24, num_classes=5)
+    data = TensorImageDataset(torch.zeros(4, 1, 24, 24, dtype=torch.uint8), torch.arange(4) % 5)
+    config = TrainConfig(epochs=2, batch_size=4, compile=True, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        history = fit(model, data, None, config)
+    ran = [{k: r[k] for k in ("compiled", "compile_fallback") if k in r} for r in history]
+    expected = {"compiled": True} if compiles else {
+        "compiled": False, "compile_fallback": "OSError: no C++ compiler"}  # fmt: skip
+    assert ran == [expected, expected]
+    assert compile_record(model, config) == expected
+    eager = fit(model, data, None, TrainConfig(epochs=1, batch_size=4, progress=False))
+    assert "compiled" not in eager[0]  # nothing asked to compile: nothing recorded
 
 
 def compiling_in_process():

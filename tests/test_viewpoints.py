@@ -328,6 +328,46 @@ def test_unknown_model_or_override_fails_before_any_data(tmp_path):
     )
 
 
+def test_a_model_in_the_other_role_fails_before_any_data(tmp_path):
+    """The registry says which models are capsule networks: a CNN named as the capsules
+    role (or capsules as the CNN) is refused, naming the params key and the model."""
+    on = "data:\n  smallnorb: {enabled: true}\n"
+    swapped = "viewpoints:\n  capsules: smallnorb-cnn\n  cnn: em-capsnet-small\n"
+    params = write_params(tmp_path / "p.yaml", on + swapped)
+    assert_one_line_error(
+        invoke_cli("viewpoints", "--params", str(params), "--data-root", str(tmp_path)),
+        "viewpoints.capsules",
+        "smallnorb-cnn",
+    )
+
+
+def test_swapped_viewpoint_checkpoints_are_refused_naming_file_and_role(tmp_path):
+    """The evaluate stage scores each checkpoint in the role viewpoints.json gives it only
+    when its model fits that role: swapped files fail in one line naming file and role."""
+    from capsnet.io.errors import CheckpointError
+
+    out = tmp_path / "models-viewpoints"
+    caps = models.build("em-capsnet-small", in_channels=1, input_size=32, num_classes=5,
+                        **TINY["capsules"])  # fmt: skip
+    cnn = models.build("smallnorb-cnn", in_channels=1, input_size=32, num_classes=5,
+                       **TINY["cnn"])  # fmt: skip
+    checkpoint.save(out / "azimuth" / "em-capsnet-small.pt", caps)
+    checkpoint.save(out / "azimuth" / "smallnorb-cnn.pt", cnn)
+    selection = {"target_familiar_error": 0.1, "tolerance": 0.5, "models": {}}
+    swapped = {  # each role names the other model's file
+        "capsules": {"checkpoint": "azimuth/smallnorb-cnn.pt"},
+        "cnn": {"checkpoint": "azimuth/em-capsnet-small.pt"},
+    }
+    payload = {"kinds": {"azimuth": {"kind": "azimuth", "selection": selection,
+                                     "models": swapped}}}  # fmt: skip
+    (out / "viewpoints.json").write_text(json.dumps(payload))
+    with pytest.raises(CheckpointError) as raised:
+        evaluation.evaluate_viewpoints(out, evaluation.EvalRequest())
+    message = str(raised.value)
+    assert "\n" not in message
+    assert str(out / "azimuth" / "smallnorb-cnn.pt") in message and "capsules role" in message
+
+
 # --- switched off ------------------------------------------------------------------------------
 
 

@@ -304,6 +304,7 @@ def _run_metrics(spec, result, test_limit: int | None) -> dict:
         "seconds_per_epoch": round(sum(r["seconds"] for r in history) / len(history), 3),
         "val_accuracy": history[-1].get("val_accuracy"),
         spec.dataset: scored,
+        **result.compile,
         "history": history,
     }
 

@@ -73,6 +73,7 @@ from capsnet.config.trace import trace
 from capsnet.config.viewpoints import (
     DATA_FIELDS,
     KINDS,
+    ROLE_CAPSULES,
     ROLES,
     PerModelCount,
     PerModelEpochs,
@@ -95,6 +96,7 @@ __all__ = [
     "LOSSES",
     "POSES",
     "ROLES",
+    "ROLE_CAPSULES",
     "SEARCHABLE",
     "SEARCHABLE_TYPES",
     "SECTIONS",

@@ -16,6 +16,8 @@ Kind = Literal["azimuth", "elevation"]
 MatchRule = Literal["first", "nearest"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
 ROLES: tuple[str, ...] = ("capsules", "cnn")
+#: Whether each role's model must be a capsule network (the registry's ``capsules``).
+ROLE_CAPSULES: dict[str, bool] = {"capsules": True, "cnn": False}
 DATA_FIELDS = ("in_channels", "input_size", "num_classes")  # set by the data, never by params
 
 

@@ -15,7 +15,7 @@ from capsnet.evaluation.metrics import (
     Viewpoints,
 )
 from capsnet.evaluation.request import EvalRequest
-from capsnet.io.errors import DataError
+from capsnet.io.errors import CheckpointError, DataError
 from capsnet.training import scoring as evaluate
 
 
@@ -101,9 +101,13 @@ def _scored(
     path: Path, role: str, kind: str, paper: float | None, data: TestSets, request: EvalRequest
 ) -> ViewpointModel:
     """A selected checkpoint's error on the familiar and the novel subset of ``kind``."""
+    from capsnet import models
     from capsnet.models import checkpoint
 
     model, meta = checkpoint.load(path, map_location="cpu")
+    wrong = models.role_problem(meta["model_name"], role)
+    if wrong is not None:
+        raise CheckpointError(f"{path}: {wrong}")
     request.place(model)
     scores: dict[str, Any] = {}
     try:

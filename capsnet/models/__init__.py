@@ -50,20 +50,22 @@ class ModelSpec(NamedTuple):
     config_cls: type
     defaults: dict[str, Any]
     description: str
+    capsules: bool  # a capsule network (routes between capsules), not a conventional one
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
 
 def register(
-    name: str, config_cls: type, description: str = "", **defaults: Any
+    name: str, config_cls: type, description: str = "", *, capsules: bool, **defaults: Any
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator (may be stacked) registering a model under ``name``."""
+    """Class decorator (may be stacked) registering a model under ``name``; ``capsules``
+    says whether it is a capsule network."""
 
     def wrap(model_cls: type[nn.Module]) -> type[nn.Module]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = ModelSpec(name, model_cls, config_cls, defaults, description)
+        _REGISTRY[name] = ModelSpec(name, model_cls, config_cls, defaults, description, capsules)
         return model_cls
 
     return wrap
@@ -80,6 +82,18 @@ def spec(name: str) -> ModelSpec:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(names())}")
     return _REGISTRY[name]
+
+
+def role_problem(name: str, role: str) -> str | None:
+    """Why model ``name`` cannot fill the viewpoint ``role`` (config ``ROLE_CAPSULES``: the
+    capsules role takes a capsule network, the cnn role a conventional one), or None."""
+    from capsnet.config import ROLE_CAPSULES
+
+    capsules = spec(name).capsules
+    if capsules == ROLE_CAPSULES[role]:
+        return None
+    what = "a capsule network" if capsules else "not a capsule network"
+    return f"model {name!r} is {what}, so it cannot be the {role} role"
 
 
 def config_fields(name: str) -> set[str]:

@@ -29,7 +29,9 @@ class LeNet5Config:
             raise ValueError(f"input_size must be >= 12 for LeNet5, got {self.input_size}")
 
 
-@register("lenet5", LeNet5Config, "LeNet5: conv 6@5x5, pool, conv 16@5x5, pool, FC 120-84")
+@register(
+    "lenet5", LeNet5Config, "LeNet5: conv 6@5x5, pool, conv 16@5x5, pool, FC 120-84", capsules=False
+)
 class LeNet5(nn.Module):
     default_loss = "cross-entropy"
 
@@ -68,7 +70,12 @@ class BaselineCNNConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 
-@register("baseline-cnn", BaselineCNNConfig, "Sabour et al. baseline: conv 256-256-128, FC 328-192")
+@register(
+    "baseline-cnn",
+    BaselineCNNConfig,
+    "Sabour et al. baseline: conv 256-256-128, FC 328-192",
+    capsules=False,
+)
 class BaselineCNN(nn.Module):
     """Three 5x5 'same' convolutions without pooling, two FC layers, dropout, classifier."""
 

@@ -58,11 +58,14 @@ class CapsNetConfig:
         return self.primary_types * self.primary_grid**2
 
 
-@register("capsnet", CapsNetConfig, "Sabour et al. 2017 CapsNet (3 routing iterations)")
+@register(
+    "capsnet", CapsNetConfig, "Sabour et al. 2017 CapsNet (3 routing iterations)", capsules=True
+)
 @register(
     "capsnet-small",
     CapsNetConfig,
     "CapsNet with 64 conv channels and 8 primary types (for CPU runs)",
+    capsules=True,
     conv_channels=64,
     primary_types=8,
     decoder_hidden=(256, 512),
@@ -128,6 +131,10 @@ class CapsNet(nn.Module):
         device = next(self.parameters()).device
         self.compile(mode=self.COMPILE_MODES.get(device.type, "default"))
         return self
+
+    def compile_fallback(self) -> str | None:
+        """None: a compile error is raised, never run around (``EMCapsNet``'s falls back)."""
+        return None
 
     def reconstruct(self, poses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The decoder's image of each labelled class capsule: poses (B, K, D) with labels

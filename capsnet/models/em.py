@@ -117,11 +117,13 @@ PIXEL_CENTRE_FIRST, PIXEL_CENTRE_STEP = 8.0, 4.0
     "em-capsnet",
     EMCapsNetConfig,
     "Matrix capsules, EM routing, A=B=C=D=32 (Hinton et al. 2018)",
+    capsules=True,
 )
 @register(
     "em-capsnet-small",
     EMCapsNetConfig,
     "Matrix capsules, EM routing, small variant A=64, B=8, C=D=16",
+    capsules=True,
     A=64,
     B=8,
     C=16,
@@ -163,8 +165,12 @@ class EMCapsNet(nn.Module):
         where torch.compile cannot build kernels. The class capsules (one small group per
         image) stay eager: their graphs would push the steps past dynamo's recompile limit."""
         for layer in (self.caps1, self.caps2):
-            layer.compiled = enabled
+            layer.compiled, layer.fallback = enabled, None
         return self
+
+    def compile_fallback(self) -> str | None:
+        """Why compiled routing fell back to eager (the first layer's error), or None."""
+        return next((f for f in (self.caps1.fallback, self.caps2.fallback) if f), None)
 
     def coordinate_offsets(self, h: int, w: int, image_h: int, image_w: int, device):
         """(h, w, 2) scaled (row, col) of the ClassCaps input grid cells, on ``device``
@@ -211,6 +217,7 @@ class SmallNORBCNNConfig:
     "smallnorb-cnn",
     SmallNORBCNNConfig,
     "smallNORB baseline CNN: conv 32@5x5+pool, conv 64@5x5+pool, FC 1024, dropout",
+    capsules=False,
 )
 class SmallNORBCNN(nn.Module):
     """The EM paper's CNN baseline ('same' 5x5 convolutions, 2x2 max pools): 4.25M

@@ -55,6 +55,7 @@ class _EMRoutingLayer(nn.Module):
         self.beta_a_scale = beta_a_scale
         self.normalise_cost = normalise_cost  # em_routing's normalise_cost
         self.compiled = False  # torch.compile the routing steps (EMCapsNet.compile_routing)
+        self.fallback: str | None = None  # why compiled routing fell back to eager, if it did
 
     def activation_bias(self) -> torch.Tensor:
         """(J,) the beta_a of the routing, ``beta_a_scale * beta_a``: the activation logit
@@ -64,8 +65,9 @@ class _EMRoutingLayer(nn.Module):
 
     def route(self, children, activations, weight, vote_bias=None, scope=None):
         """``em_routing`` with this layer's settings, beta_v and ``activation_bias``; compiled
-        when ``compiled``, eager (with a warning naming the error, ``compiled`` switched off)
-        where torch.compile cannot build kernels here (no C++ compiler). An error of the
+        when ``compiled``, eager (with a warning naming the error, ``compiled`` switched off,
+        the error kept in ``fallback``) where torch.compile cannot build kernels here (no C++
+        compiler). An error of the
         compiler's own machinery is tried once more first: another process writing the same
         Inductor cache entry at that moment fails one compile, not the next."""
         args = (children, activations, weight, self.beta_v, self.activation_bias(), self.iterations,
@@ -80,9 +82,9 @@ class _EMRoutingLayer(nn.Module):
                 if attempt == 0 and not isinstance(exc, (OSError, ImportError)):
                     continue
                 reason = (str(exc).strip().splitlines() or [""])[0][:200]
+                self.fallback = f"{type(exc).__name__}: {reason}"
                 warnings.warn(
-                    f"compiled EM routing unavailable ({type(exc).__name__}: {reason}); "
-                    "using eager",
+                    f"compiled EM routing unavailable ({self.fallback}); using eager",
                     RuntimeWarning,
                     stacklevel=3,
                 )

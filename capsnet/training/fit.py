@@ -199,7 +199,7 @@ def _prepare(model: nn.Module, data: Dataset, config: TrainConfig, state: TrainS
     configure_backends(device)
     _seed_everything(config.seed)
     model.to(device)
-    compiled = config.compile and hasattr(model, "compile_routing")
+    compiled = compiles(model, config)
     if compiled:
         model.compile_routing()
     optimizer, scheduler = _optimiser(model, config, state)
@@ -370,7 +370,8 @@ def fit(
     """Train ``model`` on ``train_data`` and return the per-epoch history.
 
     Each epoch's record holds epoch, train_loss, train_accuracy, val_accuracy (when
-    ``val_data`` is given), lr, seconds and images_per_second; ``on_epoch(record, state)``
+    ``val_data`` is given), lr, seconds and images_per_second, and ``compile_record``'s
+    keys for a run that compiles its routing; ``on_epoch(record, state)``
     is called after each epoch (Ray Tune reports and checkpoints there). ``resume`` continues
     a run from a saved TrainState (weights already loaded into ``model``). A training set
     that is ``DeviceRenderable`` (or in memory) lives on the device for the whole run.
@@ -393,6 +394,7 @@ def fit(
             model, batches, val_data, config, generators, state, optimizer, scheduler,
             checks, on_check,
         )  # fmt: skip
+        record |= compile_record(model, config)
         state.epoch += 1
         state.history.append(record)
         state.optimizer = optimizer.state_dict()
@@ -404,6 +406,21 @@ def fit(
         if _budget_spent(config.time_budget, fit_started, epoch_clock, clock()):
             break
     return state.history
+
+
+def compiles(model: nn.Module, config: TrainConfig) -> bool:
+    """Whether a run of ``config`` compiles ``model`` (one with ``compile_routing``)."""
+    return config.compile and hasattr(model, "compile_routing")
+
+
+def compile_record(model: nn.Module, config: TrainConfig) -> dict:
+    """What ran of ``config.compile``: {} unless it asked to compile a model's routing;
+    else {"compiled": whether the routing ran compiled} and, after a fallback to eager,
+    {"compile_fallback": the error}."""
+    if not compiles(model, config):
+        return {}
+    fallback = model.compile_fallback()
+    return {"compiled": fallback is None} | ({"compile_fallback": fallback} if fallback else {})
 
 
 def _fit_epoch(model, batches, val_data, config, generators, state, optimizer, scheduler,

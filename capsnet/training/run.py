@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from capsnet.config import DATA_ROOT, AugmentParams, FinalTrainConfig, Params, SmallnorbParams
 from capsnet.data import registry
 from capsnet.io.errors import ConfigError, DataError
-from capsnet.training.fit import TrainConfig, TrainState, fit
+from capsnet.training.fit import TrainConfig, TrainState, compile_record, fit
 
 
 @dataclass
@@ -129,6 +129,7 @@ class RunResult:
     clock_seconds: float = 0.0
     clock: str = "process-cpu"
     data: dict[str, Any] = field(default_factory=dict)  # RunSpec.data_record()
+    compile: dict[str, Any] = field(default_factory=dict)  # fit.compile_record: what ran
 
 
 class CudaEventClock:
@@ -319,5 +320,5 @@ def train_run(
     seconds, clock_seconds = time.perf_counter() - started, clock() - clock_started
     return RunResult(
         model.cpu() if to_cpu else model, history, seconds, config, len(split.train),
-        clock_seconds, clock_name, spec.data_record(),
+        clock_seconds, clock_name, spec.data_record(), compile_record(model, config),
     )  # fmt: skip

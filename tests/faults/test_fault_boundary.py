@@ -94,13 +94,85 @@ def test_an_unreachable_ray_address_fails_after_bounded_tries(tmp_path, tally, p
     assert time.monotonic() - started < 60
 
 
+class _Planted:
+    """Unpickled, it creates the file ``path``: code a planted state would run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("plant", ["unrecorded", "replaced", "added", "record-edited"])
+def test_a_planted_tuner_state_is_refused_unread(tmp_path, tally, plant):
+    """A tuner.pkl or experiment state that capsnet sweep did not record is never
+    unpickled: one line naming the directory and how to start afresh."""
+    pytest.importorskip("ray")
+    import json
+    import pickle
+
+    from pipeline.sweep import SweepError
+    from pipeline.sweep_restore import STATE_FILE, record_state, restore_tuner
+
+    state = tmp_path / "sweep-0123456789ab"
+    state.mkdir()
+    ran = tmp_path / "payload-ran"
+    planted = pickle.dumps(_Planted(ran))
+    (state / "tuner.pkl").write_bytes(pickle.dumps({"a": "tuner"}))
+    if plant != "unrecorded":
+        record_state(state)
+    if plant in ("unrecorded", "replaced"):
+        (state / "tuner.pkl").write_bytes(planted)
+    elif plant == "added":
+        (state / "experiment_state-2099-01-01_00-00-00.json").write_bytes(planted)
+    else:  # the record rewritten to match a replaced tuner.pkl's old digest: still refused
+        (state / "tuner.pkl").write_bytes(planted)
+        record = json.loads((state / STATE_FILE).read_text())
+        record["sha256"]["tuner.pkl"] = "0" * 64
+        (state / STATE_FILE).write_text(json.dumps(record))
+    try:
+        restore_tuner(str(state), lambda config: None)
+    except SweepError as exc:
+        outcome = Outcome(1, f"Error: {exc}\n", False)
+    except Exception as exc:
+        outcome = Outcome(1, f"Traceback: {type(exc).__name__}: {exc}\n", True)
+    else:
+        outcome = Outcome(0, "", False)
+    judge(tally, outcome, fault=True, names=(str(state), "remove that directory"))
+    assert not ran.exists(), "the planted state was unpickled"
+
+
+def test_the_state_record_follows_every_snapshot_tune_takes(tmp_path):
+    """After each step whose snapshot changed the state files the record matches them, so
+    a driver killed between snapshots resumes; a file changed after it is refused."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from pipeline.sweep import SweepError
+    from pipeline.sweep_restore import StateRecorder, verify_state
+
+    state = tmp_path / "sweep-0123456789ab"
+    state.mkdir()
+    recorder = pickle.loads(pickle.dumps(StateRecorder(str(state))))  # as restored
+    for step in range(3):
+        (state / "tuner.pkl").write_bytes(pickle.dumps({"a": "tuner"}))
+        (state / f"experiment_state-{step}.json").write_text(f"{{'step': {step}}}")
+        recorder.on_step_end(iteration=step, trials=[])
+        verify_state(state)  # a SIGKILL here resumes from this snapshot
+    (state / "experiment_state-2.json").write_text("{'planted': 1}")
+    with pytest.raises(SweepError, match="differs"):
+        verify_state(state)
+
+
 @pytest.mark.parametrize("content", ["random", "truncated", "empty", "text"])
 def test_a_damaged_tuner_state_is_one_line(tmp_path, tally, content):
     pytest.importorskip("ray")
     import pickle
     import random
 
-    from pipeline.sweep import SweepError, restore_tuner
+    from pipeline.sweep import SweepError
+    from pipeline.sweep_restore import record_state, restore_tuner
 
     state = tmp_path / "sweep-0123456789ab"
     state.mkdir()
@@ -113,6 +185,7 @@ def test_a_damaged_tuner_state_is_one_line(tmp_path, tally, content):
             "text": b"tuner state\n",
         }[content]
     )
+    record_state(state)  # damaged after this project wrote it: recorded, yet unreadable
     try:
         restore_tuner(str(state), lambda config: None)
     except SweepError as exc:

@@ -146,3 +146,54 @@ def test_an_output_that_cannot_be_replaced_changes_none(
     done = invoke(stage, "--params", "params.yaml", *data)
     judge(tally, done, before=before, after=snapshot(tmp_path / "eval"), code=1,
           names=(str(blocked), "is a directory"))  # fmt: skip
+
+
+def _viewpoints(model: str = "em-capsnet-small", kind: str = "azimuth", skipped: str = "off"):
+    scored = {"model": model, "epoch": 3, "familiar_error": 0.04, "novel_error": 0.15}
+    cnn = {"model": "smallnorb-cnn", "epoch": 3, "familiar_error": 0.04, "novel_error": 0.2}
+    entry = {"models": {"capsules": scored, "cnn": cnn}, "target_familiar_error": 0.04,
+             "gap": 0.0, "matched": True}  # fmt: skip
+    return {"kinds": {kind: entry, "elevation": {"skipped": skipped}}}
+
+
+#: name -> (metrics.json with one hostile string, the field the error names)
+HOSTILE_METRICS = {
+    "viewpoint-model-ends-the-block": (
+        {**METRICS, "viewpoints": _viewpoints(model="x <!-- results:end -->")}, "model"),
+    "viewpoint-model-with-a-newline": (
+        {**METRICS, "viewpoints": _viewpoints(model="em\n# heading")}, "model"),
+    "kind-with-a-cell": ({**METRICS, "viewpoints": _viewpoints(kind="az | imuth")}, "kind"),
+    "skip-reason-with-a-tag": (
+        {**METRICS, "viewpoints": _viewpoints(skipped="<script>x</script>")}, "skipped"),
+    "entry-name-with-a-cell": (
+        {**{k: v for k, v in METRICS.items() if k != "lenet5"}, "le|net": METRICS["lenet5"]},
+        "a key"),
+    "line-separator-in-a-label": (
+        {**METRICS, "viewpoints": {"skipped": "off\u2028<!-- results:begin -->"}}, "skipped"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_METRICS))
+def test_metrics_text_that_would_break_the_readme_publishes_nothing(
+    tmp_path, monkeypatch, tally, case
+):
+    """Every string of metrics.json reaching the README block or the report is checked at
+    one boundary: one line naming the file and the field, no output written."""
+    metrics, field = HOSTILE_METRICS[case]
+    _publish_dir(tmp_path, monkeypatch)
+    Path("eval/metrics.json").write_text(json.dumps(metrics))
+    before = snapshot(tmp_path / "eval")
+    done = invoke("publish", "--params", "params.yaml")
+    judge(tally, done, before=before, after=snapshot(tmp_path / "eval"), code=1,
+          names=("eval/metrics.json", field))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_METRICS))
+def test_the_readme_and_report_renderers_refuse_hostile_text(case):
+    from capsnet.io.errors import CapsnetError
+    from pipeline import readme, report
+
+    metrics, field = HOSTILE_METRICS[case]
+    for render in (readme.results_table, lambda m: report.render_html(m, None, {})):
+        with pytest.raises(CapsnetError, match=field):
+            render(metrics)

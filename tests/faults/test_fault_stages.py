@@ -8,6 +8,7 @@ case is a real process tree with a deadline."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -181,6 +182,90 @@ def test_killing_the_sweep_driver_ends_its_local_ray(tmp_path, tally):
         reap(started)  # this test's own processes, if any outlived the driver
     judge(tally, Outcome(137, "", False, hung=not ended), fault=True, killed=True)
     assert not left
+
+
+LISTENERS = textwrap.dedent(
+    """
+    import json, sys
+    import psutil
+    from pipeline.sweep import _init_ray
+    _init_ray("local", 1, "disabled")
+    found = set()
+    for process in psutil.Process().children(recursive=True):
+        try:
+            for c in process.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add(c.laddr.ip)
+        except psutil.Error:
+            pass
+    print(json.dumps(sorted(found)))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_local_ray_listens_on_loopback_only(tmp_path):
+    """Every port of the local Ray a sweep starts (GCS, raylet, workers, agents) listens
+    on 127.0.0.1, not on all interfaces."""
+    pytest.importorskip("ray")
+    pytest.importorskip("psutil")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", LISTENERS], capture_output=True, text=True, env=env,
+        timeout=180, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    addresses = json.loads(done.stdout.strip().splitlines()[-1])
+    assert addresses, "no Ray server found listening"
+    assert set(addresses) <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
+
+
+#: A driver whose ``ray.init`` starts a process (standing for a Ray agent), then hangs.
+INIT_HANGS = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    import ray
+    from pipeline.sweep import _init_ray
+
+    def init(**options):
+        agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(sys.argv[1]).write_text(str(agent.pid))
+        time.sleep(600)
+
+    ray.init = init
+    _init_ray("local", 1, "disabled")
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_driver_killed_during_ray_init_leaves_nothing(tmp_path, tally):
+    """The reaper watches from before ``ray.init``: a driver SIGKILLed while Ray starts
+    leaves none of the processes Ray had started."""
+    pytest.importorskip("ray")
+    from pipeline.ray_reaper import INTERVAL, descendants, reap, running
+
+    started = tmp_path / "agent"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", INIT_HANGS, str(started)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    recorded: dict[int, int] = {}
+    try:
+        assert _wait_for(lambda: started.exists() and started.read_text(), 60), "no init"
+        agent = int(started.read_text())
+        recorded = {p: s for p, s in descendants(driver.pid).items() if p == agent}
+        assert recorded, "the agent is not the driver's"
+        time.sleep(3 * INTERVAL)  # a watching reaper has recorded it
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        ended = _wait_for(lambda: not running(recorded), 15)
+    finally:
+        driver.kill()
+        reap(recorded)  # the stand-in agent, if it outlived the driver
+    judge(tally, Outcome(137, "", False, hung=False), fault=True, killed=True)
+    assert ended, "the agent started during ray.init outlived its SIGKILLed driver"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

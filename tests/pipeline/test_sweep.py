@@ -264,3 +264,39 @@ def test_changed_shift_setting_starts_a_fresh_experiment(
     shifted = dataclasses.replace(spec, augment_params=AugmentParams(shift=ShiftAugment(pixels=4)))
     fresh = run_sweep(sweep, shifted, out_dir=tmp_path / "sweep", data=data)
     assert fresh.restored is False and fresh.experiment_path != first.experiment_path
+
+
+def test_a_resumed_sweep_runs_under_the_current_cap(local_ray, tiny_sweep, sweep_data, tmp_path):
+    """Interrupted with two trials running under ``max_concurrent_trials: 2``, the sweep
+    resumed with the cap at 1 runs one trial at a time, restored ones included."""
+    import signal
+
+    from ray.tune import Callback
+
+    from pipeline.sweep import SweepInterrupted
+
+    log, stopped = tmp_path / "running.txt", tmp_path / "interrupted"
+
+    class Watch(Callback):  # pickled into the experiment: the resumed run keeps it
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            running = sum(t.status == "RUNNING" for t in trials)
+            with open(log, "a") as fh:
+                fh.write(f"{running}\n")
+            if running == 2 and not stopped.exists():
+                stopped.touch()
+                os.kill(os.getpid(), signal.SIGINT)  # Tune saves its state and stops
+
+    def sweep(cap):
+        resources = {"cpus_per_trial": 1, "max_concurrent_trials": cap}
+        return tiny_sweep(space=lenet5_space(2), epochs=4, resources=resources,
+                          wandb={"mode": "disabled"})  # fmt: skip
+
+    out = tmp_path / "sweep"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(sweep(2), base(sweep(2)), out_dir=out, data=sweep_data, callbacks=[Watch()])
+    assert stopped.exists()
+    log.write_text("")
+    resumed = run_sweep(sweep(1), base(sweep(1)), out_dir=out, data=sweep_data)
+    assert resumed.restored is True and len(resumed.rows) == 2
+    counts = [int(line) for line in log.read_text().split()]
+    assert counts and max(counts) == 1, counts
