@@ -93,15 +93,15 @@ def _angle_words(key: str, target: float) -> str:
     return f"at {angle:g}° (the evaluated angle nearest {target:g}°)"
 
 
-def _pair(prefix: str, caps: ComparisonGroup, base: ComparisonGroup, key: str, target: float):
-    """(outcome, sentence) comparing two groups at angle ``key``; None when one lacks it."""
+def _pair(caps: ComparisonGroup, base: ComparisonGroup, key: str, target: float):
+    """(outcome, clause) comparing two groups at angle ``key``; None when one lacks it."""
     a, b = stat(caps, key), stat(base, key)
     if a is None or b is None:
         return None
     kind, words = verdict(a, b, (caps.label, base.label), (caps.seeds, base.seeds))
     return kind, (
-        f"{prefix} {_angle_words(key, target)}: {caps.label} {show(a)} against "
-        f"{base.label} {show(b)}; {words}."
+        f"{_angle_words(key, target)} {caps.label} {show(a)} against {base.label} {show(b)}, "
+        f"{words}"
     )
 
 
@@ -189,12 +189,14 @@ def _arm_sentences(arm: ComparisonArm, keys: list[str], target: float, ref_arm: 
             continue
         if arm.name == "equal_time":
             lines.append(_time_sentence(arm, group, ref or str(arm.reference)))
-        prefix = _prefix(arm, group, ref)
+        clauses = []
         for key in keys if caps else []:
-            found = _pair(prefix, caps, group, key, target)
+            found = _pair(caps, group, key, target)
             if found:
-                lines.append(found[1])
+                clauses.append(found[1])
                 outcomes += [found[0]] if key == keys[-1] else []
+        if clauses:  # the arm's verdict on this baseline: one sentence
+            lines.append(f"{_prefix(arm, group, ref)}: " + "; ".join(clauses) + ".")
     return outcomes, lines
 
 

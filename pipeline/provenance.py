@@ -39,7 +39,10 @@ def git_commit() -> str | None:
 
 
 def machine() -> str:
-    """The CPU model and core count (trained numbers differ across CPUs; data do not)."""
+    """The CPU model, its kind (the kernels torch runs and native bf16: what trained numbers
+    depend on) and its core count."""
+    from capsnet.training.device import cpu_kind
+
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -48,7 +51,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{model} ({cpu_kind()}), {os.cpu_count()} cores"
 
 
 #: The file a training stage writes beside its checkpoints: where they were trained.

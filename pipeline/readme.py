@@ -201,8 +201,8 @@ def origin_line(origin: dict | None) -> str:
     where = f"commit `{commit[:12]}`" if commit else "an unknown commit"
     return (
         f"{ORIGIN_PREFIX}{origin.get('machine') or 'an unknown machine'}, from {where}. "
-        "Trained numbers differ across CPUs (their floating-point kernels differ); the data "
-        "do not (every file is verified by its MD5)."
+        "On another CPU kind the trained numbers differ (an AVX2 CPU trains in fp32, and "
+        "each kind's kernels round differently); the data do not (every file's MD5 is checked)."
     )
 
 

@@ -122,6 +122,13 @@ def cpu_native_bf16() -> bool:
     return bf16_matches_fp32()
 
 
+def cpu_kind() -> str:
+    """This CPU as trained numbers depend on it: the kernels torch runs (AVX2, AVX-512, ...)
+    and whether ``auto`` trains in bf16 here ("AVX-512, native bf16")."""
+    capability = torch.backends.cpu.get_cpu_capability().replace("AVX512", "AVX-512")
+    return f"{capability}, native bf16" if cpu_native_bf16() else capability
+
+
 def effective_precision(device: torch.device, amp: str | None = None) -> str:
     """The precision a run with ``amp`` (``TrainConfig.amp``, its default when None) really
     computes in on ``device``: bf16 for ``bf16`` on CUDA and the CPU, for ``auto`` on CUDA
