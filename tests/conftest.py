@@ -58,6 +58,29 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+#: The committed run's files: what `dvc repro` in a workspace overwrites.
+COMMITTED_RESULTS = ("README.md", "params.yaml", "dvc.lock", "eval", "sweep", "sweep-smallnorb",
+                     "models-viewpoints.csv", "docs")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def committed_root(tmp_path_factory) -> Path:
+    """The committed results as git's HEAD holds them, exported to a folder: a workspace
+    where `dvc repro` ran has other numbers, and tests compare the committed ones with each
+    other, never the workspace's. Outside a git checkout: the checkout itself."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("committed")
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "HEAD", *COMMITTED_RESULTS],
+        capture_output=True,
+    )
+    if archive.returncode != 0:
+        return REPO_ROOT
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
 @pytest.fixture(scope="session")
 def mnist_mirror() -> Path:
     """The faithful MNIST mirror beside the repository (skips when absent)."""

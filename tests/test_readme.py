@@ -237,15 +237,38 @@ def test_the_publish_stage_writes_its_table_as_a_dvc_output(repo_root):
     assert "eval/metrics.json" in stage["deps"]
 
 
+def test_dvc_lock_eval_and_the_readme_are_one_run(committed_root):
+    """Every committed output of the pipeline is the file dvc.lock records (one `dvc repro`
+    wrote them all), and the README block's origin line names the CPU kind they depend on."""
+    import hashlib
+
+    import yaml
+
+    lock = yaml.safe_load((committed_root / "dvc.lock").read_text())
+    checked = []
+    for stage in lock["stages"].values():
+        for out in stage.get("outs", []):
+            path = committed_root / out["path"]
+            if path.is_file():
+                assert hashlib.md5(path.read_bytes()).hexdigest() == out["md5"], out["path"]
+                checked.append(out["path"])
+    assert {"eval/metrics.json", "eval/results.md", "models-viewpoints.csv"} <= set(checked)
+    block = readme.current_block((committed_root / "README.md").read_text(), "README.md")
+    origin = next(line for line in block.splitlines() if line.startswith(readme.ORIGIN_PREFIX))
+    assert "AVX" in origin and "commit `" in origin
+
+
 def _without_origin(block: str) -> str:
     return "\n".join(
         line for line in block.splitlines() if not line.startswith(readme.ORIGIN_PREFIX)
     ).replace("\n\n\n", "\n\n")
 
 
-def test_committed_readme_table_matches_committed_metrics(repo_root):
+def test_committed_readme_table_matches_committed_metrics(committed_root):
     """The block in README.md is what `capsnet publish --readme README.md` writes from
-    eval/metrics.json (the origin line names the machine of the committed run)."""
+    eval/metrics.json (the origin line names the machine of the committed run), as both
+    are committed."""
+    repo_root = committed_root
     params = config.load(repo_root / "params.yaml")
     out_dir = repo_root / params.evaluate.out_dir
     metrics = json.loads((out_dir / "metrics.json").read_text())
@@ -294,7 +317,7 @@ def test_smallnorb_profile_doc_table_matches_its_metrics(repo_root):
     assert (repo_root / "docs" / "smallnorb-profile" / "viewpoints.png").stat().st_size > 0
 
 
-def test_a_run_at_chance_is_named_under_the_table():
+def test_a_run_at_chance_is_named_under_the_table(committed_root):
     """A single checkpoint below 1.25 / classes is named; so is one seed of a mean."""
     assert "At chance" not in readme.results_table(METRICS)
     lost = json.loads(json.dumps(METRICS))
@@ -304,7 +327,7 @@ def test_a_run_at_chance_is_named_under_the_table():
         "At chance (below 1.25 times 1 / classes): lenet5 on MNIST, 11.00% (chance 10.00%)."
         in table
     )
-    committed = json.loads((ROOT / "eval" / "metrics.json").read_text())
+    committed = json.loads((committed_root / "eval" / "metrics.json").read_text())
     seeds = committed["smallnorb-cnn (mean)"]["checkpoints"]
     names = [
         n for n, e in committed.items() if isinstance(e, dict) and e.get("checkpoint") in seeds

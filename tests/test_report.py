@@ -315,11 +315,14 @@ def test_report_shows_one_checkpoint_per_model_and_training_set_and_says_what_it
     assert f"they are in {figs.as_posix()}/" in page
 
 
-def test_committed_report_is_what_publish_renders_from_the_committed_run(repo_root, monkeypatch):
+def test_committed_report_is_what_publish_renders_from_the_committed_run(
+    committed_root, monkeypatch
+):
     """eval/report.html is render_html of eval/metrics.json, eval/figures and the sweeps'
-    results.csv files, byte for byte (the publish stage writes it; nothing else may)."""
+    results.csv files, byte for byte, all as committed (the publish stage writes it)."""
     from capsnet import config
 
+    repo_root = committed_root
     params = config.load(repo_root / "params.yaml")
     out_dir = Path(params.evaluate.out_dir)
     committed = repo_root / params.publish.html
