@@ -39,16 +39,29 @@ COMPARISON_COLUMNS = ("arm", "model", "seeds", "angle", "mean", "std")
 
 
 def figures_for(name: str, fig_dir: Path) -> list[Path]:
-    """The shared figures plus the ones made for checkpoint ``name``."""
+    """The figures drawn for checkpoint ``name`` alone, matched by its exact figure stems
+    (``capsnet.evaluation.figures.model_figure_stems``)."""
+    from capsnet.evaluation.figures import model_figure_stems
+
     if not fig_dir.is_dir():
         return []
-    slug = report.figure_slug(name)
-    shared = ("rotation", "reconstructions", "equivariance")
+    stems = model_figure_stems(name)
+    return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in stems]
+
+
+def shared_figures(fig_dir: Path) -> list[Path]:
+    """The figures drawn across models (rotation, equivariance, ...): the comparison run's."""
+    from capsnet.evaluation.figures import SHARED_FIGURES
+
     return [
-        p
-        for p in sorted(fig_dir.glob("*.png"))
-        if p.stem in shared or report.figure_owner(p.stem).endswith(slug)
+        fig_dir / f"{stem}.png" for stem in SHARED_FIGURES if (fig_dir / f"{stem}.png").is_file()
     ]
+
+
+def _images(paths: list[Path]) -> dict[str, Any]:
+    import wandb
+
+    return {f"figures/{p.stem}": wandb.Image(str(p), caption=report.caption(p)) for p in paths}
 
 
 def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[str, Any]:
@@ -62,9 +75,7 @@ def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[
         media["rotation_plot"] = wandb.plot.line(
             table, "angle", "accuracy", title=f"{name}: accuracy versus rotation"
         )
-    for path in figures_for(name, fig_dir):
-        media[f"figures/{path.stem}"] = wandb.Image(str(path), caption=report.caption(path))
-    return media
+    return media | _images(figures_for(name, fig_dir))
 
 
 def publish_runs(
@@ -106,16 +117,27 @@ def publish_runs(
             run_id, url = run.id, (run.url if mode == "online" else None)
             run.finish()  # before the next init, which would otherwise return this run
             published.append({"name": name, "run_id": run_id, "mode": mode, "url": url})
-        if comparison_text.long_rows(results.comparison):
-            published.append(_comparison_run(results.comparison, project, group, mode, wandb_dir))
+        shared = shared_figures(fig_dir)
+        if shared or comparison_text.long_rows(results.comparison):
+            published.append(
+                _comparison_run(results.comparison, shared, project, group, mode, wandb_dir)
+            )
     finally:
         tracking.finish_all([])  # waits until W&B's service has written every run
     return published
 
 
-def _comparison_run(comparison: Comparison, project: str, group: str, mode: str, wandb_dir) -> dict:
-    """One run (job_type "comparison") holding the comparison as a table of
-    COMPARISON_COLUMNS and its sentences in the summary."""
+def _comparison_run(
+    comparison: Comparison | None,
+    shared: list[Path],
+    project: str,
+    group: str,
+    mode: str,
+    wandb_dir,
+) -> dict:
+    """One run (job_type "comparison") holding what spans models: the comparison as a
+    table of COMPARISON_COLUMNS with its sentences in the summary, and the ``shared``
+    figures (rotation, equivariance, reconstructions, viewpoints)."""
     import wandb
 
     run = tracking.start_run(
@@ -126,13 +148,19 @@ def _comparison_run(comparison: Comparison, project: str, group: str, mode: str,
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=provenance.content_hash(comparison.to_dict()),
+        content=provenance.content_hash(
+            {
+                "comparison": comparison.to_dict() if comparison is not None else None,
+                "figures": [p.name for p in shared],
+            }
+        ),
     )
-    table = wandb.Table(
-        columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
-    )
-    run.log({"comparison": table})
-    run.summary["comparison_text"] = " ".join(comparison_text.sentences(comparison))
+    rows = comparison_text.long_rows(comparison)
+    logged = _images(shared)
+    if rows:
+        logged["comparison"] = wandb.Table(columns=list(COMPARISON_COLUMNS), data=rows)
+        run.summary["comparison_text"] = " ".join(comparison_text.sentences(comparison))
+    run.log(logged)
     run_id, url = run.id, (run.url if mode == "online" else None)
     run.finish()
     return {"name": COMPARISON_KEY, "run_id": run_id, "mode": mode, "url": url}

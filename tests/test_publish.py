@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from test_readme import METRICS
 
@@ -257,3 +258,44 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     assert ["figures/confusion-em-capsnet-small-smallnorb"] in [
         m.kwargs["media_keys"] for m in media
     ]
+
+
+def test_each_eval_run_logs_only_its_own_checkpoints_figures(tmp_path, monkeypatch):
+    """Names that end alike (capsnet-small, em-capsnet-small) or differ by a seed get their
+    own figures only; the figures across models go to the comparison run alone."""
+    from capsnet.evaluation import plots
+    from capsnet.evaluation.figures import figure_stem
+    from capsnet.evaluation.metrics import parse_results
+    from pipeline import tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    fig_dir = tmp_path / "figures"
+    own = {
+        "capsnet-small": [figure_stem("confusion", "capsnet-small"),
+                          figure_stem("perturbation", "capsnet-small")],
+        "capsnet-small@seed1": [figure_stem("confusion", "capsnet-small@seed1")],
+        "em-capsnet-small": [figure_stem("confusion", "em-capsnet-small", "smallnorb")],
+        "smallnorb-cnn": [figure_stem("confusion", "smallnorb-cnn", "smallnorb")],
+    }  # fmt: skip
+    stems = [s for names in own.values() for s in names] + ["rotation", "equivariance"]
+    for stem in stems:
+        plots.image_grid([torch.rand(1, 1, 4, 4)], fig_dir / f"{stem}.png")
+    entries = {
+        name: {"model": name.split("@")[0], "checkpoint": f"models/{name}.pt",
+               "mnist": {"accuracy": 0.9, "n": 10}}
+        for name in own
+    }  # fmt: skip
+    runs = publish.publish_runs(
+        parse_results(entries), fig_dir, project="p", group="g", mode="offline",
+        wandb_dir=tmp_path / "runs",
+    )  # fmt: skip
+    found = tracking.offline_runs(tmp_path / "runs")
+    logged = {}
+    for run in runs:
+        keys = {k.split("/")[1] for row in tracking.read_history(found[run["run_id"]]) for k in row
+                if k.startswith("figures/")}  # fmt: skip
+        logged[run["name"]] = keys
+    assert logged == {
+        **{n: set(s) for n, s in own.items()},
+        "comparison": {"rotation", "equivariance"},
+    }
