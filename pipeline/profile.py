@@ -232,7 +232,9 @@ def _span_end(lines: list[str], line: int, column: int) -> int:
     end = line + 1
     while end < len(lines):
         stripped = lines[end].lstrip(" ")
-        if not stripped.strip() or len(lines[end]) - len(stripped) <= column:
+        indent = len(lines[end]) - len(stripped)
+        item = indent == column and stripped.startswith("- ")  # a block list at its key's column
+        if not stripped.strip() or (indent <= column and not item):
             break
         end += 1
     return end

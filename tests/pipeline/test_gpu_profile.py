@@ -190,3 +190,9 @@ evaluate:
 """
     )
     assert yaml.safe_load(text) == profile.merge(yaml.safe_load(PARAMS_TEXT), profile_settings)
+
+
+def test_apply_replaces_a_block_list_whole_at_its_keys_column():
+    text = "train:\n  baselines:\n  - lenet5\n  - x  # two\n  epochs: 3\n"
+    out = profile.edit_text(text, {"train": {"baselines": ["a", "b"]}}, "p.yaml")
+    assert out == "train:\n  baselines: [a, b]\n  epochs: 3\n"
