@@ -133,20 +133,12 @@ def connect(address: str, **options) -> None:
 
 def client_failure(address: str, exc: BaseException) -> str:
     """Why a Ray Client connection to ``address`` failed, as one line: a port nobody
-    listens on is the address's fault; a port that answers means a head whose Ray Client
-    server did not start this driver's session, whose reason is in the head's log."""
-    import socket
+    answers on is the address's fault (``check_ray_address`` raises); a port that answers
+    means a head whose Ray Client server did not start this driver's session, whose reason
+    is in the head's log."""
+    from pipeline.sweep_sections import check_ray_address
 
-    host, _, port = address.removeprefix("ray://").partition("/")[0].rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port or 10001)), timeout=5).close()
-    except (OSError, ValueError) as probe:
-        return (
-            f"Ray cluster at {address}: nothing answers at {host}:{port or 10001} "
-            f"({type(probe).__name__}: {probe}); the head's Ray Client server listens on "
-            f"--ray-client-server-port (10001 unless set) of `ray start --head`: check the "
-            f"address (--address, RAY_ADDRESS) and that the port is open to this machine"
-        )
+    check_ray_address(address)
     return (
         f"Ray cluster at {address}: its Ray Client server answered but did not start this "
         f"driver's session ({error_cause(exc)}): the cause is on the head, in "
