@@ -86,9 +86,12 @@ def publish_runs(
     group: str,
     mode: str,
     wandb_dir: str | os.PathLike,
+    experiments: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Log one eval run per checkpoint entry, and one "comparison" run with the comparison
-    table when metrics.json has one; returns [{name, run_id, mode, url}]. A run's id
+    table when metrics.json has one; returns [{name, run_id, mode, url}]. An eval run's
+    group is its entry's experiment (``experiments``, default ``group``: the sweep that
+    trained it, ``checkpoint_experiments``), the comparison run's ``group``. A run's id
     follows from the project, the experiment's group, the entry and a hash of its results,
     so publishing the same results again reuses the same ids."""
     if mode == "disabled":
@@ -100,7 +103,7 @@ def publish_runs(
         for name, entry in results.checkpoints().items():
             run = tracking.start_run(
                 project,
-                group,
+                (experiments or {}).get(name, group),
                 f"eval-{name}",
                 mode,
                 wandb_dir,
@@ -125,6 +128,25 @@ def publish_runs(
     finally:
         tracking.finish_all([])  # waits until W&B's service has written every run
     return published
+
+
+def checkpoint_experiments(results: EvalResults, params) -> dict[str, str]:
+    """{checkpoint entry: the W&B experiment of its eval run}: ``publish.experiment`` for
+    all when set; otherwise the sweep whose final training wrote the checkpoint (a train
+    section's ``out_dir`` holding it: that sweep section's ``name``), so a checkpoint's eval
+    run sits beside its sweep and train runs; ``sweep.name`` for any other."""
+    from pipeline.sweep_sections import SWEEP_SECTIONS, TRAIN_SECTIONS
+
+    fixed = params.publish.experiment
+    owners = {
+        os.path.normpath(getattr(params, train).out_dir): getattr(params, sweep).name
+        for sweep, train in zip(SWEEP_SECTIONS, TRAIN_SECTIONS, strict=True)
+    }
+    return {
+        name: fixed
+        or owners.get(os.path.normpath(os.path.dirname(entry.checkpoint)), params.sweep.name)
+        for name, entry in results.checkpoints().items()
+    }
 
 
 def _comparison_run(
@@ -319,8 +341,9 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     group = settings.experiment or params.sweep.name
     mode = tracking.prepare_environment(settings.mode)
     runs = publish_runs(
-        results, fig_dir, project=settings.project, group=group, mode=mode, wandb_dir=settings.dir
-    )
+        results, fig_dir, project=settings.project, group=group, mode=mode,
+        wandb_dir=settings.dir, experiments=checkpoint_experiments(results, params),
+    )  # fmt: skip
     where = tracking.workspace_path(settings.dir) / "wandb"
     say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {where}")
     url = None

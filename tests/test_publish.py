@@ -299,3 +299,32 @@ def test_each_eval_run_logs_only_its_own_checkpoints_figures(tmp_path, monkeypat
         **{n: set(s) for n, s in own.items()},
         "comparison": {"rotation", "equivariance"},
     }
+
+
+def test_each_eval_run_is_grouped_with_the_sweep_that_trained_its_checkpoint(tmp_path):
+    """An MNIST checkpoint's eval run beside the MNIST sweep's runs, a smallNORB one beside
+    the smallNORB sweep's; publish.experiment, when set, groups them all."""
+    from capsnet import config
+    from capsnet.evaluation.metrics import parse_results
+    from pipeline import tracking
+
+    entries = {
+        name: {"model": name, "checkpoint": f"{folder}/{name}.pt", "mnist": {"accuracy": 0.9}}
+        for name, folder in (("lenet5", "models"), ("em-capsnet-small", "models-smallnorb"))
+    }
+    results = parse_results(entries)
+    sections = {"sweep": {"name": "mnist-sweep"}, "smallnorb_sweep": {"name": "norb-sweep"}}
+    params = config.from_dict(config.Params, sections)
+    assert publish.checkpoint_experiments(results, params) == {
+        "lenet5": "mnist-sweep",
+        "em-capsnet-small": "norb-sweep",
+    }
+    fixed = config.from_dict(config.Params, {**sections, "publish": {"experiment": "e"}})
+    assert set(publish.checkpoint_experiments(results, fixed).values()) == {"e"}
+    runs = publish.publish_runs(
+        results, tmp_path / "figures", project="p", group="mnist-sweep", mode="offline",
+        wandb_dir=tmp_path / "runs", experiments=publish.checkpoint_experiments(results, params),
+    )  # fmt: skip
+    found = tracking.offline_runs(tmp_path / "runs")
+    groups = {r["name"]: tracking.read_run_info(found[r["run_id"]])["group"] for r in runs}
+    assert groups == {"lenet5": "mnist-sweep/eval", "em-capsnet-small": "norb-sweep/eval"}
