@@ -103,13 +103,17 @@ def check_client(address: str) -> None:
 def connect(address: str, **options) -> None:
     """``ray.init`` at ``address``: a cluster that cannot be reached (down, a wrong address,
     or a head that wants an authentication token, which Ray reports only in its log) is a
-    ConfigError naming the address and what to check."""
+    ConfigError naming the address and what to check; over Ray Client (``ray://``), one
+    naming what failed: nothing listening there, the head's Ray Client server not starting
+    this driver's session (``client_failure``), or Ray and Python versions that differ."""
     import ray
 
     check_client(address)
     try:
         ray.init(address=address, **options)
     except ConnectionError as exc:
+        if address.startswith("ray://"):
+            raise ConfigError(client_failure(address, exc)) from None
         mode = os.environ.get("RAY_AUTH_MODE") or "unset"
         raise ConfigError(
             f"Ray cluster at {address}: {error_cause(exc)}; check that its head runs at that "
@@ -117,6 +121,44 @@ def connect(address: str, **options) -> None:
             f"needs RAY_AUTH_MODE=token (here: {mode}) and its token (RAY_AUTH_TOKEN or "
             f"~/.ray/auth_token) in this shell"
         ) from None
+    except RuntimeError as exc:
+        if not (address.startswith("ray://") and "Version mismatch" in str(exc)):
+            raise
+        versions = " ".join(str(exc).split()).removeprefix("Version mismatch: ")
+        raise ConfigError(
+            f"Ray cluster at {address}: Ray Client needs the same Ray and Python (minor) "
+            f"versions on both ends: {versions} (docs/sweeps-and-clusters.md)"
+        ) from None
+
+
+def client_failure(address: str, exc: BaseException) -> str:
+    """Why a Ray Client connection to ``address`` failed, as one line: a port nobody
+    answers on is the address's fault (``check_ray_address`` raises); a port that answers
+    means a head whose Ray Client server did not start this driver's session, whose reason
+    is in the head's log."""
+    from pipeline.sweep_sections import check_ray_address
+
+    check_ray_address(address)
+    return (
+        f"Ray cluster at {address}: its Ray Client server answered but did not start this "
+        f"driver's session ({error_cause(exc)}): the cause is on the head, in "
+        f"/tmp/ray/session_latest/logs/ray_client_server_*.err; the head needs Ray "
+        f"{ray_version()} and Python {python_version()} as here, this project installed "
+        f"(pip install -e '.[pipeline,cluster]') and RAY_AUTH_MODE/its token as the driver "
+        f'(docs/sweeps-and-clusters.md, "Ray Client")'
+    )
+
+
+def ray_version() -> str:
+    import ray
+
+    return ray.__version__
+
+
+def python_version() -> str:
+    import platform
+
+    return ".".join(platform.python_version_tuple()[:2])
 
 
 def cluster_gpus() -> float:

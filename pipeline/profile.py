@@ -12,7 +12,6 @@ the text about to be written.
 from __future__ import annotations
 
 import copy
-import io
 import os
 import re
 from pathlib import Path
@@ -145,29 +144,17 @@ def refuse_unwritable(params_path: Path) -> None:
 
 
 def apply(params_path: Path, path: Path, validated) -> None:
-    """Lay the profile file ``path`` over ``params_path`` and write the result, keeping its
-    comments and layout (ruamel.yaml round trip; the file is replaced atomically). The
-    text is written only when it reads back as ``validated``, the Params of the merge."""
+    """Lay the profile file ``path`` over ``params_path`` and write the result
+    (``edit_text``: only the lines of the settings the profile sets change, each without the
+    comment that described its old value; the file is replaced atomically). The text is
+    written only when it reads back as ``validated``, the Params of the merge."""
     import yaml as pyyaml
-    from ruamel.yaml import YAML
 
     from capsnet.io.files import atomic_write_text
 
     refuse_unwritable(params_path)
     _base, profile = _read(params_path, path)
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.width = 100
-    yaml.representer.add_representer(
-        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
-    )
-    document = yaml.load(params_path.read_text(encoding="utf-8"))
-    if document is None:
-        document = {}
-    lay_over(document, profile, _flow)
-    buffer = io.StringIO()
-    yaml.dump(document, buffer)
-    text = buffer.getvalue()
+    text = edit_text(params_path.read_text(encoding="utf-8"), profile, path.name)
     if _validate(pyyaml.safe_load(text) or {}, params_path, path) != validated:
         raise ConfigError(
             f"{params_path}: the text --apply would write does not read back as the validated "
@@ -176,20 +163,125 @@ def apply(params_path: Path, path: Path, validated) -> None:
     atomic_write_text(params_path, text)
 
 
-def _flow(value: Any) -> Any:
-    """``value`` with its lists and mappings written inline (``{grid: [1, 2]}``), as
-    params.yaml writes them."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+def edit_text(text: str, profile: dict, source: str) -> str:
+    """``text`` (a params file) with ``profile`` laid over it line by line: the line of each
+    setting the profile sets is rewritten (its value inline, as params.yaml writes values,
+    and ``# from <source>`` where its comment was: a comment about the old value would now
+    contradict it, so it goes, its continuation lines too), a new setting is added after its
+    section's last line, and every other line is left byte for byte."""
+    from ruamel.yaml import YAML
 
-    if isinstance(value, list):
-        seq = CommentedSeq(_flow(v) for v in value)
-        seq.fa.set_flow_style()
-        return seq
-    if isinstance(value, dict):
-        mapping = CommentedMap((k, _flow(v)) for k, v in value.items())
-        mapping.fa.set_flow_style()
-        return mapping
-    return value
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    document = YAML().load(text)
+    edits: list[tuple[int, int, list[str]]] = []  # (first line, end line, replacement)
+    if document is None:
+        edits.append((len(lines), len(lines), _new_lines(profile, 0, source)))
+    else:
+        _edits(document, profile, lines, source, edits)
+    order = sorted(range(len(edits)), key=lambda i: (edits[i][0], i), reverse=True)
+    for first, last, new in (edits[i] for i in order):  # from the end: earlier lines stay put
+        lines[first:last] = new
+    return "".join(lines)
+
+
+def _edits(node, profile: dict, lines: list[str], source: str, edits: list) -> None:
+    """The edits laying ``profile`` over the block mapping ``node`` (ruamel, with lines)."""
+    keys = list(node)
+    for key, value in profile.items():
+        if key not in node:
+            column = node.lc.key(keys[0])[1] if keys else 0
+            last = _span_end(lines, *node.lc.key(keys[-1])) if keys else len(lines)
+            while last > 0 and not lines[last - 1].strip():
+                last -= 1  # after the section's last line, before the blank lines after it
+            edits.append((last, last, _new_lines({key: value}, column, source)))
+            continue
+        current = node[key]
+        if _merges(current, value) and not _is_flow(current):
+            _edits(current, value, lines, source, edits)
+            continue
+        if _merges(current, value):  # a flow mapping: rewritten whole, merged
+            value = lay_over(_plain(current), value)
+        if _inline(_plain(current)) == _inline(value):
+            continue  # the value it has: the line and its comment stay
+        line, column = node.lc.key(key)
+        end = _span_end(lines, line, column)
+        edits.append((line, end, [_line(key, value, column, source, lines[line])]))
+
+
+def _is_flow(node) -> bool:
+    fa = getattr(node, "fa", None)
+    return bool(fa is not None and fa.flow_style())
+
+
+def _plain(node) -> Any:
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    for kind in (bool, int, float, str):  # ruamel's scalar subclasses (ScalarFloat, ...)
+        if isinstance(node, kind):
+            return kind(node)
+    return node
+
+
+def _span_end(lines: list[str], line: int, column: int) -> int:
+    """The line after the setting whose key is at (``line``, ``column``): its block value
+    and its comment's continuation lines (lines indented deeper) included."""
+    end = line + 1
+    while end < len(lines):
+        stripped = lines[end].lstrip(" ")
+        indent = len(lines[end]) - len(stripped)
+        item = indent == column and stripped.startswith("- ")  # a block list at its key's column
+        if not stripped.strip() or (indent <= column and not item):
+            break
+        end += 1
+    return end
+
+
+def _inline(value: Any) -> str:
+    """``value`` as a params.yaml value on one line: ``null``, ``0.25``, ``{grid: [1, 2]}``."""
+    import yaml as pyyaml
+
+    text = pyyaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+    return text.strip().removesuffix("...").strip()
+
+
+def _line(key: str, value: Any, column: int, source: str, old: str) -> str:
+    """The rewritten line of setting ``key``: its comment, if it had one, replaced by
+    ``# from <source>`` at the same column (or one space after the value)."""
+    setting = " " * column + f"{key}: {_inline(value)}"
+    at = _comment_column(old)
+    if at is None:
+        return setting + "\n"
+    return setting.ljust(at - 1) + f" # from {source}\n"
+
+
+def _comment_column(line: str) -> int | None:
+    """Where the comment of a ``key: value  # comment`` line starts (None: it has none)."""
+    import yaml as pyyaml
+
+    position = line.find(" #")
+    while position != -1:
+        try:
+            pyyaml.safe_load(line[:position])
+            return position + 1
+        except pyyaml.YAMLError:  # the '#' is inside a quoted value
+            position = line.find(" #", position + 1)
+    return None
+
+
+def _new_lines(settings: dict, column: int, source: str) -> list[str]:
+    """Lines adding ``settings`` at ``column``: a section of settings as a block, any other
+    value inline, each with ``# from <source>``."""
+    out = []
+    for key, value in settings.items():
+        if isinstance(value, dict) and value and not _replaces_whole(value):
+            out += [" " * column + f"{key}:\n", *_new_lines(value, column + 2, source)]
+        else:
+            out.append(" " * column + f"{key}: {_inline(value)}  # from {source}\n")
+    return out
 
 
 _ABSENT = object()

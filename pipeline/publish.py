@@ -39,16 +39,29 @@ COMPARISON_COLUMNS = ("arm", "model", "seeds", "angle", "mean", "std")
 
 
 def figures_for(name: str, fig_dir: Path) -> list[Path]:
-    """The shared figures plus the ones made for checkpoint ``name``."""
+    """The figures drawn for checkpoint ``name`` alone, matched by its exact figure stems
+    (``capsnet.evaluation.figures.model_figure_stems``)."""
+    from capsnet.evaluation.figures import model_figure_stems
+
     if not fig_dir.is_dir():
         return []
-    slug = report.figure_slug(name)
-    shared = ("rotation", "reconstructions", "equivariance")
+    stems = model_figure_stems(name)
+    return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in stems]
+
+
+def shared_figures(fig_dir: Path) -> list[Path]:
+    """The figures drawn across models (rotation, equivariance, ...): the comparison run's."""
+    from capsnet.evaluation.figures import SHARED_FIGURES
+
     return [
-        p
-        for p in sorted(fig_dir.glob("*.png"))
-        if p.stem in shared or report.figure_owner(p.stem).endswith(slug)
+        fig_dir / f"{stem}.png" for stem in SHARED_FIGURES if (fig_dir / f"{stem}.png").is_file()
     ]
+
+
+def _images(paths: list[Path]) -> dict[str, Any]:
+    import wandb
+
+    return {f"figures/{p.stem}": wandb.Image(str(p), caption=report.caption(p)) for p in paths}
 
 
 def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[str, Any]:
@@ -62,9 +75,7 @@ def _media(name: str, points: list[tuple[float, float]], fig_dir: Path) -> dict[
         media["rotation_plot"] = wandb.plot.line(
             table, "angle", "accuracy", title=f"{name}: accuracy versus rotation"
         )
-    for path in figures_for(name, fig_dir):
-        media[f"figures/{path.stem}"] = wandb.Image(str(path), caption=report.caption(path))
-    return media
+    return media | _images(figures_for(name, fig_dir))
 
 
 def publish_runs(
@@ -75,9 +86,12 @@ def publish_runs(
     group: str,
     mode: str,
     wandb_dir: str | os.PathLike,
+    experiments: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Log one eval run per checkpoint entry, and one "comparison" run with the comparison
-    table when metrics.json has one; returns [{name, run_id, mode, url}]. A run's id
+    table when metrics.json has one; returns [{name, run_id, mode, url}]. An eval run's
+    group is its entry's experiment (``experiments``, default ``group``: the sweep that
+    trained it, ``checkpoint_experiments``), the comparison run's ``group``. A run's id
     follows from the project, the experiment's group, the entry and a hash of its results,
     so publishing the same results again reuses the same ids."""
     if mode == "disabled":
@@ -89,7 +103,7 @@ def publish_runs(
         for name, entry in results.checkpoints().items():
             run = tracking.start_run(
                 project,
-                group,
+                (experiments or {}).get(name, group),
                 f"eval-{name}",
                 mode,
                 wandb_dir,
@@ -106,16 +120,46 @@ def publish_runs(
             run_id, url = run.id, (run.url if mode == "online" else None)
             run.finish()  # before the next init, which would otherwise return this run
             published.append({"name": name, "run_id": run_id, "mode": mode, "url": url})
-        if comparison_text.long_rows(results.comparison):
-            published.append(_comparison_run(results.comparison, project, group, mode, wandb_dir))
+        shared = shared_figures(fig_dir)
+        if shared or comparison_text.long_rows(results.comparison):
+            published.append(
+                _comparison_run(results.comparison, shared, project, group, mode, wandb_dir)
+            )
     finally:
         tracking.finish_all([])  # waits until W&B's service has written every run
     return published
 
 
-def _comparison_run(comparison: Comparison, project: str, group: str, mode: str, wandb_dir) -> dict:
-    """One run (job_type "comparison") holding the comparison as a table of
-    COMPARISON_COLUMNS and its sentences in the summary."""
+def checkpoint_experiments(results: EvalResults, params) -> dict[str, str]:
+    """{checkpoint entry: the W&B experiment of its eval run}: ``publish.experiment`` for
+    all when set; otherwise the sweep whose final training wrote the checkpoint (a train
+    section's ``out_dir`` holding it: that sweep section's ``name``), so a checkpoint's eval
+    run sits beside its sweep and train runs; ``sweep.name`` for any other."""
+    from pipeline.sweep_sections import SWEEP_SECTIONS, TRAIN_SECTIONS
+
+    fixed = params.publish.experiment
+    owners = {
+        os.path.normpath(getattr(params, train).out_dir): getattr(params, sweep).name
+        for sweep, train in zip(SWEEP_SECTIONS, TRAIN_SECTIONS, strict=True)
+    }
+    return {
+        name: fixed
+        or owners.get(os.path.normpath(os.path.dirname(entry.checkpoint)), params.sweep.name)
+        for name, entry in results.checkpoints().items()
+    }
+
+
+def _comparison_run(
+    comparison: Comparison | None,
+    shared: list[Path],
+    project: str,
+    group: str,
+    mode: str,
+    wandb_dir,
+) -> dict:
+    """One run (job_type "comparison") holding what spans models: the comparison as a
+    table of COMPARISON_COLUMNS with its sentences in the summary, and the ``shared``
+    figures (rotation, equivariance, reconstructions, viewpoints)."""
     import wandb
 
     run = tracking.start_run(
@@ -126,13 +170,19 @@ def _comparison_run(comparison: Comparison, project: str, group: str, mode: str,
         wandb_dir,
         {"arms": list(comparison_text.arms(comparison))},
         job_type="comparison",
-        content=provenance.content_hash(comparison.to_dict()),
+        content=provenance.content_hash(
+            {
+                "comparison": comparison.to_dict() if comparison is not None else None,
+                "figures": [p.name for p in shared],
+            }
+        ),
     )
-    table = wandb.Table(
-        columns=list(COMPARISON_COLUMNS), data=comparison_text.long_rows(comparison)
-    )
-    run.log({"comparison": table})
-    run.summary["comparison_text"] = " ".join(comparison_text.sentences(comparison))
+    rows = comparison_text.long_rows(comparison)
+    logged = _images(shared)
+    if rows:
+        logged["comparison"] = wandb.Table(columns=list(COMPARISON_COLUMNS), data=rows)
+        run.summary["comparison_text"] = " ".join(comparison_text.sentences(comparison))
+    run.log(logged)
     run_id, url = run.id, (run.url if mode == "online" else None)
     run.finish()
     return {"name": COMPARISON_KEY, "run_id": run_id, "mode": mode, "url": url}
@@ -291,8 +341,9 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
     group = settings.experiment or params.sweep.name
     mode = tracking.prepare_environment(settings.mode)
     runs = publish_runs(
-        results, fig_dir, project=settings.project, group=group, mode=mode, wandb_dir=settings.dir
-    )
+        results, fig_dir, project=settings.project, group=group, mode=mode,
+        wandb_dir=settings.dir, experiments=checkpoint_experiments(results, params),
+    )  # fmt: skip
     where = tracking.workspace_path(settings.dir) / "wandb"
     say(f"logged {len(runs)} W&B eval run(s) ({mode}) under {where}")
     url = None

@@ -369,6 +369,21 @@ def read_history(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The summary of an offline run: its last value of every key ``run.summary`` set."""
+    from wandb.proto import wandb_internal_pb2
+
+    (record_file,) = Path(run_dir).glob("run-*.wandb")
+    summary: dict[str, Any] = {}
+    for payload in _records(record_file):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
 def read_run_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     """group, job_type, run id, project and config of an offline run."""
     from wandb.proto import wandb_internal_pb2

@@ -55,6 +55,19 @@ from pipeline.trainable import device_label, run_spec, used_settings
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
 
+#: The summary of every train run's W&B run, whatever its dataset or arm: a column in the
+#: project's run table for each, null where a run has no such number (an MNIST run has no
+#: test_accuracy, a smallNORB run no val_rotated_accuracy).
+SUMMARY_KEYS = (
+    "model", "dataset", "device", "parameters", "epochs", "train_images", "train_seconds",
+    "wall_seconds", "val_accuracy", "val_rotated_accuracy", "rotation_angle", "test_accuracy",
+)  # fmt: skip
+
+
+def run_summary(metrics: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """A train run's W&B summary: SUMMARY_KEYS from ``metrics`` (``dataset`` its own)."""
+    return {key: metrics.get(key) for key in SUMMARY_KEYS} | {"dataset": dataset}
+
 
 def read_best(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
@@ -364,8 +377,7 @@ class _Trainer:
                 **result.compile,
             }
             if wandb_run is not None:
-                numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-                wandb_run.summary.update(numbers)
+                wandb_run.summary.update(run_summary(metrics, spec.dataset))
         finally:
             if wandb_run is not None:
                 tracking.finish_all([wandb_run])

@@ -11,6 +11,8 @@ model's error is measured on the familiar and the novel test viewpoints, and
 ``run(params, data_root)`` writes ``viewpoints.out_dir`` as one atomic directory, then
 ``<out_dir>.csv``; with smallNORB switched off, DISABLED.txt, viewpoints.json
 ``{"disabled": reason}`` and the CSV's header (``capsnet.io.outputset.write_disabled``).
+Then one W&B run per kind, seed and model (``track``), with the smallNORB sweep's W&B
+settings (offline unless an API key is configured: ``pipeline.tracking``).
 """
 
 from __future__ import annotations
@@ -326,6 +328,56 @@ def write_disabled(out_dir: str | Path, reason: str) -> Path:
     return outputset.write_disabled(out, reason, [out / RESULTS_FILE], header)
 
 
+#: What each viewpoints W&B run's summary holds from its selection (and ``matched``).
+SUMMARY_KEYS = ("target_familiar_error", "gap", "tolerance", "matched")
+
+
+def track(kinds: Mapping[str, Mapping[str, Any]], rule: str, wandb, experiment: str) -> list[str]:
+    """One W&B run per entry of ``kinds`` (a kind and seed) and model, job_type
+    "viewpoints" in group ``<experiment>/viewpoints`` (``wandb``: a ``WandbConfig``): its
+    per-check history (epoch, familiar and novel error, ...) one row per check, and in its
+    summary the check selected, the match verdict (SUMMARY_KEYS) and the paper's novel
+    error. Returns the run ids; none when W&B is disabled."""
+    from pipeline import provenance, tracking
+
+    mode = tracking.prepare_environment(wandb.mode)
+    if mode == "disabled":
+        return []
+    ids = []
+    try:
+        for key, entry in kinds.items():
+            selection = entry["selection"]
+            for role, model in entry["models"].items():
+                config = {
+                    "dataset": "smallnorb", "kind": entry["kind"], "seed": entry["seed"],
+                    "entry": key, "role": role, "model": model["model"], "rule": rule,
+                    "checkpoint": model["checkpoint"], "epochs": model["epochs"],
+                    "checks_per_epoch": model["checks_per_epoch"],
+                }  # fmt: skip
+                content = {"history": model["history"], "selection": selection}
+                run = tracking.start_run(
+                    wandb.project, experiment, f"viewpoints-{key}-{model['model']}", mode,
+                    wandb.dir, config, job_type="viewpoints",
+                    content=provenance.content_hash(content),
+                )  # fmt: skip
+                for check, record in enumerate(model["history"]):
+                    run.log(dict(record), step=check)  # an epoch may be fractional
+                chosen = selection["models"][role]
+                run.summary.update(
+                    {k: selection[k] for k in SUMMARY_KEYS}
+                    | {
+                        "selected_" + k: chosen[k]
+                        for k in ("epoch", "familiar_error", "novel_error")
+                    }
+                    | {"paper_novel_error": entry["paper_novel_error"].get(role)}
+                )
+                ids.append(run.id)
+                run.finish()
+    finally:
+        tracking.finish_all([])
+    return ids
+
+
 def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
@@ -364,4 +416,10 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         atomic_write_text(tmp / RESULTS_FILE, json.dumps(payload, indent=2) + "\n")
     atomic_write_text(csv_path(settings.out_dir), csv_text(kinds))
     say(f"viewpoints: wrote {settings.out_dir}")
+    norb = params.smallnorb_sweep
+    runs = track(kinds, payload["rule"], norb.wandb, norb.name)
+    if runs:
+        from pipeline.tracking import workspace_path
+
+        say(f"viewpoints: {len(runs)} W&B run(s) under {workspace_path(norb.wandb.dir) / 'wandb'}")
     return payload

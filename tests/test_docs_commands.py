@@ -199,3 +199,26 @@ def test_documented_commands_write_only_where_git_ignores_or_a_stage_writes():
             ["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, check=False
         )
         assert ignored.returncode == 0, f"{where}: {value} is neither ignored nor a stage output"
+
+
+#: Programs the docs tell the reader to run that neither this project nor DVC provides.
+VIEWERS = ("tensorboard",)
+
+
+def test_every_viewer_the_docs_name_comes_with_the_install(repo_root):
+    """`tensorboard --logdir runs/ray` (docs/sweeps-and-clusters.md) works after
+    `.ci/setup`: the program is declared in an extra of pyproject.toml and installed."""
+    import sys
+
+    import tomllib
+
+    text = "\n".join(p.read_text() for p in documents(repo_root))
+    extras = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    declared = {re.split(r"[<>=\[ ;]", r)[0] for rs in extras.values() for r in rs}
+    for program in VIEWERS:
+        if f"`{program} " not in text:
+            continue
+        assert program in declared, f"the docs name {program}; no extra installs it"
+        assert shutil.which(program, path=str(Path(sys.executable).parent)), program

@@ -202,3 +202,54 @@ def test_line_style_legends_draw_strokes_not_dots(repo_root):
     for dash in found:  # a stroked symbol, drawn visibly whatever the colour encoding
         assert dash["legend"]["symbolType"] == "stroke", dash
         assert dash["legend"]["encode"]["symbols"]["update"]["strokeOpacity"] == {"value": 1}
+
+
+#: The labels of each legend of a vega-lite spec rendered to SVG with the .vega packages.
+LEGEND_JS = r"""
+const fs = require("fs");
+const [prefix, file] = process.argv.slice(2);
+const vega = require(prefix + "/vega/build/vega.min.js");
+const vegaLite = require(prefix + "/vega-lite/build/vega-lite.min.js");
+const spec = JSON.parse(fs.readFileSync(file, "utf8"));
+(async () => {
+  const view = new vega.View(vega.parse(vegaLite.compile(spec).spec), { renderer: "none" });
+  await view.runAsync();
+  const scale = view.scale("color");
+  console.log(JSON.stringify(scale.domain()));
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+def test_rotation_diff_of_a_three_seed_and_a_one_seed_run_has_one_colour_per_model(
+    repo_root, tmp_path
+):
+    """`dvc plots diff` of a 3-seed revision (lines named after their seed mean,
+    "capsnet-small (mean)") and a 1-seed one (`-S train.seeds=1`: the checkpoint
+    "capsnet-small" alone): one colour, one legend entry, per model."""
+    node, vega = shutil.which("node"), repo_root / ".vega" / "node_modules"
+    if node is None or not all((vega / script).is_file() for script in VEGA_SCRIPTS):
+        pytest.skip("needs node and the vega npm packages (bash .ci/setup)")
+    models = ("capsnet-small", "lenet5", "lenet5@equal-time")
+    values = []
+    for model in models:
+        mean = f"{model} (mean)"
+        for angle in ("0", "35"):
+            values += [
+                {"angle": angle, "model": mean, "accuracy": "0.9", "std": "0.01", "group": mean,
+                 "kind": "mean", "rev": "HEAD"},
+                {"angle": angle, "model": model, "accuracy": "0.9", "std": "", "group": mean,
+                 "kind": "seed", "rev": "HEAD"},
+                {"angle": angle, "model": model, "accuracy": "0.8", "std": "", "group": model,
+                 "kind": "checkpoint", "rev": "workspace"},
+            ]  # fmt: skip
+    text = (repo_root / "pipeline" / "plots" / "rotation_by_model.json").read_text()
+    for anchor, value in {"<DVC_METRIC_X>": "angle", "<DVC_METRIC_Y>": "accuracy",
+                          "<DVC_METRIC_TITLE>": "rotation", "<DVC_METRIC_X_LABEL>": "angle",
+                          "<DVC_METRIC_Y_LABEL>": "accuracy"}.items():  # fmt: skip
+        text = text.replace(anchor, value)
+    spec = json.loads(text)
+    spec["data"]["values"] = values
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "legend.js").write_text(LEGEND_JS)
+    domain = json.loads(run([node, "legend.js", str(vega), "spec.json"], cwd=tmp_path))
+    assert sorted(domain) == sorted(models)

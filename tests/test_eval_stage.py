@@ -489,6 +489,20 @@ def test_cli_defaults_come_from_the_evaluate_section(untrained, mnist_root, tmp_
     assert json.loads((tmp_path / "b.json").read_text())["lenet5"]["rotated-mnist"]["n"] == 12
 
 
+def test_cli_says_how_many_images_it_scored_and_which_set_is_a_stand_in(
+    untrained, mnist_root, tmp_path
+):
+    """No real affNIST under the data root: `capsnet eval --dataset affnist` scores the
+    stand-in and says so, with the number of images behind each set's numbers."""
+    args = ["eval", str(untrained["lenet40"]), str(untrained["lenet5"]), "--dataset", "affnist",
+            "--dataset", "mnist", "--limit", "8", "--data-root", str(mnist_root)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("scored on: ")]
+    assert "affnist 8 images (affnist-synth: the synthetic stand-in for affnist)" in line
+    assert "mnist 8 images" in line
+
+
 def test_cli_counts_each_checkpoint_once_and_replaces_the_figures_folder(
     untrained, mnist_root, tmp_path
 ):

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from test_readme import METRICS
 
@@ -257,3 +258,73 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     assert ["figures/confusion-em-capsnet-small-smallnorb"] in [
         m.kwargs["media_keys"] for m in media
     ]
+
+
+def test_each_eval_run_logs_only_its_own_checkpoints_figures(tmp_path, monkeypatch):
+    """Names that end alike (capsnet-small, em-capsnet-small) or differ by a seed get their
+    own figures only; the figures across models go to the comparison run alone."""
+    from capsnet.evaluation import plots
+    from capsnet.evaluation.figures import figure_stem
+    from capsnet.evaluation.metrics import parse_results
+    from pipeline import tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    fig_dir = tmp_path / "figures"
+    own = {
+        "capsnet-small": [figure_stem("confusion", "capsnet-small"),
+                          figure_stem("perturbation", "capsnet-small")],
+        "capsnet-small@seed1": [figure_stem("confusion", "capsnet-small@seed1")],
+        "em-capsnet-small": [figure_stem("confusion", "em-capsnet-small", "smallnorb")],
+        "smallnorb-cnn": [figure_stem("confusion", "smallnorb-cnn", "smallnorb")],
+    }  # fmt: skip
+    stems = [s for names in own.values() for s in names] + ["rotation", "equivariance"]
+    for stem in stems:
+        plots.image_grid([torch.rand(1, 1, 4, 4)], fig_dir / f"{stem}.png")
+    entries = {
+        name: {"model": name.split("@")[0], "checkpoint": f"models/{name}.pt",
+               "mnist": {"accuracy": 0.9, "n": 10}}
+        for name in own
+    }  # fmt: skip
+    runs = publish.publish_runs(
+        parse_results(entries), fig_dir, project="p", group="g", mode="offline",
+        wandb_dir=tmp_path / "runs",
+    )  # fmt: skip
+    found = tracking.offline_runs(tmp_path / "runs")
+    logged = {}
+    for run in runs:
+        keys = {k.split("/")[1] for row in tracking.read_history(found[run["run_id"]]) for k in row
+                if k.startswith("figures/")}  # fmt: skip
+        logged[run["name"]] = keys
+    assert logged == {
+        **{n: set(s) for n, s in own.items()},
+        "comparison": {"rotation", "equivariance"},
+    }
+
+
+def test_each_eval_run_is_grouped_with_the_sweep_that_trained_its_checkpoint(tmp_path):
+    """An MNIST checkpoint's eval run beside the MNIST sweep's runs, a smallNORB one beside
+    the smallNORB sweep's; publish.experiment, when set, groups them all."""
+    from capsnet import config
+    from capsnet.evaluation.metrics import parse_results
+    from pipeline import tracking
+
+    entries = {
+        name: {"model": name, "checkpoint": f"{folder}/{name}.pt", "mnist": {"accuracy": 0.9}}
+        for name, folder in (("lenet5", "models"), ("em-capsnet-small", "models-smallnorb"))
+    }
+    results = parse_results(entries)
+    sections = {"sweep": {"name": "mnist-sweep"}, "smallnorb_sweep": {"name": "norb-sweep"}}
+    params = config.from_dict(config.Params, sections)
+    assert publish.checkpoint_experiments(results, params) == {
+        "lenet5": "mnist-sweep",
+        "em-capsnet-small": "norb-sweep",
+    }
+    fixed = config.from_dict(config.Params, {**sections, "publish": {"experiment": "e"}})
+    assert set(publish.checkpoint_experiments(results, fixed).values()) == {"e"}
+    runs = publish.publish_runs(
+        results, tmp_path / "figures", project="p", group="mnist-sweep", mode="offline",
+        wandb_dir=tmp_path / "runs", experiments=publish.checkpoint_experiments(results, params),
+    )  # fmt: skip
+    found = tracking.offline_runs(tmp_path / "runs")
+    groups = {r["name"]: tracking.read_run_info(found[r["run_id"]])["group"] for r in runs}
+    assert groups == {"lenet5": "mnist-sweep/eval", "em-capsnet-small": "norb-sweep/eval"}

@@ -150,11 +150,13 @@ def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatc
         mode="offline",
         wandb_dir=tmp_path / "runs",
     )
-    assert [r["name"] for r in runs] == ["capsnet-small", "lenet5"]
-    assert len({r["run_id"] for r in runs}) == 2
+    assert [r["name"] for r in runs] == ["capsnet-small", "lenet5", "comparison"]
+    assert len({r["run_id"] for r in runs}) == 3
     found = tracking.offline_runs(tmp_path / "runs")
     assert set(found) == {r["run_id"] for r in runs}
-    for published in runs:
+    shared = tracking.read_history(found[runs[-1]["run_id"]])[0]
+    assert {"figures/rotation", "figures/reconstructions"} <= {k.rsplit("/", 1)[0] for k in shared}
+    for published in runs[:-1]:
         run_dir = found[published["run_id"]]
         info = tracking.read_run_info(run_dir)
         assert info["job_type"] == "eval" and info["group"] == "exp-1/eval"
@@ -164,7 +166,7 @@ def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatc
         assert history[0]["mnist/accuracy"] == entry["mnist"]["accuracy"]
         assert history[0]["rotated-mnist/accuracy/35"] == entry["rotated-mnist"]["accuracy"]["35"]
         assert history[0]["rotation_curve/_type"] == "table-file"
-        assert "figures/rotation" in {k.rsplit("/", 1)[0] for k in history[0]}
+        assert not any(k.startswith("figures/") for k in history[0])  # no figure of its own
         curve = [(row["angle"], row["rotated_accuracy"]) for row in history[1:]]
         expected = {int(angle): acc for angle, acc in entry["rotated-mnist"]["accuracy"].items()}
         assert curve == sorted(expected.items())  # one row per angle, in angle order
@@ -183,7 +185,7 @@ def test_publish_stage_offline_never_reports_online(eval_dir, tmp_path, monkeypa
     summary = publish.publish(params, Path("eval/metrics.json"), Path("eval/figures"))
     assert summary["mode"] == "offline" and summary["report_url"] is None
     assert summary["group"] == params.sweep.name
-    assert len(summary["runs"]) == 2
+    assert [r["name"] for r in summary["runs"]] == ["capsnet-small", "lenet5", "comparison"]
     assert Path("eval/report.html").is_file()
     assert json.loads(Path("eval/published.json").read_text())["runs"] == summary["runs"]
 

@@ -416,6 +416,7 @@ def tiny_params(tmp_path: Path, out: Path, extra: str = "", epochs: str = "2") -
     return write_params(
         tmp_path / "params.yaml",
         "data:\n  smallnorb: {enabled: true}\n"
+        f"smallnorb_sweep:\n  name: norb\n  wandb: {{mode: offline, dir: {tmp_path / 'runs'}}}\n"
         "viewpoints:\n"
         f"  out_dir: {out}\n"
         "  channels: 1\n"
@@ -536,6 +537,56 @@ def test_experiment_outputs(experiment):
     ]
     assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert not list(out.rglob(".*"))  # no temporary files left behind
+    from pipeline import tracking
+
+    runs = tracking.offline_runs(out.parent / "runs").values()
+    infos = {tracking.read_run_info(d)["name"]: d for d in runs}
+    assert len(infos) == 2 * 2 * 2  # kinds x seeds x models
+    one = infos["viewpoints-azimuth@seed4-smallnorb-cnn"]
+    assert tracking.read_run_info(one)["group"] == "norb/viewpoints"
+    history = payload["kinds"]["azimuth@seed4"]["models"]["cnn"]["history"]
+    logged = tracking.read_history(one)
+    assert [r["novel_error"] for r in logged] == [r["novel_error"] for r in history]
+    assert "viewpoints: 8 W&B run(s)" in result.stderr
+
+
+def test_each_model_and_kind_gets_a_wandb_run_with_its_history_and_verdict(tmp_path):
+    """``track`` on a made-up result: one run per kind and model, job_type "viewpoints",
+    the per-check history as rows and the selection with the match verdict in its summary."""
+    from capsnet.config.sweep import WandbConfig
+    from pipeline import tracking
+
+    history = {
+        "capsules": [{"epoch": 1, "familiar_error": 0.3, "novel_error": 0.4},
+                     {"epoch": 2, "familiar_error": 0.2, "novel_error": 0.3}],
+        "cnn": [{"epoch": 0.5, "familiar_error": 0.25, "novel_error": 0.5},
+                {"epoch": 1, "familiar_error": 0.15, "novel_error": 0.45}],
+    }  # fmt: skip
+    selection = viewpoints.select_matched(history, 0.1)
+    models = {
+        role: {"model": f"m-{role}", "checkpoint": f"azimuth/m-{role}.pt", "epochs": 2,
+               "checks_per_epoch": 1, "history": h}
+        for role, h in history.items()
+    }  # fmt: skip
+    kinds = {"azimuth": {"kind": "azimuth", "seed": 0, "models": models, "selection": selection,
+                         "paper_novel_error": {"capsules": 0.135, "cnn": 0.2}}}  # fmt: skip
+    wandb = WandbConfig(project="p", mode="offline", dir=str(tmp_path / "runs"))
+    ids = stage.track(kinds, "rule", wandb, "exp")
+    found = tracking.offline_runs(tmp_path / "runs")
+    assert len(ids) == 2 and set(found) == set(ids)
+    for run_dir in found.values():
+        info = tracking.read_run_info(run_dir)
+        role = info["config"]["role"]
+        assert (info["group"], info["job_type"]) == ("exp/viewpoints", "viewpoints")
+        assert info["name"] == f"viewpoints-azimuth-m-{role}"
+        assert [r["familiar_error"] for r in tracking.read_history(run_dir)] == [
+            r["familiar_error"] for r in history[role]
+        ]
+        summary = tracking.read_summary(run_dir)
+        assert summary["matched"] is selection["matched"]
+        assert summary["selected_epoch"] == selection["models"][role]["epoch"]
+        assert summary["paper_novel_error"] == kinds["azimuth"]["paper_novel_error"][role]
+    assert stage.track(kinds, "rule", WandbConfig(mode="disabled"), "exp") == []
 
 
 def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(

@@ -120,5 +120,6 @@ def show_command(dataset, out, split, count, angle, subset, strategy, seed, para
         seed=seed,
         params=params,
         root=data_root,
+        say=click.echo,
     )
     click.echo(f"wrote {out}")

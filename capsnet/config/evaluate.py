@@ -93,7 +93,7 @@ class PublishParams(Section):
     SECTION: ClassVar[str] = "publish"
 
     project: str = "capsnet"
-    experiment: str = ""  # W&B group; empty: sweep.name
+    experiment: str = ""  # W&B group of the eval runs; empty: the sweep that trained each
     mode: WandbMode = "auto"
     dir: str = "runs"  # runs/wandb/
     report: bool = True  # a W&B Report (online only)

@@ -5,17 +5,43 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from capsnet.config import Params
+from capsnet.io.errors import DataError
 
 
-def _label(target) -> str:
+def _label(target, names: tuple[str, ...] | None = None) -> str:
     if isinstance(target, torch.Tensor) and target.dim() == 1:  # multi-hot
         return "+".join(str(int(i)) for i in target.nonzero().flatten())
-    return str(int(target))
+    return f"{int(target)} {names[int(target)]}" if names else str(int(target))
+
+
+def _load(dataset: str, split: str, root: Path, **kwargs):
+    """(data, note): ``dataset``, or, for a test set whose real files are missing, the
+    stand-in ``capsnet eval`` scores in its place (the dataset's evaluation-set hook, so
+    both fall back alike), with a note saying so."""
+    from capsnet.data import registry
+    from capsnet.data.datasets import load
+
+    try:
+        return load(dataset, split, root, **kwargs), None
+    except DataError as exc:
+        spec = registry.REGISTRY[dataset]
+        if split != "test" or spec.evaluation_set is None or spec.stand_in_source is None:
+            raise
+        hook = registry.resolve(spec.evaluation_set)
+        request = SimpleNamespace(mirror=None, params=SimpleNamespace(limit=None))
+        data, info = hook(dataset, request, root, lambda name, **kw: load(name, split, root, **kw))
+        source = info.get("source")
+        if not registry.is_stand_in(dataset, source):
+            raise
+        data.source = source
+        return data, f"{exc}; showing {source}, the stand-in `capsnet eval` scores instead"
 
 
 def show(
@@ -30,14 +56,18 @@ def show(
     seed: int = 0,
     params: Params | None = None,
     root: str | os.PathLike | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
-    """Render ``count`` items of ``dataset`` (optionally augmented) into a PNG at ``out``."""
+    """Render ``count`` items of ``dataset`` (optionally augmented) into a PNG at ``out``,
+    each titled with its label (and class name where the dataset has them); ``say`` hears
+    when a stand-in is shown."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from capsnet.data.datasets import DEFAULT_ROOT, load
+    from capsnet.data import registry
+    from capsnet.data.datasets import DEFAULT_ROOT
     from capsnet.io.files import atomic_write_bytes
 
     params = params or Params()
@@ -45,8 +75,16 @@ def show(
     kwargs = {"angle": angle} if dataset == "rotated-mnist" else {}
     if dataset == "smallnorb":
         kwargs["subset"] = subset
-    data = load(dataset, split, root, seed=seed if dataset == "expanded-mnist" else None, **kwargs)
+    data, note = _load(
+        dataset, split, root, seed=seed if dataset == "expanded-mnist" else None, **kwargs
+    )
+    if note is not None and say is not None:
+        say(note)
     title = getattr(data, "name", dataset)
+    source = getattr(data, "source", None)
+    if registry.is_stand_in(dataset, source):
+        title += f" ({source}: the stand-in for {dataset})"
+    names = getattr(data, "class_names", None)
     if strategy is not None:
         from capsnet.data.augment import AugmentedDataset
 
@@ -65,7 +103,7 @@ def show(
         axis = axes.flat[i]
         picture = image[0] if image.shape[0] != 3 else image.permute(1, 2, 0)
         axis.imshow(picture.numpy(), cmap="gray", vmin=0, vmax=1)
-        axis.set_title(_label(target), fontsize=9)
+        axis.set_title(_label(target, names), fontsize=9)
     figure.suptitle(title, fontsize=10)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")

@@ -42,7 +42,8 @@ RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
 #: part -> bytes of each decompressed file: the header (magic, ndim, max(3, ndim) dims as
 #: int32), then 24,300 rows
 RAW_SIZE = {"dat": 24 + 24_300 * 2 * 96 * 96, "cat": 20 + 24_300 * 4, "info": 20 + 24_300 * 16}
-CLASSES = 5  # animal, human, airplane, truck, car
+CLASS_NAMES = ("animal", "human", "airplane", "truck", "car")  # label 0..4, real and stand-in
+CLASSES = len(CLASS_NAMES)
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
 INFO_MAX = (9, 8, 34, 5)  # the largest value of each info field
 FAMILIAR_AZIMUTHS = (30, 32, 34, 0, 2, 4)  # 300..40 degrees (azimuth index x 10 degrees)
@@ -400,6 +401,7 @@ def load(
     else:
         dataset = crop_test_set(images, labels, info, crop, standardize, name)
     dataset.source = meta.get("source", REAL)
+    dataset.class_names = CLASS_NAMES
     return dataset
 
 

@@ -31,6 +31,28 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+#: The figures drawn across models, once all are evaluated (no checkpoint owns them).
+SHARED_FIGURES = ("rotation", "equivariance", "reconstructions", "viewpoints")
+#: The figures drawn for one checkpoint (``figure_stem``).
+MODEL_FIGURES = ("confusion", "perturbation", "multimnist")
+
+
+def figure_stem(kind: str, name: str, test_set: str | None = None) -> str:
+    """The file stem of checkpoint ``name``'s figure ``kind`` (one of MODEL_FIGURES), on
+    ``test_set`` for a per-set confusion matrix: ``confusion-<name>-<set>``."""
+    stem = f"{kind}-{slug(name)}"
+    return stem if test_set is None else f"{stem}-{slug(test_set)}"
+
+
+def model_figure_stems(name: str) -> set[str]:
+    """Every stem a figure of checkpoint ``name`` can have: its own, matched by the whole
+    name, never by a suffix (``em-capsnet-small``'s figures are not ``capsnet-small``'s)."""
+    from capsnet.data.registry import CONFUSION_SETS
+
+    stems = {figure_stem(kind, name) for kind in MODEL_FIGURES}
+    return stems | {figure_stem("confusion", name, test_set) for test_set in CONFUSION_SETS}
+
+
 class FigureDrawer:
     """Figures under ``fig_dir``; ``written`` maps each figure's name to its path."""
 
@@ -57,7 +79,7 @@ class FigureDrawer:
                 model,
                 data.get("multimnist")[0],
                 request.params.figure_examples,
-                self.fig_dir / f"multimnist-{slug(name)}.png",
+                self.fig_dir / f"{figure_stem('multimnist', name)}.png",
                 name,
                 request.device,
             )
@@ -74,7 +96,7 @@ class FigureDrawer:
             predicted,
             labels,
             int(model.config.num_classes),
-            self.fig_dir / f"confusion-{slug(name)}.png",
+            self.fig_dir / f"{figure_stem('confusion', name)}.png",
             title=f"{name}: MNIST rotated {angle}°",
         )
         if getattr(model, "decoder", None) is None:
@@ -98,7 +120,7 @@ class FigureDrawer:
             scores.argmax(dim=1).cpu(),  # (N,)
             targets.cpu(),  # (N,)
             int(model.config.num_classes),
-            self.fig_dir / f"confusion-{slug(name)}-{slug(test_set)}.png",
+            self.fig_dir / f"{figure_stem('confusion', name, test_set)}.png",
             title=f"{name}: {test_set}" + (f" ({source})" if source else ""),
         )
 
@@ -126,7 +148,7 @@ class FigureDrawer:
         if shown:
             self.written[f"perturbation-{name}"] = draw.image_grid(
                 [rows[d] for d in shown],
-                self.fig_dir / f"perturbation-{slug(name)}.png",
+                self.fig_dir / f"{figure_stem('perturbation', name)}.png",
                 row_labels=[f"dim {d}" for d in shown],
                 col_labels=[f"{d:+.2f}" for d in draw.PERTURBATION_DELTAS],
                 title=f"{name}: each pose dimension of the class capsule perturbed",

@@ -173,10 +173,34 @@ def summary_lines(results: EvalResults) -> list[str]:
     entries = results.entries
     return (
         _table_lines(entries)
+        + _scored_lines(results)
         + _skip_lines(results)
         + comparison
         + viewpoint_lines(results.viewpoints)
     )
+
+
+def _scored_lines(results: EvalResults) -> list[str]:
+    """How many test images each set's numbers come from (a range when checkpoints were
+    scored on different counts), and which numbers come from a stand-in's data."""
+    counts: dict[str, list[int]] = {}
+    sources: dict[str, set[str]] = {}
+    for entry in results.checkpoints().values():
+        for key, block in entry.scores.items():
+            if isinstance(block, dict) and isinstance(block.get("n"), int):
+                counts.setdefault(key, []).append(block["n"])
+                if block.get("source"):
+                    sources.setdefault(key, set()).add(str(block["source"]))
+    parts = []
+    for key, ns in counts.items():
+        n = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
+        spec = registry.of_column(key)
+        part = f"{key} {n} images" + (" per angle" if spec and spec.rotations_of else "")
+        for source in sorted(sources.get(key, ())):
+            standing = registry.is_stand_in(key, source)
+            part += f" ({source}: the synthetic stand-in for {key})" if standing else f" ({source})"
+        parts.append(part)
+    return [f"scored on: {'; '.join(parts)}"] if parts else []
 
 
 def _skip_lines(results: EvalResults) -> list[str]:

@@ -128,6 +128,9 @@ class CapsNet(nn.Module):
         if not enabled:
             self._compiled_call_impl = None
             return self
+        from capsnet.nn.compiling import quiet_cuda_home_probe
+
+        quiet_cuda_home_probe()
         device = next(self.parameters()).device
         self.compile(mode=self.COMPILE_MODES.get(device.type, "default"))
         return self

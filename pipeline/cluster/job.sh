@@ -2,8 +2,9 @@
 # The RayJob's driver (rayjob.yaml), run on the head pod with RAY_ADDRESS set by KubeRay:
 # `dvc repro` of the given stages (default: sweep train) on that Ray cluster, then
 # everything the run made is saved before KubeRay deletes the cluster:
-#   1. the DVC-cached outputs (models/, data/) go to the DVC remote $CAPSNET_DVC_REMOTE
-#      (s3://bucket/prefix, or a directory);
+#   1. the DVC-cached outputs (models/, data/) and the run cache go to the DVC remote
+#      $CAPSNET_DVC_REMOTE (s3://bucket/prefix, or a directory; $CAPSNET_DVC_ENDPOINT for an
+#      S3-compatible server), through dvc_remote.sh, the path the tests push and pull by;
 #   2. dvc.lock and the git-tracked outputs (sweep/results.csv, best.json, plots) are
 #      committed on a new branch, $CAPSNET_RUN_NAME (default cluster-run-<UTC time>),
 #      and pushed to the git remote $CAPSNET_GIT_REMOTE.
@@ -28,10 +29,10 @@ export GIT_AUTHOR_EMAIL="${GIT_AUTHOR_EMAIL:-capsnet-rayjob@localhost}"
 export GIT_COMMITTER_NAME="$GIT_AUTHOR_NAME" GIT_COMMITTER_EMAIL="$GIT_AUTHOR_EMAIL"
 git push --dry-run --quiet "$CAPSNET_GIT_REMOTE" "HEAD:refs/heads/$branch" \
   || fail "cannot push branch $branch to CAPSNET_GIT_REMOTE (credentials? branch exists?)"
-dvc remote add --local --default --force job "$CAPSNET_DVC_REMOTE"
+bash pipeline/cluster/dvc_remote.sh add
 
 dvc repro --pull "$@"
-dvc push --with-deps "$@"
+bash pipeline/cluster/dvc_remote.sh push "$@"
 
 git checkout --quiet -b "$branch"
 git add --all   # a fresh checkout: what is not ignored is dvc.lock and the stage outputs

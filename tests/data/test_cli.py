@@ -326,3 +326,44 @@ def test_a_switched_off_data_stage_does_not_import_torch(tmp_path, verb):
     assert done.returncode == 0, done.stderr[-2000:]
     folder = "raw" if verb == "download" else "prepared"
     assert (tmp_path / "data" / folder / "smallnorb" / "DISABLED.txt").is_file()
+
+
+def test_show_affnist_falls_back_to_the_stand_in_as_eval_does(cli, tiny_root, tmp_path, no_network):
+    """No real affNIST here and no network: `capsnet eval --dataset affnist` scores
+    affnist-synth; `capsnet data show affnist` shows it too, and says so."""
+    pytest.importorskip("matplotlib")
+    mnist.prepare(tiny_root / "raw" / "mnist", tiny_root / "prepared" / "mnist")
+    out = tmp_path / "affnist.png"
+    result = cli("data", "show", "affnist", "--out", out, "--data-root", tiny_root, "--count", "4",
+                 "--params", params_file(tmp_path))  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "real affNIST not prepared" in result.stdout
+    assert "showing affnist-synth, the stand-in `capsnet eval` scores instead" in result.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_show_smallnorb_names_the_classes_and_the_stand_in(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from capsnet import config
+    from capsnet.data import show as shown
+    from capsnet.data import stages
+
+    root = tmp_path / "data"
+    write_smallnorb_raw(root / "raw" / "smallnorb", n=10, side=48)
+    params = config.Params(data=config.DataParams(smallnorb=config.SmallnorbParams(enabled=True)))
+    stages.prepare("smallnorb", params, root)
+    labels, titles = [], []
+    real_label = shown._label
+    monkeypatch.setattr(shown, "_label", lambda *a: labels.append(real_label(*a)) or labels[-1])
+    import matplotlib.figure
+
+    real_suptitle = matplotlib.figure.Figure.suptitle
+
+    def suptitle(self, text, **kwargs):
+        titles.append(text)
+        return real_suptitle(self, text, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", suptitle)
+    shown.show("smallnorb", tmp_path / "n.png", count=5, params=params, root=root)
+    assert labels == ["0 animal", "1 human", "2 airplane", "3 truck", "4 car"]
+    assert titles == ["smallnorb-test-all (smallnorb-synth: the stand-in for smallnorb)"]

@@ -294,6 +294,63 @@ def test_a_cluster_that_refuses_the_connection_is_named_with_the_token_hint(monk
     assert "RAY_AUTH_MODE=token (here: unset)" in line and "params" not in line
 
 
+def _refused_client(monkeypatch, error: BaseException) -> None:
+    """ray.init over Ray Client failing with ``error`` (as it does after its retries)."""
+    import ray
+
+    def refuse(address, **options):
+        raise error
+
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+def test_a_ray_client_address_nobody_listens_on_is_blamed_on_the_address(monkeypatch):
+    import socket
+
+    from pipeline.gpu_worker import connect
+
+    with socket.socket() as probe:  # a free port: nothing listens on it once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _refused_client(monkeypatch, ConnectionError("ray client connection timeout"))
+    with pytest.raises(ConfigError) as raised:
+        connect(f"ray://127.0.0.1:{port}")
+    line = str(raised.value)
+    assert f"nothing answers at 127.0.0.1:{port}" in line and "Ray Client server" not in line
+
+
+def test_a_running_head_whose_client_server_fails_is_named_not_the_address(monkeypatch):
+    """The port answers (a head is there) but the session never starts: the cause is on the
+    head, and the error says where to read it and what the head needs."""
+    import socket
+
+    from pipeline.gpu_worker import connect
+
+    _refused_client(monkeypatch, ConnectionError("ray client connection timeout"))
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"ray://127.0.0.1:{head.getsockname()[1]}"
+        with pytest.raises(ConfigError) as raised:
+            connect(address)
+    line = str(raised.value)
+    assert line.startswith(f"Ray cluster at {address}: its Ray Client server answered but")
+    assert "ray_client_server_*.err" in line and ".[pipeline,cluster]" in line
+    assert "check that its head runs at that address" not in line and "\n" not in line
+
+
+def test_ray_client_version_mismatch_names_both_versions(monkeypatch):
+    from pipeline.gpu_worker import connect
+
+    mismatch = (
+        "Version mismatch: The cluster was started with:\n    Ray: 2.50.0\n    Python: 3.12.1\n"
+        "This process on Ray Client was started with:\n    Ray: 2.60.0\n    Python: 3.11.7\n"
+    )
+    _refused_client(monkeypatch, RuntimeError(mismatch))
+    with pytest.raises(ConfigError, match=r"same Ray and Python .*Ray: 2\.50\.0 Python: 3\.12"):
+        connect("ray://head:10001")
+
+
 def test_ray_client_and_ray_up_come_with_the_cluster_extra():
     cluster = extras()["cluster"]
     assert any(r.startswith("ray[client]==") for r in cluster)

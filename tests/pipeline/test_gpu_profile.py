@@ -138,3 +138,61 @@ def test_profile_resources_run_four_trials_on_one_gpu_at_once(
     # Ray assigned each trial a quarter of GPU 0; torch finds no CUDA here, so they ran
     # on the CPU, and say so
     assert {(r["device"], r["peak_gpu_memory_mb"]) for r in rows} == {("cpu", "")}
+
+
+PARAMS_TEXT = """\
+# the settings
+sweep:
+  epochs: 2             # two epochs: a quick look
+  name:   'capsnet-sweep'     # spacing and quotes as written
+  list: [1,2]   # a flow list written tightly
+  resources:
+    max_concurrent_trials: 1  # one at a time
+                              # (a continuation of that comment)
+    cpus: 2.0
+  space: {lr: 0.1, m: 0.9}  # a flow mapping
+
+train:
+  epochs: 3
+"""
+
+
+def test_apply_edits_only_the_lines_the_profile_sets_and_drops_their_old_comments():
+    profile_settings = {
+        "sweep": {
+            "epochs": 30,
+            "list": [1, 2],  # the value it has: line and comment stay
+            "resources": {"max_concurrent_trials": None},
+            "space": {"lr": 0.2},
+            "seed": 5,
+        },
+        "evaluate": {"limit": 8},
+    }
+    text = profile.edit_text(PARAMS_TEXT, profile_settings, "p.yaml")
+    assert (
+        text
+        == """\
+# the settings
+sweep:
+  epochs: 30            # from p.yaml
+  name:   'capsnet-sweep'     # spacing and quotes as written
+  list: [1,2]   # a flow list written tightly
+  resources:
+    max_concurrent_trials: null # from p.yaml
+    cpus: 2.0
+  space: {lr: 0.2, m: 0.9}  # from p.yaml
+  seed: 5  # from p.yaml
+
+train:
+  epochs: 3
+evaluate:
+  limit: 8  # from p.yaml
+"""
+    )
+    assert yaml.safe_load(text) == profile.merge(yaml.safe_load(PARAMS_TEXT), profile_settings)
+
+
+def test_apply_replaces_a_block_list_whole_at_its_keys_column():
+    text = "train:\n  baselines:\n  - lenet5\n  - x  # two\n  epochs: 3\n"
+    out = profile.edit_text(text, {"train": {"baselines": ["a", "b"]}}, "p.yaml")
+    assert out == "train:\n  baselines: [a, b]\n  epochs: 3\n"

@@ -11,7 +11,7 @@ from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
 from pipeline import provenance, tracking
-from pipeline.train_final import train_final
+from pipeline.train_final import SUMMARY_KEYS, run_summary, train_final
 
 
 def best_json(path, **config):
@@ -80,6 +80,9 @@ def test_final_model_and_baseline_are_trained_and_saved(tmp_path, mnist_root):
     assert {(i["group"], i["job_type"]) for i in infos} == {("tiny/train", "train")}
     for run_dir in runs.values():
         assert [h["epoch"] for h in tracking.read_history(run_dir)] == [1]
+        summary = tracking.read_summary(run_dir)
+        assert set(SUMMARY_KEYS) <= set(summary), summary
+        assert summary["dataset"] == "mnist" and summary["test_accuracy"] is None
 
 
 def test_missing_best_json_names_the_sweep(tmp_path):
@@ -216,3 +219,31 @@ def test_smallnorb_final_training_refuses_augmentation():
 def test_unknown_forced_augmentation_names_the_strategies():
     with pytest.raises(ConfigError, match=r"train\.augment: 'spin' unknown; choose one of none"):
         FinalTrainConfig.from_dict({"augment": "spin"})
+
+
+def test_every_train_run_summary_has_the_same_keys():
+    """An MNIST run, an extra-set run and a smallNORB run: one set of columns in W&B."""
+    mnist = {
+        "model": "capsnet-small",
+        "augment": "shift",
+        "epochs": 2,
+        "val_accuracy": 0.9,
+        "rotation_angle": 30.0,
+        "val_rotated_accuracy": 0.7,
+        "device": "cpu",
+    }
+    extra = {"model": "lenet5", "dataset": "multimnist", "epochs": 1, "val_accuracy": None}
+    norb = {
+        "model": "smallnorb-cnn",
+        "dataset": "smallnorb",
+        "channels": 2,
+        "loss": "auto",
+        "smallnorb": {"accuracy": 0.8},
+        "test_accuracy": 0.8,
+        "node": "n1",
+    }
+    summaries = [run_summary(mnist, "mnist"), run_summary(extra, "multimnist"),
+                 run_summary(norb, "smallnorb")]  # fmt: skip
+    assert all(list(s) == list(SUMMARY_KEYS) for s in summaries)
+    assert [s["dataset"] for s in summaries] == ["mnist", "multimnist", "smallnorb"]
+    assert summaries[2]["test_accuracy"] == 0.8 and summaries[0]["test_accuracy"] is None

@@ -191,6 +191,9 @@ def compile_routing_function(function, dynamic: bool | None = False):
     (wrong results, NaN, or a crash). A ``TORCHINDUCTOR_CACHE_DIR`` the user chose is kept;
     the default one, which Inductor writes into the environment when anything asks for its
     cache (an eager checkpointed step does), is replaced."""
+    from capsnet.nn.compiling import quiet_cuda_home_probe
+
+    quiet_cuda_home_probe()
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if capability:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
