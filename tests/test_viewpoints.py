@@ -113,6 +113,40 @@ def test_nearest_takes_the_lowest_error_before_the_crossing_when_that_is_nearer(
         viewpoints.select_matched(histories, 0.01, "closest")
 
 
+def test_lowest_takes_the_lowest_level_both_reach_within_the_tolerance():
+    """The default run's azimuth pattern: the CNN jumps past the capsules' best (27.9%)
+    from 29.8% to 26%, 1.9 points either way; one capsule check earlier (28.8%) it was
+    within a point of the CNN's 29.8%, so the pair is matched there."""
+    caps = [0.606, 0.432, 0.340, 0.311, 0.308, 0.288, 0.279, 0.295]
+    cnn = [0.50, 0.40, 0.35, 0.318, 0.298, 0.26, 0.24, 0.25, 0.21]
+    histories = {
+        "capsules": hist(*caps),
+        "cnn": [{"epoch": k / 4, "familiar_error": e, "novel_error": 0.5} for k, e in
+                enumerate(cnn, start=1)],
+    }  # fmt: skip
+    nearest = viewpoints.select_matched(histories, 0.01, "nearest")
+    assert not nearest["matched"] and nearest["gap"] == pytest.approx(0.019)
+    lowest = viewpoints.select_matched(histories, 0.01, "lowest")
+    assert lowest["matched"] and lowest["target_familiar_error"] == pytest.approx(0.298)
+    assert lowest["gap"] == pytest.approx(0.01)
+    assert lowest["models"]["capsules"]["epoch"] == 6 and lowest["models"]["cnn"]["epoch"] == 1.25
+    # an independent search: every kept pair within the tolerance, the lowest higher error
+    kept = {k: viewpoints.candidate_epochs([r["familiar_error"] for r in h])
+            for k, h in histories.items()}  # fmt: skip
+    levels = [max(caps[i - 1], cnn[j - 1]) for i in kept["capsules"] for j in kept["cnn"]
+              if abs(caps[i - 1] - cnn[j - 1]) <= 0.01 + 1e-12]  # fmt: skip
+    assert lowest["target_familiar_error"] == min(levels)
+    far = viewpoints.select_matched(  # no pair within the tolerance: the nearest rule's pair
+        {"capsules": hist(0.5, 0.4), "cnn": hist(0.2, 0.1)}, 0.01, "lowest"
+    )
+    assert far == viewpoints.select_matched(
+        {"capsules": hist(0.5, 0.4), "cnn": hist(0.2, 0.1)}, 0.01, "nearest"
+    )
+    assert not far["matched"]
+    with pytest.raises(ValueError, match="pairs two models"):
+        viewpoints.select_matched({"a": hist(0.5)}, 0.01, "lowest")
+
+
 def test_nearest_only_ever_takes_a_check_whose_weights_are_kept():
     history = [0.5, 0.6, 0.4, 0.45, 0.41, 0.1, 0.3, 0.05]
     kept = viewpoints.candidate_epochs(history)

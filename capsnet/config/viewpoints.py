@@ -13,7 +13,7 @@ from capsnet.config.schema import Invalid, Section, above, at_least
 from capsnet.config.sweep import Precision, check_schedule, seed_list
 
 Kind = Literal["azimuth", "elevation"]
-MatchRule = Literal["first", "nearest"]
+MatchRule = Literal["first", "nearest", "lowest"]
 KINDS: tuple[str, ...] = ("azimuth", "elevation")
 ROLES: tuple[str, ...] = ("capsules", "cnn")
 #: Whether each role's model must be a capsule network (the registry's ``capsules``).
@@ -101,7 +101,8 @@ class ViewpointsParams(Section):
     tolerance: float = 0.005  # |familiar error gap| that still counts as matched
     # which check of each model is compared (capsnet.evaluation.viewpoint_matching.RULES):
     # first: its first at or below the target; nearest: that or its lowest error before it,
-    # whichever is nearer the target
+    # whichever is nearer the target; lowest: the lowest error both reach within the
+    # tolerance of each other
     match: MatchRule = "first"
     # familiar and novel test error measured this often per epoch; each check is a
     # candidate for the match (a model that learns fast needs more to be matched)

@@ -60,6 +60,13 @@ RULES = {
         "epoch, or one of viewpoints.checks_per_epoch within it) whose familiar error is <= "
         "target and its lowest familiar error before that check"
     ),
+    "lowest": (
+        "the lowest familiar test error both models reach within the tolerance of each other: "
+        "of every pair of checks whose weights are kept (each model's new best familiar errors, "
+        "at epoch ends or viewpoints.checks_per_epoch within them), the pair within the "
+        "tolerance whose higher error is lowest; target = that higher error (the nearest "
+        "rule's pair when no pair is within the tolerance)"
+    ),
 }
 RULE = RULES["first"]  # the default rule's text (ViewpointsParams.match: first)
 
@@ -88,6 +95,8 @@ def select_matched(
         raise ValueError(f"unknown matching rule {rule!r}: one of {', '.join(RULES)}")
     if not histories:
         raise ValueError("select_matched needs at least one model history")
+    if rule == "lowest":
+        return _lowest_pair(histories, tolerance)
     best: dict[str, float] = {}
     for key, history in histories.items():
         errors = [float(record["familiar_error"]) for record in history]
@@ -120,6 +129,47 @@ def select_matched(
         "gap": gap,
         "tolerance": float(tolerance),
         "matched": bool(gap <= tolerance + 1e-12),
+        "models": chosen,
+    }
+
+
+def _lowest_pair(histories: Mapping[str, Sequence[Mapping[str, Any]]], tolerance: float):
+    """``select_matched`` by the "lowest" rule (two models): among the pairs of kept checks
+    (``candidate_epochs`` of each) whose familiar errors are within ``tolerance``, the one
+    whose higher error is lowest (then the smaller gap, then the earlier checks); the
+    "nearest" selection when no pair is within the tolerance."""
+    if len(histories) != 2:
+        raise ValueError(f"the lowest rule pairs two models, got {len(histories)}")
+    (key_a, a), (key_b, b) = histories.items()
+    errors = {k: [float(r["familiar_error"]) for r in h] for k, h in histories.items()}
+    for key, found in errors.items():
+        if not found:
+            raise ValueError(f"{key}: empty history (no epoch was measured)")
+        if any(math.isnan(e) for e in found):
+            raise ValueError(f"{key}: a familiar error is NaN (empty test subset?)")
+    pairs = [
+        (max(ea, eb), abs(ea - eb), i, j)
+        for i in candidate_epochs(errors[key_a])
+        for j in candidate_epochs(errors[key_b])
+        if abs((ea := errors[key_a][i - 1]) - (eb := errors[key_b][j - 1])) <= tolerance + 1e-12
+    ]
+    if not pairs:
+        return select_matched(histories, tolerance, "nearest")
+    level, gap, i, j = min(pairs)
+    chosen = {}
+    for key, history, index in ((key_a, a, i), (key_b, b, j)):
+        record, novel = history[index - 1], history[index - 1].get("novel_error")
+        chosen[key] = {
+            "epoch": record.get("epoch", index),
+            "familiar_error": errors[key][index - 1],
+            "novel_error": None if novel is None else float(novel),
+            "best_familiar_error": min(errors[key]),
+        }
+    return {
+        "target_familiar_error": level,
+        "gap": gap,
+        "tolerance": float(tolerance),
+        "matched": True,
         "models": chosen,
     }
 
