@@ -326,7 +326,7 @@ def test_own_set_is_the_recorded_dataset_else_the_run_default():
 
     assert own_set({"extra": {"dataset": "smallnorb"}}) == "smallnorb"
     assert own_set({"metrics": {"dataset": "multimnist"}, "extra": {}}) == "multimnist"
-    assert own_set({"metrics": {}}) == "mnist"  # RunSpec's default set
+    assert own_set({"metrics": {}}) == "mnist"  # the default training set
 
 
 def trained_meta(seed: int, epochs: int, **data) -> dict:

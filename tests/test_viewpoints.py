@@ -264,16 +264,16 @@ def test_params_defaults_and_errors(tmp_path):
 
 
 def test_default_run_trains_the_capsules_as_measured_to_learn(tmp_path):
-    """params.yaml's viewpoint capsules: 2 routing iterations and at least 128 steps, the
-    setting measured at 32.0% familiar elevation error (96 steps: 32.3% azimuth, 40.3%
-    elevation; docs/em.md, "Learning on the stand-in"); 3 iterations for 32 steps stayed
-    near chance (80%)."""
+    """params.yaml's viewpoint capsules: 2 routing iterations and at least 96 steps (96
+    steps measured at 28.8% familiar azimuth and 42-43% elevation error, far from chance's
+    80%; docs/em.md, "Learning on the stand-in"); 3 iterations for 32 steps stayed near
+    chance."""
     repo = config.load(Path(__file__).resolve().parents[1] / "params.yaml")
     spec = stage.kind_spec(repo, tmp_path, "azimuth", "capsules")
     built = models.build(spec.model, **spec.overrides)
     assert built.config.routing_iterations == 2
     steps = spec.train.epochs * -(-spec.train_size // spec.train.batch_size)
-    assert steps >= 128, steps
+    assert steps >= 96, steps
 
 
 def test_each_run_takes_its_seed_and_the_sections_schedule(tmp_path):
@@ -777,7 +777,7 @@ def test_report_has_a_novel_viewpoint_table():
     page = report.render_html(results)
     table = page[page.index('<table id="viewpoints">') :]
     assert "15.00%" in table and "paper 13.50%" in table and "paper 20.00%" in table
-    assert "(matched)" in table and "elevation: smallnorb is switched off" in page
+    assert ": matched</td>" in table and "elevation: smallnorb is switched off" in page
     results_table = page[page.index('<table id="results">') : page.index("</table>")]
     assert "viewpoints" not in results_table  # the section is not a checkpoint row
     assert "| viewpoints |" not in readme.results_table(results)  # not a model row

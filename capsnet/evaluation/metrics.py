@@ -305,8 +305,10 @@ class ComparisonGroup:
         if self.load_average is not None:
             row.update(load_average=self.load_average, busy=list(self.busy))
         if self.within_tolerance is not None:
-            row.update(time_ratio=self.time_ratio, budgeted_ratio=self.budgeted_ratio,
-                       within_tolerance=self.within_tolerance)  # fmt: skip
+            row["time_ratio"] = self.time_ratio
+            if self.budgeted_ratio is not None:
+                row["budgeted_ratio"] = self.budgeted_ratio
+            row["within_tolerance"] = self.within_tolerance
         return row
 
 
@@ -326,6 +328,8 @@ class ComparisonArm:
 
     def to_dict(self) -> dict[str, Any]:
         own = {key: getattr(self, key) for key in ARM_FIELDS.get(self.name, ())}
+        if own.get("budgeted_seconds", 0) is None:  # runs from before the step-cost record
+            del own["budgeted_seconds"]
         return {**own, "models": {label: g.to_dict() for label, g in self.groups.items()}}
 
 

@@ -136,13 +136,13 @@ def aggregate_seeds(
 
 def own_set(meta: dict[str, Any]) -> str:
     """The dataset a checkpoint was trained on, as its metadata records it (a run that
-    records none trained on ``RunSpec``'s default set)."""
-    from capsnet.training.run import RunSpec
+    records none trained on the default training set, ``SweepConfig.dataset``)."""
+    from capsnet.config import SweepConfig
 
     for source in (meta.get("metrics") or {}, meta.get("extra") or {}):
         if isinstance(source.get("dataset"), str):
             return source["dataset"]
-    return RunSpec.dataset
+    return SweepConfig.dataset
 
 
 def seed_of(meta: dict[str, Any]) -> int:

@@ -20,7 +20,14 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from capsnet.config import DATA_ROOT, AugmentParams, FinalTrainConfig, Params, SmallnorbParams
+from capsnet.config import (
+    DATA_ROOT,
+    AugmentParams,
+    FinalTrainConfig,
+    Params,
+    SmallnorbParams,
+    SweepConfig,
+)
 from capsnet.data import registry
 from capsnet.io.errors import ConfigError, DataError
 from capsnet.training.fit import TrainConfig, TrainState, compile_record, fit
@@ -38,7 +45,7 @@ class RunSpec:
     model: str
     train: TrainConfig = field(default_factory=TrainConfig)
     overrides: dict[str, Any] = field(default_factory=dict)
-    dataset: str = "mnist"
+    dataset: str = SweepConfig.dataset
     subset: str = "all"  # smallnorb viewpoint subset (capsnet.data.smallnorb.SUBSETS)
     channels: int = 2  # smallnorb: 1 (left image) or 2 (stereo pair)
     train_size: int | None = None  # the first N training items left after validation
