@@ -30,7 +30,8 @@ from capsnet.evaluation.metrics import (
     load_results,
     parse_results,
 )
-from capsnet.io.outputset import OutputSet, refuse_read_only
+from capsnet.io.files import check_input, refuse_read_only
+from capsnet.io.outputset import OutputSet
 from pipeline import comparison_text, provenance, readme, report, tracking
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
@@ -40,13 +41,11 @@ COMPARISON_COLUMNS = ("arm", "model", "seeds", "angle", "mean", "std")
 
 def figures_for(name: str, fig_dir: Path) -> list[Path]:
     """The shared figures plus the ones made for checkpoint ``name``."""
-    if not fig_dir.is_dir():
-        return []
     slug = report.figure_slug(name)
     shared = ("rotation", "reconstructions", "equivariance")
     return [
         p
-        for p in sorted(fig_dir.glob("*.png"))
+        for p in report.figure_files(fig_dir)
         if p.stem in shared or report.figure_owner(p.stem).endswith(slug)
     ]
 
@@ -243,6 +242,9 @@ def sweep_groups(paths) -> dict[str, str]:
     groups = {}
     for path in paths:
         best = Path(path).with_name("best.json")
+        if not os.path.lexists(best):
+            continue
+        check_input(best)
         try:
             name = json.loads(best.read_text()).get("sweep")
         except (OSError, ValueError, AttributeError):

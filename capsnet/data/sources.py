@@ -379,7 +379,8 @@ def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike)
         members = [m for m in archive.infolist() if not m.is_dir()]
         names = [_member_path(archive_path, target, m) for m in members]
         try:
-            with atomic_directory(target) as staging:
+            own = (*names, f".{archive_path.name}.*")  # and what older versions left inside
+            with atomic_directory(target, own) as staging:
                 for member, name in zip(members, names):
                     out = staging / name
                     out.parent.mkdir(parents=True, exist_ok=True)
