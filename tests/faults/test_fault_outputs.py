@@ -184,6 +184,16 @@ def _params(path: Path, sections: dict) -> Path:
     return path
 
 
+#: An evaluate section that runs in seconds (lenet5 on eight MNIST images).
+EVALUATE_SMALL = {
+    "out_dir": "out",
+    "datasets": ["mnist"],
+    "limit": 8,
+    "viewpoints_dir": "",
+    "extra_models_dirs": [],
+    "robustness": {"enabled": False},
+    "equivariance": {"enabled": False},
+}
 #: command -> (its params, the output directory it replaces whole, the key naming it).
 DIRECTORY_OUTPUTS = {
     "viewpoints": (
@@ -196,13 +206,17 @@ DIRECTORY_OUTPUTS = {
         "out",
         "train.out_dir",
     ),
-    "evaluate-stage": ({"evaluate": {"out_dir": "out"}}, "out/figures", "evaluate.out_dir"),
+    "evaluate-stage": (
+        {"evaluate": EVALUATE_SMALL},
+        "out/figures",
+        "evaluate.out_dir",
+    ),
 }
 
 
 @pytest.mark.parametrize("command", sorted(DIRECTORY_OUTPUTS))
 def test_a_stage_never_replaces_a_directory_holding_foreign_files(
-    tmp_path, monkeypatch, tally, command
+    tmp_path, monkeypatch, request, tally, command
 ):
     """Every stage's output directory follows one rule: a directory holding files the
     stage does not write is refused (naming the key and a file), never wiped."""
@@ -211,10 +225,15 @@ def test_a_stage_never_replaces_a_directory_holding_foreign_files(
     sections, folder, key = DIRECTORY_OUTPUTS[command]
     monkeypatch.chdir(tmp_path)
     params = _params(tmp_path / "params.yaml", sections)
+    data_root = tmp_path / "data"
+    if command == "evaluate-stage":  # a stage that would run: a checkpoint and its data
+        data_root = request.getfixturevalue("prepared_root")
+        Path("models").mkdir()
+        shutil.copy(request.getfixturevalue("lenet_checkpoint"), "models/lenet5.pt")
     Path(folder).mkdir(parents=True)
     Path(folder, "notes.txt").write_text("someone else's")
     before = snapshot(tmp_path / "out")
-    done = invoke(command, "--params", params, "--data-root", tmp_path / "data")
+    done = invoke(command, "--params", params, "--data-root", data_root)
     judge(tally, done, before=before, after=snapshot(tmp_path / "out"), code=1,
           names=(key, "notes.txt"))  # fmt: skip
 
