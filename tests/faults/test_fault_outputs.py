@@ -281,13 +281,13 @@ def test_a_full_disk_in_the_viewpoints_stage_names_the_output(tmp_path, monkeypa
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_figure_that_is_no_file_is_refused_not_read(tmp_path, monkeypatch, tally, kind):
     """A FIFO (or a link to a device) named like a figure: the one input check refuses it
-    before publish reads it, which would wait for a writer (or never end)."""
+    before publish reads it (a FIFO would wait for a writer, a device may never end)."""
     _publish_dir(tmp_path, monkeypatch)
     figure = Path("eval/figures/rotation.png")
     if kind == "fifo":
         os.mkfifo(figure)
     else:
-        figure.symlink_to("/dev/zero")
+        figure.symlink_to("/dev/null")  # read, it would pass for an empty figure
     before = sorted(os.listdir("eval"))  # a snapshot would read the figure itself
     done = invoke_bounded("publish", "--params", "params.yaml", timeout=120)
     judge(tally, done, code=1, names=(str(figure), "not a regular file"))
