@@ -130,7 +130,7 @@ def refuse_unwritable(params_path: Path) -> None:
     """ConfigError before anything is written when ``--apply`` would replace what it must
     not: a read-only params file (``capsnet.io.outputset``) or a symbolic link, which the
     atomic rename would turn into a plain file and leave its target as it was."""
-    from capsnet.io.outputset import refuse_read_only
+    from capsnet.io.files import refuse_read_only
 
     if params_path.is_symlink():
         raise ConfigError(

@@ -29,7 +29,8 @@ from capsnet.evaluation.metrics import (
     EvalResults,
     parse_results,
 )
-from capsnet.io.outputset import OutputSet, refuse_read_only
+from capsnet.io.files import check_input, refuse_read_only
+from capsnet.io.outputset import OutputSet
 from pipeline import comparison_text, provenance, readme, report, tracking
 from pipeline.cells import publishable
 
@@ -43,19 +44,15 @@ def figures_for(name: str, fig_dir: Path) -> list[Path]:
     (``capsnet.evaluation.figures.model_figure_stems``)."""
     from capsnet.evaluation.figures import model_figure_stems
 
-    if not fig_dir.is_dir():
-        return []
     stems = model_figure_stems(name)
-    return [p for p in sorted(fig_dir.glob("*.png")) if p.stem in stems]
+    return [p for p in report.figure_files(fig_dir) if p.stem in stems]
 
 
 def shared_figures(fig_dir: Path) -> list[Path]:
     """The figures drawn across models (rotation, equivariance, ...): the comparison run's."""
     from capsnet.evaluation.figures import SHARED_FIGURES
 
-    return [
-        fig_dir / f"{stem}.png" for stem in SHARED_FIGURES if (fig_dir / f"{stem}.png").is_file()
-    ]
+    return [p for p in report.figure_files(fig_dir) if p.stem in SHARED_FIGURES]
 
 
 def _images(paths: list[Path]) -> dict[str, Any]:
@@ -293,6 +290,9 @@ def sweep_groups(paths) -> dict[str, str]:
     groups = {}
     for path in paths:
         best = Path(path).with_name("best.json")
+        if not os.path.lexists(best):
+            continue
+        check_input(best)
         try:
             name = json.loads(best.read_text()).get("sweep")
         except (OSError, ValueError, AttributeError):

@@ -24,8 +24,7 @@ from capsnet.evaluation.metrics import (
     table_columns,
 )
 from capsnet.io.errors import CapsnetError
-from capsnet.io.files import atomic_write_text, check_input
-from capsnet.io.outputset import refuse_read_only
+from capsnet.io.files import atomic_write_text, check_input, refuse_read_only
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import SOURCES_LINE, paper_number

@@ -22,7 +22,7 @@ from capsnet.evaluation.metrics import (
     model_picks,
     table_columns,
 )
-from capsnet.io.files import atomic_write_text
+from capsnet.io.files import atomic_write_text, check_input
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import paper_number
@@ -46,6 +46,19 @@ figcaption { font-size: 0.85em; color: #555; }
 
 def _e(value: Any) -> str:
     return html.escape(str(value))
+
+
+def figure_files(fig_dir: str | os.PathLike | None) -> list[Path]:
+    """The figures (``*.png``) of ``fig_dir``, [] when it is missing; each is held to the
+    one input check (``check_input``) first, so a FIFO or device named like a figure is
+    refused in one line instead of hanging the read."""
+    if not fig_dir or not os.path.lexists(fig_dir):
+        return []
+    check_input(fig_dir, kind="directory")
+    found = sorted(Path(fig_dir).glob("*.png"))
+    for path in found:
+        check_input(path)
+    return found
 
 
 def _image_tag(path: Path, alt: str) -> str:
@@ -218,8 +231,10 @@ def _viewpoints_table(section: Viewpoints | None) -> str:
 
 
 def read_sweep(path: str | os.PathLike | None) -> list[dict[str, str]]:
-    if path is None or not Path(path).is_file():
+    """The rows of a sweep's results.csv ([] when there is none)."""
+    if path is None or not os.path.lexists(path):
         return []
+    check_input(path)
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
 
@@ -440,7 +455,7 @@ def render_html(
     ``results`` is metrics.json typed (``load_results``) or its content, checked here;
     ``sweeps`` maps each sweep's results.csv path to its rows (``read_sweeps``)."""
     results = publishable(results)
-    figures = sorted(Path(fig_dir).glob("*.png")) if fig_dir and Path(fig_dir).is_dir() else []
+    figures = figure_files(fig_dir)
     order = list(FIGURE_CAPTIONS)
     figures.sort(
         key=lambda p: (

@@ -198,7 +198,7 @@ def write_outputs(out_dir, rows, best, sweep: SweepConfig) -> dict[str, str]:
     best.json is removed rather than left beside the new results (``output_paths``)."""
     paths = output_paths(out_dir, sweep)
     metrics = sweep.metrics()
-    with atomic_directory(Path(out_dir) / "plots") as plots:
+    with atomic_directory(Path(out_dir) / "plots", ("*.csv",)) as plots:
         for name, key in (("by_routing", "routing_iterations"), ("by_augment", "augment")):
             if name in paths:
                 text = _csv(plot_rows(rows, key, metrics), [key, *metrics])

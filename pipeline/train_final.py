@@ -124,6 +124,14 @@ def final_runs(best: dict[str, Any], final: FinalTrainConfig) -> list[dict[str, 
     return runs
 
 
+def model_dir_files(metrics_path=None, out_dir=None) -> tuple[str, ...]:
+    """What final training writes into its ``out_dir`` (replaced whole): checkpoints,
+    metrics.json (or the ``metrics_path`` inside it) and ORIGIN.json."""
+    inside = None if metrics_path is None else outputset.inside(metrics_path, out_dir)
+    extra = () if inside is None else (inside.as_posix(),)
+    return ("*.pt", "metrics.json", provenance.ORIGIN_FILE, *extra)
+
+
 def train_final(
     final: FinalTrainConfig,
     sweep: SweepConfig,
@@ -152,7 +160,8 @@ def train_final(
     for spec in specs:  # fail on a bad name before loading data or training anything
         check(spec)
     inside = None if metrics_path is None else outputset.inside(metrics_path, final.out_dir)
-    with placement(log=log) as runner, atomic_directory(final.out_dir) as staging:
+    own = model_dir_files(metrics_path, final.out_dir)
+    with placement(log=log) as runner, atomic_directory(final.out_dir, own) as staging:
         trainer = _Trainer(final, sweep, best, log, staging, runner)
         if not base.data.rotated_validation:
             results = _train_scored_on_test(trainer, base, specs, final)

@@ -65,7 +65,7 @@ def train_final_command(
     """Train the best sweep config and the baselines; write <out_dir>/<model>.pt."""
     from capsnet.data.stages import why_off
     from capsnet.io.outputset import write_disabled
-    from pipeline.train_final import train_final
+    from pipeline.train_final import model_dir_files, train_final
 
     params = load_params(params_path)
     final = getattr(params, section)
@@ -73,13 +73,14 @@ def train_final_command(
         sweep_section = "smallnorb_sweep" if section == "smallnorb_train" else "sweep"
     sweep = getattr(params, sweep_section)
     best_path = best_path or SWEEP_OUT[sweep_section] / "best.json"
-    check_output(final.out_dir, f"{params_path.name}: {section}.out_dir")
     if metrics_path is not None:
         check_output(metrics_path, "--metrics", "file")
     metrics_path = metrics_path or Path(final.out_dir) / "metrics.json"
+    own = model_dir_files(metrics_path, final.out_dir)
+    check_output(final.out_dir, f"{params_path.name}: {section}.out_dir", own=own)
     reason = why_off(params, sweep.dataset, data_root)
     if reason is not None:
-        out = write_disabled(final.out_dir, reason, [metrics_path])
+        out = write_disabled(final.out_dir, reason, [metrics_path], own=own)
         click.echo(f"{section}: not run, {reason}")
         click.echo(f"wrote {out / 'DISABLED.txt'}, {metrics_path} (marked disabled)")
         return

@@ -8,9 +8,10 @@ every epoch (and ``viewpoints.checks_per_epoch`` times in all per epoch, evenly 
 model's error is measured on the familiar and the novel test viewpoints, and
 ``select_matched`` picks the checks compared.
 
-``run(params, data_root)`` writes ``viewpoints.out_dir`` as one atomic directory, then
-``<out_dir>.csv``; with smallNORB switched off, DISABLED.txt, viewpoints.json
-``{"disabled": reason}`` and the CSV's header (``capsnet.io.outputset.write_disabled``).
+``run(params, data_root)`` writes ``viewpoints.out_dir`` (replaced whole) and
+``<out_dir>.csv`` as one unit (``capsnet.io.outputset.OutputSet``); with smallNORB switched
+off, DISABLED.txt, viewpoints.json ``{"disabled": reason}`` and the CSV's header
+(``capsnet.io.outputset.write_disabled``).
 Then one W&B run per kind, seed and model (``track``), with the smallNORB sweep's W&B
 settings (offline unless an API key is configured: ``pipeline.tracking``).
 """
@@ -31,6 +32,7 @@ import torch
 from capsnet.config import DATA_ROOT
 from capsnet.evaluation.viewpoint_matching import (
     CSV_COLUMNS,
+    OUT_DIR_FILES,
     PAPER_NOTE,
     PAPER_NOVEL_ERROR,
     RESULTS_FILE,
@@ -325,7 +327,7 @@ def write_disabled(out_dir: str | Path, reason: str) -> Path:
     the header of ``<out_dir>.csv`` (DVC needs the outputs to exist), published as one unit."""
     out = Path(out_dir)
     header = {csv_path(out): csv_text({})}
-    return outputset.write_disabled(out, reason, [out / RESULTS_FILE], header)
+    return outputset.write_disabled(out, reason, [out / RESULTS_FILE], header, own=OUT_DIR_FILES)
 
 
 #: What each viewpoints W&B run's summary holds from its selection (and ``matched``).
@@ -381,7 +383,7 @@ def track(kinds: Mapping[str, Mapping[str, Any]], rule: str, wandb, experiment: 
 def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         runner: Runner | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment for a ``config.Params`` (section ``viewpoints``); writes
-    ``viewpoints.out_dir`` as one atomic directory and returns viewpoints.json's content.
+    ``viewpoints.out_dir`` and its CSV as one unit and returns viewpoints.json's content.
     ``runner(fn, *args)`` runs each model's training (default: in this process)."""
     from capsnet.config import to_dict
     from capsnet.data.stages import why_off
@@ -394,7 +396,10 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
         return {"disabled": reason}
     check_models(settings)
     started = time.perf_counter()
-    with outputset.atomic_directory(settings.out_dir) as tmp:
+    with outputset.OutputSet() as outputs:  # the directory and its CSV land together
+        table = csv_path(settings.out_dir)
+        outputset.refuse_target(table)  # before any training
+        tmp = outputs.directory(settings.out_dir, OUT_DIR_FILES)
         kinds = {
             key: entry
             for kind in settings.kinds
@@ -414,7 +419,7 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
             "seconds": time.perf_counter() - started,
         }
         atomic_write_text(tmp / RESULTS_FILE, json.dumps(payload, indent=2) + "\n")
-    atomic_write_text(csv_path(settings.out_dir), csv_text(kinds))
+        outputs.file(table, csv_text(kinds))
     say(f"viewpoints: wrote {settings.out_dir}")
     norb = params.smallnorb_sweep
     runs = track(kinds, payload["rule"], norb.wandb, norb.name)

@@ -32,12 +32,13 @@ def viewpoints_command(params_path, data_root):
     viewpoints at matched familiar error -> viewpoints.out_dir."""
     from capsnet import config
     from capsnet.data.stages import why_off
+    from capsnet.evaluation.viewpoint_matching import OUT_DIR_FILES
     from pipeline import viewpoints
     from pipeline.gpu_worker import placement
 
     params = config.load(params_path)
     where = f"{params_path.name}: viewpoints.out_dir"
-    check_output(params.viewpoints.out_dir, where)
+    check_output(params.viewpoints.out_dir, where, own=OUT_DIR_FILES)
     check_output(f"{params.viewpoints.out_dir}.csv", where, "file")
     if why_off(params, "smallnorb", data_root) is not None:
         result = viewpoints.run(params, data_root, log=_stderr_log)

@@ -465,7 +465,8 @@ def test_compiled_steps_get_one_grad_pattern_per_grad_mode(monkeypatch):
         layer, poses, acts = _conv_layer_inputs(stride=2, iterations=iterations)
         layer.compiled = True
         layer(poses, acts)[1].sum().backward()
-    assert seen == {"step": [(True, True)] * 2, "last": [(True, True)] * 2}
+    # each layer's first compiled call in training also runs one backward (the probe)
+    assert seen == {"step": [(True, True)] * 4, "last": [(True, True)] * 4}
     seen = {"step": [], "last": []}
     with torch.no_grad():
         layer(poses, acts)
@@ -554,6 +555,45 @@ def test_a_failed_compile_is_tried_once_more_before_eager(monkeypatch, failures)
         assert not model.caps1.compiled and model.caps2.compiled  # caps2's own try worked
     assert calls[:2] == ["cpu", "cpu"]
     torch.testing.assert_close(scores, eager(x).scores, rtol=1e-4, atol=1e-5)
+
+
+class _FailsInBackward(torch.autograd.Function):
+    """Identity forward; a backward that fails as a compiler that cannot build the
+    backward kernels does (Inductor compiles the backward at its first run)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise _CacheRace("C++ compile of the backward kernel failed")
+
+
+def test_a_compile_failure_in_the_backward_pass_falls_back_to_eager(monkeypatch):
+    """The first compiled call in training runs its backward inside the fallback, so a
+    backend that fails only there falls back to eager instead of failing the step."""
+    import capsnet.nn.routing.em as em
+
+    def failing_backward(step):
+        def compiled(children, *rest):
+            return step(_FailsInBackward.apply(children), *rest)
+
+        return compiled
+
+    steps = (failing_backward(em.em_step), failing_backward(em.em_last_step))
+    monkeypatch.setattr(em, "compiled_steps", lambda device_type: steps)
+    torch.manual_seed(0)
+    eager = models.build("em-capsnet-small", **TINY)
+    model = models.build("em-capsnet-small", **TINY).compile_routing()
+    model.load_state_dict(eager.state_dict())
+    x, target = torch.rand(2, 1, 24, 24), torch.tensor([0, 1])
+    with pytest.warns(RuntimeWarning, match=r"unavailable \(_CacheRace: C\+\+ compile of the"):
+        losses.spread_loss(model(x).scores, target, 0.5).backward()
+    losses.spread_loss(eager(x).scores, target, 0.5).backward()
+    assert not model.caps1.compiled and not model.caps2.compiled
+    for p_model, p_eager in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p_model.grad, p_eager.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_beta_a_moves_class_activations_as_much_as_the_cost_does():

@@ -520,7 +520,7 @@ def test_cli_counts_each_checkpoint_once_and_replaces_the_figures_folder(
     assert sorted(p.name for p in figures.iterdir()) == ["confusion-lenet5.png"]
     (figures / "notes.txt").write_text("mine")
     assert_one_line_error(
-        invoke_cli(*args, "--figures", str(figures)), "--figures", "'notes.txt', not a figure"
+        invoke_cli(*args, "--figures", str(figures)), "--figures", "does not write (notes.txt)"
     )
     assert (figures / "notes.txt").read_text() == "mine"
 

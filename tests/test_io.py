@@ -3,6 +3,7 @@ lock, the DISABLED marker."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -16,6 +17,9 @@ import pytest
 from capsnet.io import files as io
 from capsnet.io import outputset
 from capsnet.io.errors import CapsnetError
+
+#: Patterns that own every file: for the tests of the swap itself.
+ANY = ("*",)
 
 
 @pytest.fixture
@@ -59,7 +63,7 @@ def test_file_mode_follows_umask(tmp_path, umask_027):
 
 
 def test_directory_mode_follows_umask(tmp_path, umask_027):
-    with outputset.atomic_directory(tmp_path / "d") as tmp:
+    with outputset.atomic_directory(tmp_path / "d", ANY) as tmp:
         (tmp / "x").write_text("1")
     assert _mode(tmp_path / "d") == 0o750
 
@@ -93,7 +97,7 @@ def test_directory_publish_replaces_old_one(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "stale.txt").write_text("stale")
-    with outputset.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target, ANY) as tmp:
         assert tmp.parent == tmp_path and tmp.name.startswith(".out.")
         assert (target / "stale.txt").exists()  # the old one stays until the block succeeds
         (tmp / "new.txt").write_text("new")
@@ -105,7 +109,7 @@ def test_failed_directory_publish_keeps_old_one(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    with pytest.raises(ValueError), outputset.atomic_directory(target) as tmp:
+    with pytest.raises(ValueError), outputset.atomic_directory(target, ANY) as tmp:
         (tmp / "half.txt").write_text("half")
         raise ValueError("stage failed")
     assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
@@ -115,7 +119,7 @@ def test_failed_directory_publish_keeps_old_one(tmp_path):
 def test_directory_publish_replaces_a_file(tmp_path):
     target = tmp_path / "out"
     target.write_text("a file where the directory goes")
-    with outputset.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target, ANY) as tmp:
         (tmp / "x").write_text("1")
     assert target.is_dir() and (target / "x").read_text() == "1"
 
@@ -125,7 +129,7 @@ def test_disabled_marker_round_trip(tmp_path):
     out.mkdir()
     (out / "result.csv").write_text("old result")
     assert io.read_disabled(out) is None
-    outputset.write_disabled(out, "data.smallnorb.enabled is false\n\n")
+    outputset.write_disabled(out, "data.smallnorb.enabled is false\n\n", own=("*.csv",))
     assert sorted(p.name for p in out.iterdir()) == [io.DISABLED_MARKER]
     assert (out / "DISABLED.txt").read_text() == "data.smallnorb.enabled is false\n"
     assert io.read_disabled(out) == "data.smallnorb.enabled is false"
@@ -158,7 +162,7 @@ def test_write_disabled_changes_nothing_when_one_target_cannot_be_replaced(tmp_p
     (out / "model.pt").write_text("weights")
     (tmp_path / "out.csv").mkdir()
     with pytest.raises(CapsnetError, match=r"out\.csv: is a directory"):
-        outputset.write_disabled(out, "off", files={tmp_path / "out.csv": "h\n"})
+        outputset.write_disabled(out, "off", files={tmp_path / "out.csv": "h\n"}, own=("*.pt",))
     assert sorted(p.name for p in out.iterdir()) == ["model.pt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.csv"]
 
@@ -181,7 +185,7 @@ def test_modes_under_common_umasks(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
         io.atomic_write_text(tmp_path / "a.txt", "x")
-        with outputset.atomic_directory(tmp_path / "d") as tmp:
+        with outputset.atomic_directory(tmp_path / "d", ANY) as tmp:
             io.atomic_write_text(tmp / "inner.txt", "y")
             (tmp / "sub").mkdir()
         with io.locked(tmp_path / "root") as lock_path:
@@ -233,7 +237,7 @@ def test_a_failed_writer_leaves_no_planted_old_copy_as_the_output(tmp_path):
     planted = _temp_of(target, _dead_pid(), ".old")
     planted.mkdir()
     (planted / "model.pt").write_text("planted")
-    with pytest.raises(RuntimeError), outputset.atomic_directory(target) as tmp:
+    with pytest.raises(RuntimeError), outputset.atomic_directory(target, ANY) as tmp:
         (tmp / "model.pt").write_text("half")
         raise RuntimeError("the writer fails")
     assert not target.exists() and sorted(tmp_path.iterdir()) == []
@@ -250,7 +254,7 @@ def test_a_special_file_is_refused_not_replaced(tmp_path, make):
     with pytest.raises(CapsnetError, match="not a regular file"):
         io.atomic_write_text(target, "x")
     with pytest.raises(CapsnetError, match="not a regular file"):
-        with outputset.atomic_directory(target):
+        with outputset.atomic_directory(target, ANY):
             pass
     after = os.stat(target)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (
@@ -279,7 +283,7 @@ def test_old_copy_beside_a_new_directory_is_removed(tmp_path):
     old = _temp_of(target, _dead_pid(), ".old")
     old.mkdir()
     (old / "old.txt").write_text("old")
-    with outputset.atomic_directory(target) as tmp:
+    with outputset.atomic_directory(target, ANY) as tmp:
         (tmp / "newer.txt").write_text("newer")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert sorted(p.name for p in target.iterdir()) == ["newer.txt"]
@@ -301,7 +305,7 @@ def test_directory_swap_with_and_without_exchange(tmp_path, monkeypatch, can_exc
         monkeypatch.setattr(io, "exchange", lambda a, b: False)
     target = tmp_path / "out"
     for content in ("first", "second", "third"):
-        with outputset.atomic_directory(target) as tmp:
+        with outputset.atomic_directory(target, ANY) as tmp:
             (tmp / "f").write_text(content)
         assert (target / "f").read_text() == content
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -372,9 +376,87 @@ def test_lock_timeout_is_one_clear_error(tmp_path, monkeypatch):
 
 def test_lock_is_reentrant_and_serialises_swaps(tmp_path):
     with io.locked(tmp_path), io.locked(tmp_path):
-        with outputset.atomic_directory(
-            tmp_path / "out"
-        ) as tmp:  # locks tmp_path again: no deadlock
+        with outputset.atomic_directory(tmp_path / "out", ANY) as tmp:  # locks tmp_path again
             (tmp / "x").write_text("1")
         assert (tmp_path / ".capsnet.lock").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_directory_holding_foreign_files_is_never_replaced(tmp_path):
+    """The one output-directory rule: only what the writer makes (its patterns, at any
+    depth, DISABLED.txt and debris) may be replaced; anything else refuses the swap."""
+    target = tmp_path / "out"
+    (target / "azimuth").mkdir(parents=True)
+    (target / "azimuth" / "old.pt").write_text("old")
+    (target / "azimuth" / "notes.txt").write_text("mine")
+    (target / "DISABLED.txt").write_text("off")
+    own = ("results.json", "azimuth/*.pt")
+    assert outputset.foreign_files(target, own) == ["azimuth/notes.txt"]
+    for publish in (
+        lambda: outputset.atomic_directory(target, own).__enter__(),
+        lambda: outputset.write_disabled(target, "off", own=own),
+    ):
+        with pytest.raises(CapsnetError, match=r"out holds files .*azimuth/notes\.txt"):
+            publish()
+        assert (target / "azimuth" / "notes.txt").read_text() == "mine"
+    (target / "azimuth" / "notes.txt").unlink()
+    with outputset.atomic_directory(target, own) as tmp:
+        (tmp / "results.json").write_text("{}")
+    assert sorted(p.name for p in target.iterdir()) == ["results.json"]
+
+
+def test_a_foreign_file_dropped_in_while_the_writer_works_is_kept(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(CapsnetError, match=r"notes\.txt"):
+        with outputset.atomic_directory(target, ("*.pt",)) as tmp:
+            (tmp / "model.pt").write_text("new")
+            target.mkdir()
+            (target / "notes.txt").write_text("mine")
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_read_only_file_is_never_replaced_by_an_atomic_write(tmp_path):
+    target = tmp_path / "results.csv"
+    target.write_text("kept")
+    target.chmod(0o444)
+    with pytest.raises(CapsnetError, match=r"results\.csv: read-only"):
+        io.atomic_write_text(target, "new")
+    assert target.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
+def test_a_write_error_without_a_path_names_the_output(tmp_path, monkeypatch, code):
+    def failing(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError) as raised:
+        io.atomic_write_text(tmp_path / "out.csv", "x")
+    assert raised.value.errno == code and raised.value.filename == str(tmp_path / "out.csv")
+
+
+@pytest.mark.parametrize(
+    "make, kind, problem",
+    [
+        ("fifo", "file", "a FIFO (named pipe), not a regular file"),
+        ("fifo", "directory", "a FIFO (named pipe), not a directory"),
+        ("file", "directory", "is a file, not a directory"),
+        ("dir", "file", "is a directory, not a file"),
+        ("nul", "file", "holds a NUL byte"),
+    ],
+)
+def test_the_one_input_check(tmp_path, make, kind, problem):
+    path = tmp_path / "input"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "file":
+        path.write_text("x")
+    elif make == "dir":
+        path.mkdir()
+    else:
+        path = tmp_path / "in\x00put"
+    assert problem in io.input_problem(path, kind)
+    with pytest.raises(CapsnetError, match="input"):
+        io.check_input(path, kind=kind)

@@ -6,6 +6,7 @@ decorators not, is reported as a warning naming the seam to look for)."""
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from pathlib import Path
 
@@ -255,3 +256,18 @@ def test_an_upward_import_a_cycle_and_an_unlayered_package_are_reported(tmp_path
     assert package_cycles(graph) == [["capsnet.io", "capsnet.training", "capsnet.io"]]
     (tmp_path / "capsnet" / "loose.py").write_text("")
     assert top_level_parts(tmp_path / "capsnet") == ["extra", "io", "loose.py", "training"]
+
+
+@pytest.mark.parametrize(
+    "statement, new",
+    [
+        ("import capsnet.routing", "capsnet.nn.routing"),
+        ("from capsnet.routing import em_routing", "capsnet.nn.routing"),
+        ("from capsnet import checkpoint", "capsnet.models.checkpoint"),
+        ("from capsnet.checkpoint import save", "capsnet.models.checkpoint"),
+    ],
+)
+def test_an_old_import_path_fails_naming_the_new_one(statement, new):
+    """A moved module is no silent alias: its old path fails with a note where it went."""
+    with pytest.raises(ImportError, match=rf"has moved: import {re.escape(new)} instead"):
+        exec(statement, {})

@@ -249,14 +249,16 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
 
 def test_disabled_train_stage_replaces_the_directory_whole(tmp_path):
     from capsnet.io.outputset import write_disabled
+    from pipeline.train_final import model_dir_files
 
     out = tmp_path / "models-smallnorb"
     out.mkdir()
     (out / "em-capsnet-small.pt").write_text("from a run with the data on")
-    write_disabled(out, "data.smallnorb.enabled is false", [out / "metrics.json"])
+    own = model_dir_files()
+    write_disabled(out, "data.smallnorb.enabled is false", [out / "metrics.json"], own=own)
     assert sorted(os.listdir(out)) == ["DISABLED.txt", "metrics.json"]
     elsewhere = tmp_path / "final.json"
-    write_disabled(out, "still off", [elsewhere])
+    write_disabled(out, "still off", [elsewhere], own=own)
     assert sorted(os.listdir(out)) == ["DISABLED.txt"]
     assert json.loads(elsewhere.read_text()) == {"disabled": "still off"}
 

@@ -181,7 +181,7 @@ def os_error(exc: OSError, args: list[str]) -> str:
     path = exc.filename2 if code == errno.EEXIST and exc.filename2 else exc.filename
     if path is None:
         return f"{what} while writing{_where(_outputs(args, code))}: {todo}"
-    option = option_for(os.fsdecode(path), args)
+    option = option_for(without_temporaries(os.fsdecode(path)), args)
     named = f" ({option})" if option else ""
     return f"{shorten(os.fsdecode(path))}: {what}{named}: {todo}"
 

@@ -159,6 +159,7 @@ def eval_command(
     import dataclasses
 
     from capsnet import config, evaluation
+    from capsnet.evaluation.outputs import FIGURE_FILES
     from capsnet.io.outputset import OutputSet
     from capsnet.training.device import select_device
 
@@ -189,7 +190,7 @@ def eval_command(
         settings, smallnorb=params.data.smallnorb, data_root=data_root, mirror=mirror, log=log
     )
     with OutputSet() as outputs:  # the figures folder and --out land together, or neither
-        staging = outputs.directory(figures_dir) if figures_dir is not None else None
+        staging = None if figures_dir is None else outputs.directory(figures_dir, FIGURE_FILES)
         drawer = evaluation.FigureDrawer(staging) if staging is not None else None
         results = evaluation.evaluate_checkpoints(list(checkpoints), request, figures=drawer)
         if out is not None:
@@ -206,18 +207,11 @@ def _or(given, default):
 
 
 def _refuse_foreign_figures(figures_dir: Path | None) -> None:
-    """--figures is replaced whole: a folder holding anything but PNG files is refused."""
-    from capsnet.io.files import foreign_entries
+    """--figures is replaced whole: a folder holding anything but figures is refused."""
+    from capsnet.evaluation.outputs import FIGURE_FILES
 
-    if figures_dir is None:
-        return
-    foreign = [n for n in foreign_entries(figures_dir, ()) if not n.endswith(".png")]
-    if foreign:
-        raise click.BadParameter(
-            f"{figures_dir} holds {foreign[0]!r}, not a figure; the folder is replaced "
-            "whole, so name an empty or a figures folder",
-            param_hint="--figures",
-        )
+    if figures_dir is not None:
+        check_output(figures_dir, "--figures", own=FIGURE_FILES)
 
 
 def _refuse_repeats(checkpoints) -> None:
@@ -240,9 +234,12 @@ def _refuse_repeats(checkpoints) -> None:
 def evaluate_stage_command(params_path, data_root, mirror):
     """The DVC evaluate stage: every checkpoint in evaluate.models_dir -> evaluate.out_dir."""
     from capsnet import config, evaluation
+    from capsnet.evaluation.outputs import FIGURE_FILES, FIGURES_DIR
 
     params = config.load(params_path)
-    check_output(params.evaluate.out_dir, f"{params_path.name}: evaluate.out_dir")
+    key = f"{params_path.name}: evaluate.out_dir"
+    check_output(params.evaluate.out_dir, key)
+    check_output(Path(params.evaluate.out_dir) / FIGURES_DIR, key, own=FIGURE_FILES)
     mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
     from capsnet.evaluation.metrics import load_results

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -281,10 +282,22 @@ def _placement_problem(path: Path, kind: str) -> str | None:
     return None
 
 
-def check_output(path: str | os.PathLike, name: str, kind: str = "root") -> None:
+def check_output(
+    path: str | os.PathLike, name: str, kind: str = "root", own: Iterable[str] | None = None
+) -> None:
     """Refuse an output ``path`` before any work: a usage error naming the option ``name``
-    (``--out``), or a ConfigError naming the params key (``params.yaml: train.out_dir``)."""
+    (``--out``), or a ConfigError naming the params key (``params.yaml: train.out_dir``).
+    ``own``: ``path`` is a directory replaced whole, holding only these patterns
+    (``capsnet.io.outputset.check_owned``)."""
     problem = output_problem(path, kind)
+    if problem is None and own is not None:
+        from capsnet.io.errors import CapsnetError
+        from capsnet.io.outputset import check_owned
+
+        try:
+            check_owned(path, own)
+        except CapsnetError as exc:
+            problem = str(exc).removeprefix(f"{path} ")
     if problem is None:
         return
     if name.startswith("--"):

@@ -315,16 +315,9 @@ RUN_FILES = ("model.pt", "metrics.json")
 
 def check_run_dir(out: Path) -> None:
     """Refuse an ``--out`` that holds anything besides a run's files: it is replaced whole."""
-    from capsnet.io.files import foreign_entries
+    from capsnet.cli.options import check_output
 
-    others = foreign_entries(out, RUN_FILES)
-    if others:
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise click.BadParameter(
-            f"{out} holds files that are not a run's ({shown}); the run directory is "
-            f"replaced whole, so give a new or empty directory",
-            param_hint="--out",
-        )
+    check_output(out, "--out", own=RUN_FILES)
 
 
 def _save(out: Path, result, metrics: dict) -> None:
@@ -335,7 +328,7 @@ def _save(out: Path, result, metrics: dict) -> None:
     from capsnet.models import checkpoint
 
     check_run_dir(out)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, RUN_FILES) as tmp:
         model, metrics_file = (tmp / name for name in RUN_FILES)
         train_config = result.train_config.to_dict()
         checkpoint.save(

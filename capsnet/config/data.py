@@ -6,7 +6,20 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from capsnet.config.schema import Invalid, Section, at_least, range_pair
+from capsnet.config.schema import (
+    MAX_ITEMS,
+    MAX_PIXELS,
+    MAX_SEED,
+    Invalid,
+    Section,
+    at_least,
+    at_most,
+    count,
+    range_pair,
+)
+
+#: MultiMNIST pairs per digit: the paper's 1,000 (60M training images) at most.
+MAX_PAIRS_PER_DIGIT = 1_000
 
 Merge = Literal["sum-clip", "max"]
 Strategy = Literal["none", "shift", "rotate", "affine", "elastic"]
@@ -34,7 +47,8 @@ class AffnistSynthParams:
         at_least(self, "rotation_degrees", 0)
         at_least(self, "shear", 0)
         range_pair(self, "scale", 0.01)
-        at_least(self, "limit", 1)
+        count(self, "limit", 1, MAX_ITEMS)
+        count(self, "seed", 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,9 @@ class SmallnorbSynthParams:
     lightings: int = 6
 
     def __post_init__(self):
-        at_least(self, "side", 8)
+        count(self, "side", 8, MAX_PIXELS)
         at_least(self, "lightings", 1)
+        count(self, "seed", 0, MAX_SEED)
         if self.lightings > 6:
             raise Invalid("lightings", f"{self.lightings} is more than the 6 of smallNORB")
 
@@ -84,7 +99,7 @@ class SmallnorbParams:
     synth: SmallnorbSynthParams = field(default_factory=SmallnorbSynthParams)
 
     def __post_init__(self):
-        at_least(self, "size", 8)
+        count(self, "size", 8, MAX_PIXELS)
         at_least(self, "crop", 1)
         if self.crop > self.size:
             raise Invalid("crop", f"{self.crop} is larger than size {self.size}")
@@ -104,10 +119,11 @@ class MultiMnistParams:
     redraw_each_epoch: bool = True
 
     def __post_init__(self):
-        at_least(self, "shift", 0)
-        at_least(self, "pad", 0)
-        at_least(self, "train_pairs_per_digit", 1)
-        at_least(self, "test_pairs_per_digit", 1)
+        count(self, "shift", 0, MAX_PIXELS)
+        count(self, "pad", 0, MAX_PIXELS)
+        count(self, "train_pairs_per_digit", 1, MAX_PAIRS_PER_DIGIT)
+        count(self, "test_pairs_per_digit", 1, MAX_PAIRS_PER_DIGIT)
+        count(self, "seed", 0, MAX_SEED)
 
 
 #: The data directory a command reads and writes unless told otherwise (``--data-root``,
@@ -134,7 +150,7 @@ class ShiftAugment:
     pixels: int = 2
 
     def __post_init__(self):
-        at_least(self, "pixels", 0)
+        count(self, "pixels", 0, MAX_PIXELS)
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ class AffineAugment:
         at_least(self, "degrees", 0)
         at_least(self, "shear_degrees", 0)
         range_pair(self, "scale", 0.01)
-        at_least(self, "translate_pixels", 0)
+        count(self, "translate_pixels", 0, MAX_PIXELS)
 
 
 @dataclass(frozen=True)
@@ -167,6 +183,7 @@ class ElasticAugment:
     def __post_init__(self):
         at_least(self, "alpha", 0)
         at_least(self, "sigma", 1)
+        at_most(self, "sigma", MAX_PIXELS)  # the Gaussian kernel grows with sigma
 
 
 @dataclass(frozen=True)

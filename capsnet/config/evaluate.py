@@ -6,7 +6,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from capsnet.config.schema import Invalid, Section, at_least
+from capsnet.config.schema import MAX_BATCH, MAX_ITEMS, MAX_STEPS, Invalid, Section, count
 from capsnet.config.sweep import WandbMode
 from capsnet.data import registry
 
@@ -28,7 +28,8 @@ class RobustnessParams:
             raise Invalid("epsilons", f"need one or more values in (0, 1], got {self.epsilons}")
         if self.bim_steps < 2:
             raise Invalid("bim_steps", f"must be >= 2 (1 step is FGSM), got {self.bim_steps}")
-        at_least(self, "limit", 1)
+        count(self, "bim_steps", 2, MAX_STEPS)
+        count(self, "limit", 1, MAX_ITEMS)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class EquivarianceParams:
     def __post_init__(self):
         if len(self.angles) < 3:
             raise Invalid("angles", f"needs at least three angles, got {len(self.angles)}")
-        at_least(self, "limit", 1)
+        count(self, "limit", 1, MAX_ITEMS)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,8 @@ class EvaluateParams(Section):
     def __post_init__(self):
         if not self.angles:
             raise Invalid("angles", "must list at least one angle")
-        at_least(self, "limit", 1)
-        at_least(self, "batch_size", 1)
+        count(self, "limit", 1, MAX_ITEMS)
+        count(self, "batch_size", 1, MAX_BATCH)
         if not self.device:
             raise Invalid("device", "must name a device: auto, cpu, cuda, cuda:N or mps")
         if not 1 <= self.figure_examples <= 32:

@@ -62,6 +62,42 @@ def at_least(obj, name: str, low: float) -> None:
         raise Invalid(name, f"must be >= {low:g}, got {value}")
 
 
+#: Upper bounds of the settings whose size is work or memory: a larger value would run for
+#: days or exhaust the machine instead of failing, so it is refused up front.
+MAX_EPOCHS = 100_000
+MAX_CHECKS_PER_EPOCH = 1_000  # test-error checks per epoch
+MAX_RUNS = 1_000  # seeds, sweep samples, retries
+MAX_SEED = 2**32 - 1  # numpy's seed range; seed + seeds - 1 stays within it
+MAX_BATCH = 65_536
+MAX_ITEMS = 100_000_000  # sizes and limits of image sets (far above every dataset)
+MAX_STEPS = 10_000  # attack steps
+MAX_PIXELS = 1_024  # image sides, shifts and paddings
+MAX_WORKERS = 256
+
+
+def at_most(obj, name: str, high: float) -> None:
+    """``obj.name <= high`` (None passes): the bound a setting may not exceed."""
+    value = getattr(obj, name)
+    if value is not None and value > high:
+        raise Invalid(name, f"must be <= {high:,}, got {value}")
+
+
+def count(obj, name: str, low: float, high: float) -> None:
+    """``low <= obj.name <= high`` (None passes)."""
+    at_least(obj, name, low)
+    at_most(obj, name, high)
+
+
+def seeds(obj, seed: str = "seed", runs: str | None = None) -> None:
+    """``obj.seed`` in [0, MAX_SEED], and with ``runs`` (a count of seeds) the last seed too."""
+    count(obj, seed, 0, MAX_SEED)
+    if runs is not None:
+        count(obj, runs, 1, MAX_RUNS)
+        last = getattr(obj, seed) + getattr(obj, runs) - 1
+        if last > MAX_SEED:
+            raise Invalid(runs, f"{seed} + {runs} - 1 = {last} must be <= {MAX_SEED:,}")
+
+
 def above(obj, name: str, low: float) -> None:
     value = getattr(obj, name)
     if value is not None and value <= low:
@@ -105,11 +141,14 @@ def _fail(source: str, key: str, what: str) -> typing.NoReturn:
 
 
 def _finite(value, key: str, source: str):
-    """``value`` (any plain data) with every float finite."""
+    """``value`` (any plain data) with every float finite and no string holding NUL."""
     if isinstance(value, float) and not math.isfinite(value):
         _fail(source, key, f"must be a finite number, got {value}")
+    if isinstance(value, str) and "\x00" in value:
+        _fail(source, key, "contains a NUL byte, which no path or name may hold")
     if isinstance(value, dict):
         for k, v in value.items():
+            _finite(k, key, source)
             _finite(v, f"{key}.{k}", source)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
@@ -135,7 +174,7 @@ def _scalar(tp, value, key: str, source: str):
     if tp is str:
         if not isinstance(value, str):
             _fail(source, key, f"expected a string, got {value!r}")
-        return value
+        return _finite(value, key, source)
     if isinstance(tp, type) and not isinstance(value, tp):
         _fail(source, key, f"expected {_type_name(tp)}, got {value!r}")
     return _finite(value, key, source)

@@ -22,13 +22,20 @@ from typing import Any, ClassVar, Literal
 
 from capsnet.config.data import Strategy
 from capsnet.config.schema import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_ITEMS,
+    MAX_RUNS,
     Invalid,
     Searched,
     Section,
     above,
     at_least,
+    at_most,
+    count,
     dimension_choices,
     dimension_values,
+    seeds,
 )
 from capsnet.data import registry
 
@@ -72,6 +79,8 @@ _AT_LEAST = {
     "recon_weight": 0,
     "weight_decay": 0,
 }
+#: Upper bounds (inclusive) of the numeric dimensions whose size is work.
+_AT_MOST = {"routing_iterations": 100}
 
 
 @dataclass
@@ -102,6 +111,10 @@ class SearchSpace:
             for value in dimension_values(getattr(self, name)):
                 if value < low:
                     raise Invalid(name, f"{value!r} must be >= {low}")
+        for name, high in _AT_MOST.items():
+            for value in dimension_values(getattr(self, name)):
+                if value > high:
+                    raise Invalid(name, f"{value!r} must be <= {high}")
         for value in dimension_values(self.lr):
             if value <= 0:
                 raise Invalid("lr", f"{value!r} must be > 0")
@@ -140,8 +153,8 @@ class AshaConfig:
     reduction_factor: int = 2
 
     def __post_init__(self):
-        at_least(self, "grace_period", 1)
-        at_least(self, "reduction_factor", 2)
+        count(self, "grace_period", 1, MAX_EPOCHS)
+        count(self, "reduction_factor", 2, MAX_RUNS)
 
 
 @dataclass
@@ -159,7 +172,7 @@ class ResourcesConfig:
             raise Invalid(
                 "gpus_per_trial", f"above 1 must be a whole number, got {self.gpus_per_trial}"
             )
-        at_least(self, "max_concurrent_trials", 1)
+        count(self, "max_concurrent_trials", 1, MAX_RUNS)
 
 
 @dataclass
@@ -175,7 +188,7 @@ class TrialCheckpointConfig:
     optimizer_state: OptimizerState = "auto"
 
     def __post_init__(self):
-        at_least(self, "every_epochs", 1)
+        count(self, "every_epochs", 1, MAX_EPOCHS)
 
     def keeps_optimizer(self, max_failures: int) -> bool:
         if self.optimizer_state == "auto":
@@ -229,12 +242,17 @@ class SweepConfig(Section):
             raise Invalid(
                 "channels", f"must be 1 (left image) or 2 (stereo pair), got {self.channels}"
             )
-        for name in ("num_samples", "epochs", "batch_size", "val_size", "train_size"):
-            at_least(self, name, 1)
+        count(self, "num_samples", 1, MAX_RUNS)
+        count(self, "epochs", 1, MAX_EPOCHS)
+        count(self, "batch_size", 1, MAX_BATCH)
+        for name in ("val_size", "train_size"):
+            count(self, name, 1, MAX_ITEMS)
         if self.max_failures < -1:
             raise Invalid(
                 "max_failures", f"must be >= 0 (or -1: retry forever), got {self.max_failures}"
             )
+        at_most(self, "max_failures", MAX_RUNS)
+        seeds(self)
         data = registry.get(self.dataset)
         if self.metric not in self.metrics():
             raise Invalid(
@@ -311,10 +329,13 @@ class FinalTrainConfig(Section):
     lr_decay_steps: int | None = None
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "train_size", "extra_train_size", "seeds"):
-            at_least(self, name, 1)
+        count(self, "epochs", 1, MAX_EPOCHS)
+        count(self, "batch_size", 1, MAX_BATCH)
+        for name in ("train_size", "extra_train_size"):
+            count(self, name, 1, MAX_ITEMS)
+        seeds(self, "seed", "seeds")
         check_schedule(self)
-        at_least(self, "val_size", 0)
+        count(self, "val_size", 0, MAX_ITEMS)
         if not all(self.baselines):
             raise Invalid("baselines", f"must be a list of model names, got {self.baselines!r}")
         if self.baseline_lr is not None:
@@ -333,7 +354,7 @@ def seed_list(seed: int, seeds: int) -> list[int]:
 
 def check_schedule(section) -> None:
     """A section's ``lr_decay`` (in (0, 1]) and ``lr_decay_steps`` (>= 1), each or null."""
-    at_least(section, "lr_decay_steps", 1)
+    count(section, "lr_decay_steps", 1, MAX_ITEMS)
     if section.lr_decay is not None and not 0 < section.lr_decay <= 1:
         raise Invalid("lr_decay", f"must be in (0, 1], got {section.lr_decay}")
 
@@ -403,7 +424,7 @@ class SmallnorbTrainConfig(FinalTrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        at_least(self, "test_size", 1)
+        count(self, "test_size", 1, MAX_ITEMS)
         if self.extra_datasets:
             raise Invalid(
                 "extra_datasets", "must be []: multimnist and expanded-mnist are MNIST sets"

@@ -8,6 +8,7 @@ from typing import Any
 
 from capsnet.config.data import STRATEGIES, AugmentParams
 from capsnet.config.evaluate import EvaluateParams
+from capsnet.config.schema import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_WORKERS
 from capsnet.config.sweep import LOSSES, PRECISIONS
 from capsnet.io.errors import ConfigError
 
@@ -56,6 +57,13 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "lr_decay_steps", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        bounds = {"epochs": (1, MAX_EPOCHS), "batch_size": (1, MAX_BATCH),
+                  "eval_batch_size": (1, MAX_BATCH), "num_workers": (0, MAX_WORKERS),
+                  "seed": (0, MAX_SEED)}  # fmt: skip
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ConfigError(f"train.{name} must be in [{low}, {high:,}], got {value}")
         if self.time_budget is not None and not 0 < self.time_budget < float("inf"):
             raise ConfigError(f"train.time_budget must be > 0 seconds, got {self.time_budget}")
         if self.lr <= 0:

@@ -9,7 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from capsnet.config.schema import Invalid, Section, above, at_least
+from capsnet.config.schema import (
+    MAX_BATCH,
+    MAX_CHECKS_PER_EPOCH,
+    MAX_EPOCHS,
+    MAX_ITEMS,
+    Invalid,
+    Section,
+    above,
+    at_least,
+    count,
+    seeds,
+)
 from capsnet.config.sweep import Precision, check_schedule, seed_list
 
 Kind = Literal["azimuth", "elevation"]
@@ -44,7 +55,7 @@ class PerModelEpochs:
         for role in ROLES:
             if getattr(self, role) is None:
                 raise Invalid(role, "missing: name both capsules and cnn, or give one number")
-            at_least(self, role, 1)
+            count(self, role, 1, MAX_EPOCHS)
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class PerModelCount:
 
     def __post_init__(self):
         for role in ROLES:
-            at_least(self, role, 1)
+            count(self, role, 1, MAX_CHECKS_PER_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -126,10 +137,12 @@ class ViewpointsParams(Section):
             raise Invalid("cnn", f"must differ from viewpoints.capsules ({self.capsules!r})")
         if self.channels not in (1, 2):
             raise Invalid("channels", f"must be 1 or 2, got {self.channels}")
-        for name in ("batch_size", "train_limit", "test_limit", "seeds"):
-            at_least(self, name, 1)
+        count(self, "batch_size", 1, MAX_BATCH)
+        for name in ("train_limit", "test_limit"):
+            count(self, name, 1, MAX_ITEMS)
+        seeds(self, "seed", "seeds")
         if not isinstance(self.epochs, PerModelEpochs):  # a PerModelEpochs checks itself
-            at_least(self, "epochs", 1)
+            count(self, "epochs", 1, MAX_EPOCHS)
         if isinstance(self.lr, PerModelFloat):
             for role in ROLES:
                 if not getattr(self.lr, role) > 0:

@@ -81,6 +81,7 @@ def read_mats(paths: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse the extracted test batches into ``out_dir/test.pt`` (and ``test-centered.pt``
     from just_centered/test.mat when present)."""
+    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -96,7 +97,7 @@ def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     centered = _mat_files(raw_dir / "test")
     if centered:
         outputs["test-centered"] = read_mats(centered)
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, PREPARED_FILES) as tmp:
         for split, (images, labels) in outputs.items():
             save_prepared(
                 tmp / f"{split}.pt",
@@ -259,6 +260,7 @@ def build_synth(
 ) -> Path:
     """Write ``out_dir/test.pt``: affnist-synth from the MNIST test split under ``root``."""
     from capsnet.data import mnist
+    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -266,7 +268,7 @@ def build_synth(
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     synth, params = synthesize(images, seed, rotation_degrees, shear, tuple(scale))
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, PREPARED_FILES) as tmp:
         save_prepared(
             tmp / "test.pt",
             {"images": synth, "labels": labels, "affine": params},
@@ -368,10 +370,12 @@ def load_synth_dataset(request):
 def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
     """The download stage: the archives (data.affnist.source real or auto), a DISABLED.txt
     when synth, or when auto and the real files are unreachable."""
+    from capsnet.data.registry import RAW_FILES
     from capsnet.io.outputset import write_disabled
 
     if section.source == "synth":
-        return write_disabled(out, "data.affnist.source is synth: the real files are not used")
+        reason = "data.affnist.source is synth: the real files are not used"
+        return write_disabled(out, reason, own=RAW_FILES)
     try:
         download(out, mirror, section.include_training, progress)
     except DataError as exc:
@@ -381,6 +385,7 @@ def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) ->
             out,
             f"data.affnist.source is auto and the real files are "
             f"unreachable, so evaluation uses affnist-synth: {exc}",
+            own=RAW_FILES,
         )
     return out
 

@@ -94,11 +94,12 @@ def load_split(
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse and check the raw files; write ``out_dir/{train,test}.pt`` (uint8 images,
     int64 labels) atomically, both or neither."""
+    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
     splits = {split: read_split(raw_dir, split) for split in SPLIT_FILES}
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, PREPARED_FILES) as tmp:
         for split, (images, labels) in splits.items():
             save_prepared(
                 tmp / f"{split}.pt",

@@ -291,12 +291,13 @@ def build(
     """Write ``out_dir/{train,test}.pt`` recipes over the MNIST splits under data ``root``
     (the test recipe is drawn from ``seed + 1`` and never redrawn)."""
     from capsnet.data import mnist
+    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
     check_settings(shift, pad, merge)
     per_split = {"train": (train_pairs_per_digit, seed), "test": (test_pairs_per_digit, seed + 1)}
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, PREPARED_FILES) as tmp:
         for split, (per_digit, split_seed) in per_split.items():
             _, labels = mnist.load_tensors(root, split, download_missing=False)
             recipe = make_recipe(labels, per_digit, shift, pad, split_seed)

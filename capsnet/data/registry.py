@@ -18,6 +18,12 @@ from typing import Any
 
 from capsnet.io.errors import DataError
 
+#: What the data stages write into ``<root>/raw/<name>`` and ``<root>/prepared/<name>``
+#: (each replaced whole, ``capsnet.io.outputset.check_owned``): the downloaded archives,
+#: what they extract to and the notes beside them; the prepared splits.
+RAW_FILES = ("*.gz", "*.zip", "*.mat", "MD5SUMS", "SOURCE.txt")
+PREPARED_FILES = ("*.pt",)
+
 
 @dataclass(frozen=True)
 class DatasetSpec:

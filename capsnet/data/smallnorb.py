@@ -202,12 +202,13 @@ def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
     and in meta the source (smallnorb or smallnorb-synth)."""
+    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
     source = raw_source(raw_dir)
     splits = {split: read_split(raw_dir, split) for split in PREFIX}
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, PREPARED_FILES) as tmp:
         for split, (images, labels, info) in splits.items():
             save_prepared(
                 tmp / f"{split}.pt",

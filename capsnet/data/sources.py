@@ -9,21 +9,26 @@ and the next run removes its temporaries before it starts.
 
 Every read is bounded: a file whose size is known (``RemoteFile.size``, the decompressed
 bytes) is copied and decompressed to at most that size (plus gzip's overhead) and one byte
-more, and every download has a total deadline besides the per-read timeout, so an endless
-source (``/dev/zero``) fails with one line. A transfer slower than a floor over a window
-(``SpeedFloor``, as curl's ``--speed-limit``/``--speed-time``) fails within about two
-windows, naming the URL, without a retry: a source that trickles a byte at a time gives up
-in a minute, not at the size-based deadline.
+more, and every download has a total deadline besides the per-read timeout, covering the
+status line and headers too (its sockets are shut down when it passes), so a source that
+never ends or trickles its headers fails with one line. A mirror directory's entry must be
+a regular file: a FIFO, socket or device node there is refused before it is opened. A
+transfer slower than a floor over a window (``SpeedFloor``, as curl's
+``--speed-limit``/``--speed-time``) fails within about two windows, naming the URL,
+without a retry: a source that trickles a byte at a time gives up in a minute, not at the
+size-based deadline.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import http.client
 import os
 import shutil
-import stat
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.io.errors import DataError
-from capsnet.io.files import fsync_dir, new_temp_file, remove_stale
+from capsnet.io.files import fsync_dir, input_problem, new_temp_file, remove_stale
 from capsnet.io.outputset import atomic_directory
 
 MIRROR_ENV = "CAPSNET_MIRROR"
@@ -174,22 +179,99 @@ class SourceRefused(Exception):
 
 
 def _open_local(path: Path):
-    """A local source: a FIFO or socket would block or never end, so only what can be read
-    to an end is opened (a device node is read up to the size bound)."""
-    mode = path.stat().st_mode
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        raise SourceRefused("not a regular file (a FIFO or socket)")
-    return open(path, "rb"), (path.stat().st_size if stat.S_ISREG(mode) else None)
+    """A local source: only a regular file is opened (the one input check): a FIFO, a
+    socket or a device node could block for ever or never end, out of the deadline's reach."""
+    problem = input_problem(path)
+    if problem == "not found":
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    if problem is not None:
+        raise SourceRefused(problem)
+    return open(path, "rb"), path.stat().st_size
+
+
+class _Deadline:
+    """Shuts down every socket a download opens (``_Connection``) when its total deadline
+    passes, so no read, the status line and headers included, outlasts it (a socket
+    timeout bounds only the wait for each byte). Used as ``with _Deadline(ends)``."""
+
+    _current = threading.local()  # the deadline of this thread's download
+
+    def __init__(self, ends: float):
+        self.ends, self.expired = ends, False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> _Deadline:
+        self._timer = threading.Timer(max(self.ends - time.monotonic(), 0.0), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        _Deadline._current.deadline = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _Deadline._current.deadline = None
+        self._timer.cancel()
+
+    @classmethod
+    def watch(cls, sock: socket.socket) -> None:
+        """Shut ``sock`` down at this thread's deadline (at once when it has passed)."""
+        deadline = getattr(cls._current, "deadline", None)
+        if deadline is None:
+            return
+        with deadline._lock:
+            deadline._sockets.append(sock)
+            if not deadline.expired:
+                return
+        _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def connect(self):
+        super().connect()
+        _Deadline.watch(self.sock)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def connect(self):
+        super().connect()
+        _Deadline.watch(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(_HTTPSConnection, req, context=self._context)
 
 
 def _open_source(url: str, timeout: float):
-    """A readable stream and its size (or None) for a URL, a file:// URL or a local path."""
+    """A readable stream and its size (or None) for a URL, a file:// URL or a local path;
+    a network source's sockets are shut down at the download's ``_Deadline``."""
     if "://" not in url:
         return _open_local(Path(url))
     if url.startswith("file://"):
         return _open_local(Path(urllib.request.url2pathname(url[len("file://") :])))
     request = urllib.request.Request(url, headers={"User-Agent": "capsnet-pipeline"})
-    response = urllib.request.urlopen(request, timeout=timeout)
+    opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler())
+    response = opener.open(request, timeout=timeout)
     size = response.headers.get("Content-Length")
     return response, int(size) if size and size.isdigit() else None
 
@@ -220,44 +302,48 @@ def _copy_to_temp(
     remote: RemoteFile, url: str, target: Path, timeout: float, progress: bool, floor: SpeedFloor
 ):
     """Stream ``url`` into a temporary file next to ``target``; return its path. SourceRefused
-    when the source holds more than ``remote.max_bytes``, outlasts ``remote.deadline()`` or
-    moves slower than ``floor`` (a read waits at most ``floor.window_s``)."""
+    when the source holds more than ``remote.max_bytes``, outlasts ``remote.deadline()``
+    (headers included: ``_Deadline``) or moves slower than ``floor`` (a read waits at most
+    ``floor.window_s``)."""
     from tqdm.auto import tqdm
 
     limit, deadline = remote.max_bytes, remote.deadline()
     ends = time.monotonic() + deadline
+    late = SourceRefused(f"not complete after the {deadline:g} s deadline")
     fd, tmp = new_temp_file(target)
     try:
-        stream, size = _open_source(url, min(timeout, deadline, floor.window_s))
-        pace = _Pace(floor)
-        with (
-            stream,
-            os.fdopen(fd, "wb") as out,
-            tqdm(
-                total=size,
-                unit="B",
-                unit_scale=True,
-                desc=target.name,
-                disable=not progress,
-                leave=False,
-            ) as bar,
-        ):
-            if size is not None and size > limit:
-                raise SourceRefused(f"{size} bytes, more than the {limit} the file can have")
-            written = 0
-            # a network response is read as bytes arrive, so the deadline is checked often
-            read = stream.read1 if isinstance(stream, http.client.HTTPResponse) else stream.read
-            while chunk := _read(read, min(CHUNK, limit + 1 - written), pace):
-                written += len(chunk)
-                pace.add(len(chunk))
-                if written > limit:
-                    raise SourceRefused(f"more than the {limit} bytes the file can have")
-                if time.monotonic() > ends:
-                    raise SourceRefused(f"not complete after the {deadline:g} s deadline")
-                out.write(chunk)
-                bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
+        with os.fdopen(fd, "wb") as out, _Deadline(ends) as watchdog:
+            try:
+                stream, size = _open_source(url, min(timeout, deadline, floor.window_s))
+                pace = _Pace(floor)
+                bar = tqdm(total=size, unit="B", unit_scale=True, desc=target.name,
+                           disable=not progress, leave=False)  # fmt: skip
+                with stream, bar:
+                    if size is not None and size > limit:
+                        raise SourceRefused(
+                            f"{size} bytes, more than the {limit} the file can have"
+                        )
+                    written = 0
+                    # a network response is read as bytes arrive: the deadline is checked often
+                    is_http = isinstance(stream, http.client.HTTPResponse)
+                    read = stream.read1 if is_http else stream.read
+                    while chunk := _read(read, min(CHUNK, limit + 1 - written), pace):
+                        written += len(chunk)
+                        pace.add(len(chunk))
+                        if written > limit:
+                            raise SourceRefused(f"more than the {limit} bytes the file can have")
+                        if time.monotonic() > ends:
+                            raise late
+                        out.write(chunk)
+                        bar.update(len(chunk))
+                    if watchdog.expired:  # the stream was cut short at the deadline
+                        raise late
+                    out.flush()
+                    os.fsync(out.fileno())
+            except Exception as exc:
+                if watchdog.expired and exc is not late:  # a read the deadline cut short
+                    raise late from None
+                raise
         return tmp
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -379,7 +465,8 @@ def safe_extract_zip(archive_path: str | os.PathLike, target: str | os.PathLike)
         members = [m for m in archive.infolist() if not m.is_dir()]
         names = [_member_path(archive_path, target, m) for m in members]
         try:
-            with atomic_directory(target) as staging:
+            own = (*names, f".{archive_path.name}.*")  # and what older versions left inside
+            with atomic_directory(target, own) as staging:
                 for member, name in zip(members, names):
                     out = staging / name
                     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from capsnet.config import Params
 from capsnet.config.data import DATA_ROOT
-from capsnet.data.registry import DOWNLOADS, PREPARES, get, resolve
+from capsnet.data.registry import DOWNLOADS, PREPARED_FILES, PREPARES, RAW_FILES, get, resolve
 from capsnet.io.files import clear_disabled, locked, read_disabled, remove_stale_in
 from capsnet.io.outputset import write_disabled
 
@@ -36,7 +36,7 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
         remove_stale_in(out)
         section = getattr(params.data, spec.section)
         if not section.enabled:
-            return write_disabled(out, _switched_off(spec))
+            return write_disabled(out, _switched_off(spec), own=RAW_FILES)
         clear_disabled(out)
         stand_in = resolve(spec.stand_in) if spec.stand_in else None
         return resolve(spec.download)(out, section, mirror, progress, stand_in)
@@ -51,11 +51,11 @@ def prepare(name: str, params: Params, root=None) -> Path:
         out = root / "prepared" / name
         section = getattr(params.data, spec.section)
         if not section.enabled:
-            return write_disabled(out, _switched_off(spec))
+            return write_disabled(out, _switched_off(spec), own=PREPARED_FILES)
         if spec.download:
             reason = read_disabled(root / "raw" / name)
             if reason is not None:
-                return write_disabled(out, reason)
+                return write_disabled(out, reason, own=PREPARED_FILES)
         return resolve(spec.prepare)(root, out, section)
 
 

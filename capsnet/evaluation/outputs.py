@@ -24,7 +24,7 @@ from capsnet.evaluation.metrics import (
     parse_results,
 )
 from capsnet.evaluation.novel_viewpoints import viewpoint_lines
-from capsnet.io.outputset import OutputSet, refuse_target
+from capsnet.io.outputset import OutputSet, check_owned, refuse_target
 from capsnet.training import scoring as evaluate
 
 
@@ -138,11 +138,17 @@ OUTPUT_FILES = {
 }
 
 
+#: What the figures folder holds (capsnet.evaluation.figures): it is replaced whole.
+FIGURE_FILES = ("*.png",)
+FIGURES_DIR = "figures"
+
+
 def check_targets(out_dir: str | Path) -> None:
     """CapsnetError naming the first output file of ``out_dir`` that cannot be replaced
     (``capsnet.io.outputset.refuse_target``): found before any work."""
     for name in OUTPUT_FILES.values():
         refuse_target(Path(out_dir) / name)
+    check_owned(Path(out_dir) / FIGURES_DIR, FIGURE_FILES)
 
 
 def write_outputs(

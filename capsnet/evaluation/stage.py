@@ -13,7 +13,7 @@ from capsnet.config import DATA_ROOT
 from capsnet.evaluation.checkpoints import checkpoint_names, evaluate_checkpoints
 from capsnet.evaluation.figures import FigureDrawer
 from capsnet.evaluation.novel_viewpoints import VIEWPOINTS_KEY, evaluate_viewpoints
-from capsnet.evaluation.outputs import check_targets, write_outputs
+from capsnet.evaluation.outputs import FIGURE_FILES, FIGURES_DIR, check_targets, write_outputs
 from capsnet.evaluation.request import EvalRequest
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import read_disabled
@@ -65,11 +65,11 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     )
     out = Path(settings.out_dir)
     with OutputSet() as outputs:
-        drawer = FigureDrawer(outputs.directory(out / "figures"))
+        drawer = FigureDrawer(outputs.directory(out / FIGURES_DIR, FIGURE_FILES))
         results = evaluate_checkpoints(paths, request, names=names, figures=drawer)
         if settings.viewpoints_dir:
             viewpoints = evaluate_viewpoints(settings.viewpoints_dir, request, drawer)
             results = dataclasses.replace(results, viewpoints=viewpoints)
         written = write_outputs(results, out, outputs)
-    figures = {name: out / "figures" / path.name for name, path in drawer.written.items()}
+    figures = {name: out / FIGURES_DIR / path.name for name, path in drawer.written.items()}
     return {**written, **figures}

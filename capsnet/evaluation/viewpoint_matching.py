@@ -37,7 +37,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from capsnet.config.viewpoints import KINDS
+
 RESULTS_FILE = "viewpoints.json"
+#: What the stage writes into its out_dir (replaced whole): the results and the
+#: checkpoints of each kind (``<kind>/<model>.pt``).
+OUT_DIR_FILES = (RESULTS_FILE, *(f"{kind}/*.pt" for kind in KINDS))
 CSV_COLUMNS = ("kind", "seed", "model", "epoch", "familiar_error", "novel_error")
 # Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
 PAPER_NOVEL_ERROR = {

@@ -159,10 +159,11 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     refuse_special(path)
+    refuse_read_only(path)
     remove_stale(path)
     fd, tmp = new_temp_file(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with naming_target(path), os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -171,6 +172,33 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+#: Errors of a write that name no file (a full disk, a quota, a file-size limit).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+@contextlib.contextmanager
+def naming_target(path: str | os.PathLike) -> Iterator[None]:
+    """Raise a write's OSError that names no file as one naming ``path``, the output it
+    was writing, so the message blames that file and not some other path."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno in WRITE_ERRNOS:
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+        raise
+
+
+def refuse_read_only(path: str | os.PathLike, what: str = "") -> None:
+    """CapsnetError when ``path`` exists without write permission: an atomic rename would
+    replace it silently (even for root, hence the mode bits as well as ``os.access``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISREG(mode) and (not os.access(path, os.W_OK) or not mode & 0o222):
+        raise CapsnetError(f"{what or path}: read-only; not replaced")
 
 
 SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -186,30 +214,39 @@ def special_kind(path: str | os.PathLike) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
-def input_problem(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be read as an input file, or None. Judged without opening it:
-    opening a FIFO waits for a writer forever, and a device node or socket never ends."""
+def input_problem(path: str | os.PathLike, kind: str = "file") -> str | None:
+    """Why ``path`` cannot be read as an input ``kind`` ("file" or "directory"), or None:
+    the one input check. Judged without opening it: opening a FIFO waits for a writer
+    forever, and a device node or socket never ends; a NUL byte is no path at all."""
+    if "\x00" in os.fsdecode(path):
+        return "holds a NUL byte, which no path may hold"
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return "not found"
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
+    what = next((what for test, what in SPECIAL_FILES if test(mode)), None)
+    if kind == "directory":
+        return None if stat.S_ISDIR(mode) else f"is {what or 'a file'}, not a directory"
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
-    what = next((what for test, what in SPECIAL_FILES if test(mode)), None)
     return None if what is None else f"is {what}, not a regular file"
 
 
 def check_input(
-    path: str | os.PathLike, error: type[CapsnetError] = CapsnetError, missing: str = ""
+    path: str | os.PathLike,
+    error: type[CapsnetError] = CapsnetError,
+    missing: str = "",
+    kind: str = "file",
 ) -> None:
-    """``error`` naming ``path`` when it cannot be read as an input file (``input_problem``;
-    ``missing``: what makes a file that is not there)."""
-    problem = input_problem(path)
+    """``error`` naming ``path`` when it cannot be read as an input ``kind``
+    (``input_problem``; ``missing``: what makes a file that is not there)."""
+    problem = input_problem(path, kind)
     if problem is not None:
         hint = f"; {missing}" if missing and problem == "not found" else ""
-        raise error(f"{path}: {problem}{hint}")
+        shown = os.fsdecode(path).replace("\x00", "\\0")
+        raise error(f"{shown}: {problem}{hint}")
 
 
 def refuse_special(path: str | os.PathLike) -> None:
@@ -424,15 +461,9 @@ def clear_disabled(path: str | os.PathLike) -> None:
     (Path(path) / DISABLED_MARKER).unlink(missing_ok=True)
 
 
-def foreign_entries(directory: str | os.PathLike, own: tuple[str, ...] | set[str]) -> list[str]:
-    """Sorted names in ``directory`` other than ``own``, the lock and this module's
-    temporaries: what replacing the directory whole would destroy. [] when it is missing."""
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    ours = set(own) | {LOCK_NAME}
-    return sorted(n for n in names if n not in ours and _TEMP_RE.fullmatch(n) is None)
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary (or an ``.old`` copy) of this module's writers."""
+    return _TEMP_RE.fullmatch(name) is not None
 
 
 def run_name(name: str, tag: str, seed: int, first: int) -> str:

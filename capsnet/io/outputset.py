@@ -1,12 +1,14 @@
 """Outputs published as one unit: every file and directory of a stage written to
-temporaries first, then renamed into place together (``OutputSet``), and targets a rename
-would silently replace or could not replace refused (``refuse_read_only``,
-``refuse_target``). ``atomic_directory`` (one directory) and ``write_disabled`` (the
-outputs of a stage whose input is switched off) are OutputSets. Built on capsnet/io/files.py."""
+temporaries first, then renamed into place together (``OutputSet``), targets a rename
+would silently replace or could not replace refused (``refuse_target``), and a directory
+replaced whole only when it holds nothing but what its writer makes (``check_owned``).
+``atomic_directory`` (one directory) and ``write_disabled`` (the outputs of a stage whose
+input is switched off) are OutputSets. Built on capsnet/io/files.py."""
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -14,18 +16,6 @@ from pathlib import Path
 
 from capsnet.io import files as io  # through the module, so its helpers are one implementation
 from capsnet.io.errors import CapsnetError
-
-
-def refuse_read_only(path: str | os.PathLike, what: str = "") -> None:
-    """CapsnetError when ``path`` exists without write permission: an atomic rename would
-    replace it silently (even for root, hence the mode bits as well as ``os.access``)."""
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return
-    if not os.access(path, os.W_OK) or not mode & 0o222:
-        raise CapsnetError(f"{what or path}: read-only; not replaced")
 
 
 def refuse_target(path: str | os.PathLike, kind: str = "file") -> None:
@@ -42,7 +32,48 @@ def refuse_target(path: str | os.PathLike, kind: str = "file") -> None:
                 raise CapsnetError(f"{path}: {parent} is not a directory")
             break
     if kind == "file":
-        refuse_read_only(path)
+        io.refuse_read_only(path)
+
+
+def foreign_files(directory: str | os.PathLike, own: Iterable[str]) -> list[str]:
+    """Sorted paths under ``directory`` (relative, "/"-separated) that none of the ``own``
+    patterns matches (``fnmatch``; a directory matched is owned whole), besides
+    DISABLED.txt, the lock and temporaries: what replacing the directory whole would
+    destroy that its writer did not make. [] when the directory is missing."""
+    root, patterns = Path(directory), (*own, io.DISABLED_MARKER)
+    try:
+        if not root.is_dir() or root.is_symlink():
+            return []
+        pending, found = [root], []
+        while pending:
+            folder = pending.pop()
+            for entry in folder.iterdir():
+                relative = entry.relative_to(root).as_posix()
+                if entry.name == io.LOCK_NAME or io.is_temporary(entry.name):
+                    continue
+                if any(fnmatch.fnmatchcase(relative, p) for p in patterns):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    pending.append(entry)
+                else:
+                    found.append(relative)
+    except OSError as exc:
+        raise CapsnetError(f"{directory}: cannot be listed ({exc.strerror or exc})") from None
+    return sorted(found)
+
+
+def check_owned(directory: str | os.PathLike, own: Iterable[str]) -> None:
+    """The one output-directory rule: a directory output replaced whole must be missing or
+    hold only what its writer makes (``own``, see ``foreign_files``); otherwise a
+    CapsnetError naming it and the first foreign files (``capsnet.cli.options.check_output``
+    names the option or params key too, before any work)."""
+    others = foreign_files(directory, own)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise CapsnetError(
+            f"{directory} holds files this command does not write ({shown}); it is "
+            "replaced whole, so move them or name a new or empty directory"
+        )
 
 
 class OutputSet:
@@ -56,11 +87,16 @@ class OutputSet:
 
     def __init__(self) -> None:
         self._dirs: list[tuple[Path, Path]] = []
+        self._owns: dict[Path, tuple[str, ...]] = {}
         self._files: list[tuple[Path, Path]] = []
 
-    def directory(self, path: str | os.PathLike) -> Path:
+    def directory(self, path: str | os.PathLike, own: Iterable[str]) -> Path:
+        """A staging folder that replaces ``path`` at ``commit``; ``own``: patterns of what
+        its writer makes there (``check_owned``), checked now and again at ``commit``."""
         path = Path(path)
         refuse_target(path, "directory")
+        self._owns[path] = tuple(own)
+        check_owned(path, self._owns[path])
         path.parent.mkdir(parents=True, exist_ok=True)
         io.remove_stale(path)
         staging = io.new_temp_dir(path)
@@ -74,7 +110,7 @@ class OutputSet:
         io.remove_stale(path)
         fd, tmp = io.new_temp_file(path)
         self._files.append((path, tmp))
-        with os.fdopen(fd, "wb") as fh:
+        with io.naming_target(path), os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -87,6 +123,7 @@ class OutputSet:
         try:
             for path, _ in self._dirs:
                 refuse_target(path, "directory")
+                check_owned(path, self._owns[path])
             for path, _ in self._files:
                 refuse_target(path)
             while self._dirs:
@@ -124,11 +161,12 @@ class OutputSet:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, own: Iterable[str]) -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces ``path`` when the block succeeds
-    (an ``OutputSet`` of one directory); on any error ``path`` is left as it was."""
+    (an ``OutputSet`` of one directory; ``own``: what its writer makes there, see
+    ``check_owned``); on any error ``path`` is left as it was."""
     with OutputSet() as outputs:
-        yield outputs.directory(path)
+        yield outputs.directory(path, own)
 
 
 def write_disabled(
@@ -137,18 +175,20 @@ def write_disabled(
     json_files: Iterable[str | os.PathLike] = (),
     files: Mapping[str | os.PathLike, str] | None = None,
     replace: bool = True,
+    own: Iterable[str] = (),
 ) -> Path:
     """The one DISABLED writer: publish, as one unit, ``directory`` holding
     ``DISABLED.txt`` with ``reason``, each of ``json_files`` holding ``{"disabled":
     reason}`` and ``files`` ({path: text}); a path inside ``directory`` goes into it.
-    ``replace``: the directory is swapped in holding only these; else they are added to it
-    in place. DVC needs every stage output to exist, even for data switched off."""
+    ``replace``: the directory is swapped in holding only these (``own``: what the
+    stage makes there otherwise, ``check_owned``); else they are added to it in place. DVC
+    needs every stage output to exist, even for data switched off."""
     directory = Path(directory)
     texts = {directory / io.DISABLED_MARKER: reason.rstrip() + "\n"}
     texts |= {Path(p): json.dumps({"disabled": reason}, indent=2) + "\n" for p in json_files}
     texts |= {Path(p): text for p, text in (files or {}).items()}
     with OutputSet() as outputs:
-        staging = outputs.directory(directory) if replace else None
+        staging = outputs.directory(directory, own) if replace else None
         for path, text in texts.items():
             relative = inside(path, directory)
             if staging is not None and relative is not None:

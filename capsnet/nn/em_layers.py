@@ -56,6 +56,7 @@ class _EMRoutingLayer(nn.Module):
         self.normalise_cost = normalise_cost  # em_routing's normalise_cost
         self.compiled = False  # torch.compile the routing steps (EMCapsNet.compile_routing)
         self.fallback: str | None = None  # why compiled routing fell back to eager, if it did
+        self._backward_built = False  # the compiled backward ran once (``_probe_backward``)
 
     def activation_bias(self) -> torch.Tensor:
         """(J,) the beta_a of the routing, ``beta_a_scale * beta_a``: the activation logit
@@ -69,12 +70,17 @@ class _EMRoutingLayer(nn.Module):
         the error kept in ``fallback``) where torch.compile cannot build kernels here (no C++
         compiler). An error of the
         compiler's own machinery is tried once more first: another process writing the same
-        Inductor cache entry at that moment fails one compile, not the next."""
+        Inductor cache entry at that moment fails one compile, not the next. The backward
+        is compiled at its first run, so with autograd on the first compiled call also runs
+        one backward (``_probe_backward``) inside this fallback."""
         args = (children, activations, weight, self.beta_v, self.activation_bias(), self.iterations,
                 self.final_lambda, self.min_var)  # fmt: skip
         options = {"vote_bias": vote_bias, "scope": scope, "normalise_cost": self.normalise_cost}
         for attempt in range(2 if self.compiled else 0):
             try:
+                if torch.is_grad_enabled() and not self._backward_built:
+                    _probe_backward(args, options)
+                    self._backward_built = True
                 return em_routing(*args, compiled=True, **options)
             except Exception as exc:
                 if not _is_compile_failure(exc):
@@ -90,6 +96,24 @@ class _EMRoutingLayer(nn.Module):
                 )
                 self.compiled = False
         return em_routing(*args, **options)
+
+
+def _probe_backward(args: tuple, options: dict) -> None:
+    """The compiled ``em_routing`` forward and backward once, on detached copies of its
+    inputs (the same shapes and grad modes, so the same graphs): Inductor compiles a
+    backward graph when it first runs, and a failure there would escape the fallback."""
+
+    def copy(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().requires_grad_(value.requires_grad)
+
+    args, options = tuple(map(copy, args)), {k: copy(v) for k, v in options.items()}
+    leaves = [t for t in (*args, *options.values()) if isinstance(t, torch.Tensor)]
+    leaves = [t for t in leaves if t.requires_grad]
+    if leaves:
+        pose, activation = em_routing(*args, compiled=True, **options)
+        torch.autograd.grad(pose.sum() + activation.sum(), leaves, allow_unused=True)
 
 
 def _is_compile_failure(exc: Exception) -> bool:

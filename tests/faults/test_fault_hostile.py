@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socketserver
 import threading
 import time
 import zipfile
@@ -184,6 +185,43 @@ def _trickle_server(content_length: int, interval: float):
     return server
 
 
+def _header_trickle_server(interval: float):
+    """An HTTP server on localhost that answers with a status line, then one byte of an
+    endless header every ``interval`` seconds: each byte comes well within any timeout."""
+
+    class Trickle(socketserver.BaseRequestHandler):
+        def handle(self):
+            try:
+                self.request.recv(65536)
+                self.request.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while True:
+                    self.request.sendall(b"a")
+                    time.sleep(interval)
+            except OSError:
+                pass
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_mirror_trickling_its_headers_fails_at_the_total_deadline(tmp_path, monkeypatch, tally):
+    """The deadline covers the status line and headers, not only the body."""
+    monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
+    monkeypatch.chdir(tmp_path)
+    server = _header_trickle_server(0.2)
+    try:
+        mirror = f"http://127.0.0.1:{server.server_address[1]}"
+        env = {"CAPSNET_DOWNLOAD_DEADLINE": "2", "CAPSNET_MIRROR": None}
+        root = tmp_path / "data"
+        args = ["data", "download", "mnist", "--data-root", root, "--mirror", mirror]
+        done = invoke_bounded(*args, timeout=90, env=env)
+    finally:
+        server.shutdown()
+    judge(tally, done, before={}, after=snapshot(root / "raw"), names=("deadline",))
+
+
 def test_a_trickling_mirror_fails_at_the_total_deadline(tmp_path, monkeypatch, tally):
     monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
     monkeypatch.chdir(tmp_path)
@@ -224,8 +262,8 @@ def test_a_mirror_slower_than_the_speed_floor_fails_naming_the_url(tmp_path, mon
     assert len(server.paths) == 1, server.paths  # given up, not retried
 
 
-@pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo"])
-def test_an_endless_mirror_entry_stops_at_the_known_size(
+@pytest.mark.parametrize("endless", ["/dev/zero", "/dev/urandom", "fifo", "directory"])
+def test_a_mirror_entry_that_is_no_regular_file_is_refused_unopened(
     tmp_path, monkeypatch, tally, mnist_mirror, endless
 ):
     monkeypatch.setattr(mnist, "OFFICIAL_BASES", ())  # the mirror alone: no offline retries
@@ -238,13 +276,15 @@ def test_an_endless_mirror_entry_stops_at_the_known_size(
     bad.unlink()
     if endless == "fifo":
         os.mkfifo(bad)  # opening it would wait for a writer forever
+    elif endless == "directory":
+        bad.mkdir()
     else:
-        bad.symlink_to(endless)
+        bad.symlink_to(endless)  # a device: a blocking one would hang any read
     root = tmp_path / "data"
     done = invoke_bounded(
         "data", "download", "mnist", "--data-root", root, "--mirror", mirror.parent, timeout=120
     )
-    says = "regular file" if endless == "fifo" else "bytes the file can have"
+    says = "a directory" if endless == "directory" else "not a regular file"
     judge(tally, done, names=("train-labels-idx1-ubyte.gz", says))
     assert not (root / "raw" / "mnist" / bad.name).exists()
     assert [p.name for p in (root / "raw" / "mnist").iterdir() if p.name.startswith(".")] == []

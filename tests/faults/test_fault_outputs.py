@@ -1,9 +1,12 @@
-"""The evaluate and publish outputs survive what is refused: a `dvc exp run -S` with a bad
-value leaves the last good files in place, a target that cannot be replaced changes none of
-them, and a models/ORIGIN.json whose text would break the README block publishes nothing."""
+"""Stage outputs survive what is refused: a `dvc exp run -S` with a bad value leaves the
+last good files of every stage in place (each output is `persist` or cached), a target
+that cannot be replaced changes none of them, a directory holding foreign files is never
+replaced, and a models/ORIGIN.json whose text would break the README block publishes
+nothing."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -13,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from faulthelpers import invoke, judge, snapshot
+from faulthelpers import invoke, invoke_bounded, judge, snapshot
 from test_readme import METRICS
 
-#: The files of the evaluate and publish stages, as a last good run left them.
+#: The git-tracked files of the stages below, as a last good run left them.
 LAST_GOOD = {
     "eval/metrics.json": "{}\n",
     "eval/summary.json": "{}\n",
@@ -25,7 +28,14 @@ LAST_GOOD = {
     "eval/report.html": "<p>last good</p>\n",
     "eval/results.md": "last good table\n",
     "eval/published.json": "{}\n",
+    "sweep/best.json": "{}\n",
+    "sweep/results.csv": "trial_id,final_val_accuracy\n",
+    "sweep/plots/by_routing.csv": "routing_iterations,val_accuracy\n",
+    "sweep/plots/by_augment.csv": "augment,val_accuracy\n",
+    "models-viewpoints.csv": "kind,seed,model,epoch,familiar_error,novel_error\n",
 }
+#: The stages whose refused runs are tried.
+STAGES = ("evaluate", "publish", "sweep", "viewpoints")
 
 
 def _git(work: Path, *args: str) -> None:
@@ -36,16 +46,16 @@ def _git(work: Path, *args: str) -> None:
 
 @pytest.fixture
 def stage_repo(tmp_path, repo_root) -> tuple[Path, str]:
-    """A git + DVC repository with the real params.yaml and the real evaluate and publish
-    stages (their deps left out: the commands are refused before reading any), its
-    outputs as a last good run left them, newer than the commit; (folder, dvc command)."""
+    """A git + DVC repository with the real params.yaml and the real STAGES (their deps
+    left out: the commands are refused before reading any), their outputs as a last good
+    run left them, newer than the commit; (folder, dvc command)."""
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
     if dvc is None or shutil.which("git") is None:
         pytest.skip("dvc or git is not installed")
     work = tmp_path / "repo"
     work.mkdir()
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
-    kept = {n: {k: v for k, v in stages[n].items() if k != "deps"} for n in ("evaluate", "publish")}
+    kept = {n: {k: v for k, v in stages[n].items() if k != "deps"} for n in STAGES}
     (work / "dvc.yaml").write_text(yaml.safe_dump({"stages": kept}, sort_keys=False))
     shutil.copy(repo_root / "params.yaml", work / "params.yaml")
     for path in LAST_GOOD:
@@ -62,13 +72,19 @@ def stage_repo(tmp_path, repo_root) -> tuple[Path, str]:
 
 @pytest.mark.parametrize(
     "setting, stage",
-    [("evaluate.limit=-5", "evaluate"), ("publish.mode=bogus", "publish")],
+    [
+        ("evaluate.limit=-5", "evaluate"),
+        ("publish.mode=bogus", "publish"),
+        ("sweep.epochs=0", "sweep"),
+        ("viewpoints.checks_per_epoch.cnn=9223372036854775807", "viewpoints"),
+    ],
 )
 def test_a_refused_dvc_exp_run_keeps_the_last_good_outputs(tally, stage_repo, setting, stage):
     """DVC deletes a stage's outputs before its command runs unless they are `persist`;
     the command replaces them only when it succeeds."""
     work, dvc = stage_repo
-    before = snapshot(work / "eval")
+    watched = [work / p for p in ("eval", "sweep", "models-viewpoints.csv")]
+    before = snapshot(*watched)
     done = subprocess.run(
         [dvc, "exp", "run", "-s", stage, "-S", setting],
         cwd=work,
@@ -76,13 +92,28 @@ def test_a_refused_dvc_exp_run_keeps_the_last_good_outputs(tally, stage_repo, se
         text=True,
         env={k: v for k, v in os.environ.items() if k != "DVC_STAGE"},
     )
-    after = snapshot(work / "eval")
+    after = snapshot(*watched)
     tally.inputs += 1
     tally.partial_outputs += before != after
     assert done.returncode != 0, done.stdout + done.stderr
     assert setting.split("=")[0] in done.stderr + done.stdout, done.stderr
     assert "Traceback" not in done.stderr
     assert after == before
+
+
+def test_every_output_a_refused_run_could_delete_is_persist_or_cached(repo_root):
+    """DVC deletes a stage's outputs before its command runs: each must be `persist` (the
+    command replaces it only on success) or cached (`dvc checkout` restores it)."""
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    exposed = [
+        f"{name}: {path}"
+        for name, stage in stages.items()
+        for kind in ("outs", "metrics", "plots")
+        for entry in stage.get(kind, [])
+        for path, options in (entry.items() if isinstance(entry, dict) else [(entry, {})])
+        if (options or {}).get("cache", True) is False and not (options or {}).get("persist")
+    ]
+    assert exposed == []
 
 
 def _publish_dir(tmp_path: Path, monkeypatch) -> Path:
@@ -197,3 +228,118 @@ def test_the_readme_and_report_renderers_refuse_hostile_text(case):
     for render in (readme.results_table, lambda m: report.render_html(m, None, {})):
         with pytest.raises(CapsnetError, match=field):
             render(metrics)
+
+
+def _params(path: Path, sections: dict) -> Path:
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+#: An evaluate section that runs in seconds (lenet5 on eight MNIST images).
+EVALUATE_SMALL = {
+    "out_dir": "out",
+    "datasets": ["mnist"],
+    "limit": 8,
+    "viewpoints_dir": "",
+    "extra_models_dirs": [],
+    "robustness": {"enabled": False},
+    "equivariance": {"enabled": False},
+}
+#: command -> (its params, the output directory it replaces whole, the key naming it).
+DIRECTORY_OUTPUTS = {
+    "viewpoints": (
+        {"data": {"smallnorb": {"enabled": False}}, "viewpoints": {"out_dir": "out"}},
+        "out",
+        "viewpoints.out_dir",
+    ),
+    "train-final": (
+        {"data": {"mnist": {"enabled": False}}, "train": {"out_dir": "out"}},
+        "out",
+        "train.out_dir",
+    ),
+    "evaluate-stage": (
+        {"evaluate": EVALUATE_SMALL},
+        "out/figures",
+        "evaluate.out_dir",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", sorted(DIRECTORY_OUTPUTS))
+def test_a_stage_never_replaces_a_directory_holding_foreign_files(
+    tmp_path, monkeypatch, request, tally, command
+):
+    """Every stage's output directory follows one rule: a directory holding files the
+    stage does not write is refused (naming the key and a file), never wiped."""
+    if command == "train-final":
+        pytest.importorskip("ray")
+    sections, folder, key = DIRECTORY_OUTPUTS[command]
+    monkeypatch.chdir(tmp_path)
+    params = _params(tmp_path / "params.yaml", sections)
+    data_root = tmp_path / "data"
+    if command == "evaluate-stage":  # a stage that would run: a checkpoint and its data
+        data_root = request.getfixturevalue("prepared_root")
+        Path("models").mkdir()
+        shutil.copy(request.getfixturevalue("lenet_checkpoint"), "models/lenet5.pt")
+    Path(folder).mkdir(parents=True)
+    Path(folder, "notes.txt").write_text("someone else's")
+    before = snapshot(tmp_path / "out")
+    done = invoke(command, "--params", params, "--data-root", data_root)
+    judge(tally, done, before=before, after=snapshot(tmp_path / "out"), code=1,
+          names=(key, "notes.txt"))  # fmt: skip
+
+
+def _fake_viewpoints(monkeypatch) -> None:
+    """The viewpoints stage with smallNORB on and no training: each kind yields no entry."""
+    import capsnet.data.stages
+    import pipeline.viewpoints
+
+    monkeypatch.setattr(capsnet.data.stages, "why_off", lambda *args: None)
+    monkeypatch.setattr(pipeline.viewpoints, "run_kind", lambda *args: {})
+
+
+def test_a_read_only_viewpoints_csv_is_refused_not_replaced(tmp_path, monkeypatch, tally):
+    _fake_viewpoints(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    params = _params(tmp_path / "params.yaml", {"viewpoints": {"out_dir": "vp"}})
+    table = tmp_path / "vp.csv"
+    table.write_text("the last good table\n")
+    table.chmod(0o444)
+    before = snapshot(tmp_path)
+    done = invoke("viewpoints", "--params", params)
+    judge(tally, done, before=before, after=snapshot(tmp_path), code=1,
+          names=("vp.csv", "read-only"))  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])
+def test_a_full_disk_in_the_viewpoints_stage_names_the_output(tmp_path, monkeypatch, tally, code):
+    """A write error that names no file blames the output being written, not --data-root."""
+    _fake_viewpoints(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    params = _params(tmp_path / "params.yaml", {"viewpoints": {"out_dir": "vp-out"}})
+
+    def failing(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    done = invoke("viewpoints", "--params", params, "--data-root", tmp_path / "data")
+    monkeypatch.undo()
+    judge(tally, done, fault=True, code=1, names=("vp-out/viewpoints.json",))
+    assert "--data-root" not in done.lines[0]
+    assert not (tmp_path / "vp-out").exists() and not (tmp_path / "vp-out.csv").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_figure_that_is_no_file_is_refused_not_read(tmp_path, monkeypatch, tally, kind):
+    """A FIFO (or a link to a device) named like a figure: the one input check refuses it
+    before publish reads it (a FIFO would wait for a writer, a device may never end)."""
+    _publish_dir(tmp_path, monkeypatch)
+    figure = Path("eval/figures/rotation.png")
+    if kind == "fifo":
+        os.mkfifo(figure)
+    else:
+        figure.symlink_to("/dev/null")  # read, it would pass for an empty figure
+    before = sorted(os.listdir("eval"))  # a snapshot would read the figure itself
+    done = invoke_bounded("publish", "--params", "params.yaml", timeout=120)
+    judge(tally, done, code=1, names=(str(figure), "not a regular file"))
+    assert sorted(os.listdir("eval")) == before

@@ -82,6 +82,57 @@ def test_a_bad_value_names_its_key(tmp_path, tally, keys, value):
     judge(tally, done, code=1, names=("bad-params.yaml", ".".join(keys)))
 
 
+def whole_numbers(tp) -> bool:
+    """Whether a field of annotation ``tp`` takes a whole number (alone, in a union, a
+    sweep dimension or a list)."""
+    if tp is int:
+        return True
+    return any(whole_numbers(a) for a in typing.get_args(tp) if a is not Ellipsis)
+
+
+def takes_text(tp) -> bool:
+    if tp is str:
+        return True
+    return any(takes_text(a) for a in typing.get_args(tp) if a is not Ellipsis)
+
+
+#: A whole number that fits 64 bits but would make any count run for ever.
+ENDLESS = 2**62
+INT_LEAVES = [keys for keys, tp in leaves(Params) if whole_numbers(tp)]
+TEXT_LEAVES = [keys for keys, tp in leaves(Params) if takes_text(tp)]
+
+
+def _as(tp_keys: tuple[str, ...], value):
+    """``value`` shaped as the leaf at ``tp_keys`` takes it (in a list or a mapping)."""
+    origin = typing.get_origin(dict(leaves(Params))[tp_keys])
+    return [value] if origin in (list, tuple) else {"name": value} if origin is dict else value
+
+
+@pytest.mark.parametrize("keys", INT_LEAVES, ids=".".join)
+def test_every_count_has_a_bound(tmp_path, tally, keys):
+    """A whole number far too large (a count of epochs, checks, seeds, images...) is
+    refused by the config with the key and its bound, before any work could hang."""
+    params = tmp_path / "bad-params.yaml"
+    params.write_text(yaml.safe_dump(nested(keys, _as(keys, ENDLESS))))
+    done = invoke("evaluate-stage", "--params", params)
+    judge(tally, done, code=1, names=("bad-params.yaml", ".".join(keys)))
+
+
+@pytest.mark.parametrize("keys", TEXT_LEAVES, ids=".".join)
+def test_a_nul_byte_in_any_text_setting_names_its_key(tmp_path, tally, keys):
+    params = tmp_path / "bad-params.yaml"
+    params.write_text(yaml.safe_dump(nested(keys, _as(keys, "runs/a\x00b"))))
+    done = invoke("evaluate-stage", "--params", params)
+    judge(tally, done, code=1, names=("bad-params.yaml", ".".join(keys), "NUL"))
+
+
+def test_a_huge_checks_per_epoch_is_refused_before_the_viewpoints_run(tmp_path, tally):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"viewpoints": {"checks_per_epoch": {"cnn": 2**63 - 1}}}))
+    done = invoke_bounded("viewpoints", "--params", params, timeout=120)
+    judge(tally, done, code=1, names=("viewpoints.checks_per_epoch.cnn", "<= 1,000"))
+
+
 #: name -> (bytes of a params file, what its one line says).
 BAD_FILES = {
     "latin-1": ("train:\n  epochs: 1  # caf\xe9\n".encode("latin-1"), "not UTF-8"),

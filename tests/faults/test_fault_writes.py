@@ -61,7 +61,8 @@ def test_a_full_disk_fails_training_in_one_line_and_leaves_nothing(tally, prepar
     out = full_disk / "run"
     done = invoke(*train_args(prepared_root, out))
     judge(tally, done, fault=True, before={}, after=snapshot(full_disk / "run"))
-    assert "no space left on device" in done.lines[0] and f"(--out {out})" in done.lines[0]
+    assert f"{out}/model.pt: no space left on device" in done.lines[0]
+    assert "(--out)" in done.lines[0]
     assert debris(full_disk) == []
 
 
@@ -72,7 +73,7 @@ def test_a_file_size_limit_while_saving_the_checkpoint_is_one_line(tmp_path, tal
     with file_size_limit(64 * 1024):
         done = invoke(*train_args(prepared_root, out))
     judge(tally, done, fault=True, before={}, after=snapshot(out))
-    assert "file too large" in done.lines[0] and f"(--out {out})" in done.lines[0]
+    assert f"{out}/model.pt: file too large" in done.lines[0] and "(--out)" in done.lines[0]
     assert not out.exists() and debris(tmp_path) == []
 
 
