@@ -25,11 +25,21 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
-from capsnet.io.files import atomic_write_json, foreign_entries, read_json
+from capsnet.io.files import LOCK_NAME, atomic_write_json, is_temporary, read_json
 from pipeline.sweep import SweepError
 
 #: The record of the experiment's state files this project wrote, beside them.
 STATE_FILE = "capsnet-state.json"
+
+
+def state_entries(directory: Path) -> list[str]:
+    """Sorted names at the top of the experiment directory that Tune wrote: all but the
+    record, the lock and temporaries ([] when the directory is missing)."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in names if n not in (STATE_FILE, LOCK_NAME) and not is_temporary(n))
 
 
 def state_digests(experiment_path: str | os.PathLike) -> dict[str, str]:
@@ -38,7 +48,7 @@ def state_digests(experiment_path: str | os.PathLike) -> dict[str, str]:
     directory = Path(experiment_path)
     return {
         name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
-        for name in foreign_entries(directory, {STATE_FILE})
+        for name in state_entries(directory)
         if not (directory / name).is_dir()
     }
 
@@ -64,7 +74,7 @@ class StateRecorder(Callback):
     def _stats(self) -> dict[str, tuple[int, int]]:
         directory = Path(self.experiment_path)
         stats = {}
-        for name in foreign_entries(directory, {STATE_FILE}):
+        for name in state_entries(directory):
             try:
                 found = (directory / name).stat()
             except FileNotFoundError:
