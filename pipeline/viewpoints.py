@@ -243,10 +243,10 @@ def _run_seed(settings, kind: str, key: str, seed: int, specs: dict, split, test
     }
     caps, cnn = selection["models"]["capsules"], selection["models"]["cnn"]
     log(
-        f"[{key}] matched at familiar error {selection['target_familiar_error']:.4f} "
-        f"(gap {selection['gap']:.4f}, {'within' if selection['matched'] else 'outside'} "
-        f"tolerance {settings.tolerance:g}): novel error capsules {caps['novel_error']:.4f} "
-        f"(epoch {caps['epoch']}), CNN {cnn['novel_error']:.4f} (epoch {cnn['epoch']})"
+        f"[{key}] {'matched' if selection['matched'] else 'NOT matched'} at "
+        f"{selection['target_familiar_error']:.2%} (gap {selection['gap']:.2%} of "
+        f"{settings.tolerance:.2%}): novel capsules {caps['novel_error']:.2%} "
+        f"(epoch {caps['epoch']}), CNN {cnn['novel_error']:.2%} (epoch {cnn['epoch']})"
     )
     return {
         "kind": kind,

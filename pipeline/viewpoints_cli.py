@@ -53,12 +53,12 @@ def viewpoints_command(params_path, data_root):
     for kind, entry in result["kinds"].items():
         selection = entry["selection"]
         chosen = selection["models"]
+        verdict = "matched" if selection["matched"] else "NOT matched"
+        paper = entry["paper_novel_error"]
         click.echo(
-            f"{kind}: familiar error matched at {selection['target_familiar_error']:.4f} "
-            f"(gap {selection['gap']:.4f}, matched: {str(selection['matched']).lower()}); "
-            f"novel error capsules {chosen['capsules']['novel_error']:.4f}, "
-            f"CNN {chosen['cnn']['novel_error']:.4f} (paper: capsules "
-            f"{entry['paper_novel_error']['capsules']:.3f}, CNN "
-            f"{entry['paper_novel_error']['cnn']:.3f})"
+            f"{kind}: {verdict} at {selection['target_familiar_error']:.2%} familiar error "
+            f"(gap {selection['gap']:.2%}): novel error capsules "
+            f"{chosen['capsules']['novel_error']:.2%}, CNN {chosen['cnn']['novel_error']:.2%} "
+            f"(paper {paper['capsules']:.1%}, {paper['cnn']:.1%})"
         )
     click.echo(f"wrote {out}")

@@ -588,3 +588,18 @@ def test_a_non_boolean_compile_setting_is_one_line_naming_it_and_writes_nothing(
     result = invoke_cli("eval", tmp_path / "none.pt", "--params", params, "--out", out)
     assert_one_line_error(result, "evaluate.compile", "expected true or false, got 'maybe'")
     assert not out.exists()
+
+
+def test_the_stage_log_shows_the_headline_angles_within_its_width():
+    from capsnet.evaluation.outputs import LOG_WIDTH, fit_width, summary_lines
+
+    sweep = {str(a): 0.5 for a in range(-90, 181, 15)}  # 19 angles
+    results = {"m": {"model": "lenet5", "checkpoint": "m.pt", "mnist": {"accuracy": 0.9},
+                     "rotated-mnist": {"accuracy": sweep, "n": 10}}}  # fmt: skip
+    full, compact = summary_lines(results), summary_lines(results, ("35", "0"))
+    assert "-90°" in full[0] and full[0].split()[3:] == [f"{a}°" for a in sweep]
+    assert compact[0].split() == ["checkpoint", "model", "mnist", "0°"]  # 35 not evaluated
+    long = "word " * 60
+    wrapped = fit_width(["short", long.strip()])
+    assert wrapped[0] == "short" and all(len(line) <= LOG_WIDTH for line in wrapped)
+    assert " ".join(w.strip() for w in wrapped[1:]) == long.strip()

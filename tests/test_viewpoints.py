@@ -526,8 +526,13 @@ def test_experiment_outputs(experiment):
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert "[azimuth] em-capsnet-small epoch 2/2" in result.stderr
     assert "[azimuth@seed4] smallnorb-cnn epoch 2/2" in result.stderr
-    assert "azimuth: familiar error matched at" in result.stdout
-    assert "elevation@seed4: familiar error matched at" in result.stdout
+    verdicts = [line for line in result.stdout.splitlines() if "% familiar error (gap " in line]
+    assert {v.split(":")[0] for v in verdicts} == {
+        "azimuth", "azimuth@seed4", "elevation", "elevation@seed4"
+    }  # fmt: skip
+    logged = [line for line in result.stderr.splitlines() if "% (gap " in line]
+    assert len(logged) == 4 and all("matched at" in line for line in logged)
+    assert all(len(line) <= 120 for line in [*result.stdout.splitlines(), *logged])
     payload = json.loads((out / "viewpoints.json").read_text())
     keys = {"azimuth": 3, "azimuth@seed4": 4, "elevation": 3, "elevation@seed4": 4}
     assert {k: e["seed"] for k, e in payload["kinds"].items()} == keys
@@ -711,6 +716,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
         errors = [entry["models"][r]["familiar_error"] for r in ("capsules", "cnn")]
         assert entry["rescored_gap"] == pytest.approx(abs(errors[0] - errors[1]))
         assert entry["rescored_gap"] == pytest.approx(selection["gap"])
+    assert all(len(line) <= 120 for line in cli.stdout.splitlines())  # the stage's log
     assert "novel viewpoints (smallNORB)" in cli.stdout
     assert "azimuth" in cli.stdout and "elevation" in cli.stdout
     assert "Azimuth, over 2 seeds (mean ± std of test error): em-capsnet-small" in cli.stdout

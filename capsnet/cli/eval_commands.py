@@ -243,7 +243,9 @@ def evaluate_stage_command(params_path, data_root, mirror):
     mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
     from capsnet.evaluation.metrics import load_results
+    from capsnet.evaluation.outputs import fit_width
 
-    for line in evaluation.summary_lines(load_results(written["metrics"])):
+    headline = (f"{params.evaluate.confusion_angle:g}", "0")  # the full table: metrics.json
+    for line in fit_width(evaluation.summary_lines(load_results(written["metrics"]), headline)):
         click.echo(line)
-    click.echo(f"wrote {len(written)} file(s) to {params.evaluate.out_dir}")
+    click.echo(f"wrote {len(written)} file(s) to {params.evaluate.out_dir} (every angle there)")

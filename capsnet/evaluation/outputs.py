@@ -171,19 +171,37 @@ def write_outputs(
     return written
 
 
-def summary_lines(results: EvalResults) -> list[str]:
-    """A human-readable table: one row per entry, accuracy per dataset (and per angle), then
-    the comparison and the novel-viewpoint sections when ``results`` has them."""
+#: The width of a stage's log (the evaluate stage prints the compact table within it).
+LOG_WIDTH = 120
+
+
+def summary_lines(results: EvalResults, angles: tuple[str, ...] | None = None) -> list[str]:
+    """A human-readable table: one row per entry, accuracy per dataset (and per angle of
+    ``angles``, default every one), then the comparison and the novel-viewpoint sections
+    when ``results`` has them."""
     results = _typed(results)
     comparison = comparison_lines(results.comparison)
     entries = results.entries
     return (
-        _table_lines(entries)
+        _table_lines(entries, angles)
         + _scored_lines(results)
         + _skip_lines(results)
         + comparison
         + viewpoint_lines(results.viewpoints)
     )
+
+
+def fit_width(lines: list[str], width: int = LOG_WIDTH) -> list[str]:
+    """``lines`` with each longer than ``width`` wrapped at spaces, continued indented."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, width, subsequent_indent="    ", break_long_words=True)
+    return out
 
 
 def _scored_lines(results: EvalResults) -> list[str]:
@@ -231,8 +249,11 @@ def _cell(block: dict, key: str) -> str:
     return _fmt(block.get(key))
 
 
-def _columns(entries: dict[str, Entry]) -> list[tuple[str, Callable[[Entry], str]]]:
-    """(title, cell of an entry) for each dataset, one per angle for rotated-mnist."""
+def _columns(
+    entries: dict[str, Entry], shown: tuple[str, ...] | None = None
+) -> list[tuple[str, Callable[[Entry], str]]]:
+    """(title, cell of an entry) for each dataset, one per angle for rotated-mnist (the
+    angles of ``shown`` only, when given)."""
     keys = list(dict.fromkeys(key for entry in entries.values() for key in entry.scores))
     columns: list[tuple[str, Callable[[Entry], str]]] = []
     for key in keys:
@@ -240,6 +261,7 @@ def _columns(entries: dict[str, Entry]) -> list[tuple[str, Callable[[Entry], str
         if spec is not None and spec.rotations_of is not None:
             sweeps = [e.block(key).get("accuracy") or {} for e in entries.values()]
             angles = list(dict.fromkeys(a for sweep in sweeps for a in sweep))
+            angles = [a for a in angles if shown is None or a in shown]
             columns += [
                 (f"{a}°", lambda e, a=a, k=key: _fmt((e.block(k).get("accuracy") or {}).get(a)))
                 for a in angles
@@ -250,8 +272,8 @@ def _columns(entries: dict[str, Entry]) -> list[tuple[str, Callable[[Entry], str
     return columns
 
 
-def _table_lines(entries: dict[str, Entry]) -> list[str]:
-    columns = _columns(entries)
+def _table_lines(entries: dict[str, Entry], angles: tuple[str, ...] | None = None) -> list[str]:
+    columns = _columns(entries, angles)
     header = ["checkpoint", "model", *[title for title, _ in columns]]
     rows = [
         [name, entry.model, *[cell(entry) for _, cell in columns]]
