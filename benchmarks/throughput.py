@@ -37,6 +37,7 @@ from torch import nn
 
 from capsnet.cli.declared import Command
 from capsnet.cli.options import MAX_COUNT, count, train_default
+from capsnet.config.sweep import PRECISIONS
 from capsnet.config.training import TrainConfig
 from capsnet.io.errors import CapsnetError
 from capsnet.training.device import autocast, configure_backends, mark_step, select_device
@@ -491,9 +492,9 @@ COMMAND = Command(
 @click.option("--compile", is_flag=True, help="Compile capsnet (as training does) and conv.")
 @click.option(
     "--amp",
-    type=click.Choice(["bf16", "fp32"]),
+    type=click.Choice(PRECISIONS),
     **train_default("amp"),
-    help="Training precision (bf16: autocast on CUDA only, as in training).",
+    help="Training precision, as in training (auto: bf16 on CUDA and native-bf16 CPUs).",
 )
 @click.option(
     "--cpu-bf16",

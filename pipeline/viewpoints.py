@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from capsnet.config import DATA_ROOT
+from capsnet.config import DATA_ROOT, ROLE_CAPSULES
 from capsnet.evaluation.viewpoint_matching import (
     CSV_COLUMNS,
     OUT_DIR_FILES,
@@ -107,7 +107,7 @@ def check_models(settings) -> None:
     for role in ("capsules", "cnn"):
         name = settings.model_name(role)
         try:
-            wrong = models.role_problem(name, role)
+            wrong = models.role_problem(name, role, ROLE_CAPSULES[role])
         except ConfigError as exc:
             raise ConfigError(f"params: viewpoints.{role}: {exc}") from None
         if wrong is not None:

@@ -45,7 +45,7 @@ def test_quick_run_prints_a_table_and_one_json_line():
         assert all(v["2"] > 0 for v in result[mode].values())
     assert set(result["peak_rss_mb"]) == set(bench.IMPLEMENTATIONS)
     assert set(result["ratios"]["2"]) == set(bench.TARGETS) - {"gpu_memory_vs_naive"}
-    assert result["amp"] == "bf16" and result["compile"] is False  # training's defaults
+    assert result["amp"] == "auto" and result["compile"] is False  # training's defaults
     assert "train img/s" in lines[0]
     # a smoke run of the small model is not held to the full model's targets
     assert result["targets"] == {} and not any("(target " in line for line in lines)

@@ -196,7 +196,7 @@ def run_train_stage(tmp: Path, data_root, die_at: int, final: dict) -> None:
         return SimpleNamespace(model=models.build(spec.model), train_config=spec.train,
                                history=history, train_images=len(split.train),
                                train_seconds=0.1, clock_seconds=0.1, clock="process CPU time",
-                               data={})  # fmt: skip
+                               data={}, compile={})  # fmt: skip
 
     real, capsnet.training.run.train_run = capsnet.training.run.train_run, fake_train_run
     try:

@@ -138,9 +138,11 @@ def test_seed_means_fill_the_rows_and_comparison_runs_never_do():
     assert rows[2] == ["lenet5", *lenet5]
     capsules = ["97.00% (Sabour 2017: 99.75%)", "70.00% (DZone article: 84.09%)"]
     assert rows[3] == ["capsnet-small", *capsules]
-    assert rows[4] == ["comparison arm", "model", "seeds", "train s", "MNIST (0°)", "35°"]
+    assert rows[4] == [
+        "comparison arm", "model", "seeds", "budgeted s", "train s", "MNIST (0°)", "35°"
+    ]  # fmt: skip
     assert rows[7] == [
-        "equal augmentation", "lenet5", "3", "20.0 ± 0.5", "95.00% ± 0.10", "60.00% ± 1.00"
+        "equal augmentation", "lenet5", "3", "–", "20.0 ± 0.5", "95.00% ± 0.10", "60.00% ± 1.00"
     ]  # fmt: skip
     assert rows[8][:3] == ["equal training time", "lenet5", "2"]
     assert "capsnet-small ahead by 10.00 points, more than the seeds' spread" in table
@@ -168,6 +170,8 @@ def test_missing_sets_are_dashes_and_viewpoints_are_a_table_when_run():
                     },
                 },
                 "gap": 0.0,
+                "tolerance": 0.01,
+                "target_familiar_error": 0.1,
                 "matched": True,
             },
             "elevation": {"skipped": "no test data"},
@@ -186,8 +190,9 @@ def test_missing_sets_are_dashes_and_viewpoints_are_a_table_when_run():
     assert rows[3] == ["capsnet-small", "–", "50.00% (Sabour 2017: 94.80%)"]
     assert rows[4][0] == "novel viewpoints"
     novel = "15.00% (Hinton 2018, real smallNORB: 13.50%)"
-    assert ["azimuth", "em-capsnet-small", "10.00%", novel, "0.00%"] in rows
-    assert ["elevation", "skipped: no test data", "", "", ""] in rows
+    verdict = "0.00% ≤ 1.00%: matched"  # the stage's gap against its tolerance
+    assert ["azimuth", "em-capsnet-small", "10.00%", novel, "10.00%", verdict] in rows
+    assert ["elevation", "skipped: no test data", "", "", "", ""] in rows
 
 
 def test_update_readme_rewrites_only_the_block_atomically(tmp_path):

@@ -60,10 +60,7 @@ class EvaluateParams(Section):
     viewpoints_dir: str = "models-viewpoints"
     out_dir: str = "eval"
     datasets: tuple[EvalDataset, ...] = ("mnist", "rotated-mnist", "affnist", "multimnist")
-    angles: tuple[float, ...] = (
-        -90.0, -60.0, -45.0, -35.0, -30.0, -15.0, 0.0, 15.0, 30.0, 35.0, 45.0, 60.0, 90.0,
-        135.0, 180.0,
-    )  # fmt: skip
+    angles: tuple[float, ...] = (-90.0, -60.0, -35.0, -15.0, 0.0, 15.0, 35.0, 60.0, 90.0, 180.0)
     limit: int | None = None  # first N test images of every dataset (null: all)
     batch_size: int = 100  # EM routing scores 1.4x faster than in batches of 500 on a CPU
     device: str = "auto"  # auto: cuda, then mps, then cpu (capsnet.training.device.select_device)

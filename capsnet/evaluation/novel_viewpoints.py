@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capsnet.config import ROLE_CAPSULES
 from capsnet.evaluation.datasets import TestSets, check_preprocessing, model_fit
 from capsnet.evaluation.metrics import (
     VIEWPOINTS_KEY,  # noqa: F401  (the section's name)
@@ -105,7 +106,7 @@ def _scored(
     from capsnet.models import checkpoint
 
     model, meta = checkpoint.load(path, map_location="cpu")
-    wrong = models.role_problem(meta["model_name"], role)
+    wrong = models.role_problem(meta["model_name"], role, ROLE_CAPSULES[role])
     if wrong is not None:
         raise CheckpointError(f"{path}: {wrong}")
     request.place(model)

@@ -84,13 +84,11 @@ def spec(name: str) -> ModelSpec:
     return _REGISTRY[name]
 
 
-def role_problem(name: str, role: str) -> str | None:
-    """Why model ``name`` cannot fill the viewpoint ``role`` (config ``ROLE_CAPSULES``: the
-    capsules role takes a capsule network, the cnn role a conventional one), or None."""
-    from capsnet.config import ROLE_CAPSULES
-
+def role_problem(name: str, role: str, wants_capsules: bool) -> str | None:
+    """Why model ``name`` cannot fill ``role``, a role that takes a capsule network when
+    ``wants_capsules`` (the viewpoint roles: config ``ROLE_CAPSULES``), or None."""
     capsules = spec(name).capsules
-    if capsules == ROLE_CAPSULES[role]:
+    if capsules == wants_capsules:
         return None
     what = "a capsule network" if capsules else "not a capsule network"
     return f"model {name!r} is {what}, so it cannot be the {role} role"

@@ -226,10 +226,11 @@ def test_committed_params_hold_both_smallnorb_sections(repo_root):
     assert final.out_dir == "models-smallnorb" and final.baselines == ["smallnorb-cnn"]
 
 
-def test_the_sweep_stages_are_run_cacheable(repo_root):
-    """DVC's run-cache skips stages with a persist output, and saves none for a stage with a
-    plain (not metric or plot) uncached output: Tune's state (storage_path) is therefore no
-    output of the sweep stages, and their git-tracked files are metrics and plots."""
+def test_the_sweep_stages_keep_their_outputs_and_tune_state_is_none_of_them(repo_root):
+    """Tune's state (storage_path) is no output of the sweep stages (DVC would delete it
+    before a run, and a finished sweep is restored from it); their git-tracked files are
+    metrics and plots kept with ``persist`` (a refused `dvc exp run -S` deletes nothing,
+    docs/pipeline.md; DVC's run cache skips such stages, Tune's state stands in for it)."""
     import yaml
 
     from capsnet import config
@@ -244,7 +245,7 @@ def test_the_sweep_stages_are_run_cacheable(repo_root):
         for path in [next(iter(e)) if isinstance(e, dict) else e for e in entries]:
             assert storage != Path(path) and storage not in Path(path).parents, path
             assert Path(path) not in storage.parents, path
-            assert not settings.get(path, {}).get("persist"), path
+            assert settings.get(path, {}).get("persist") is True, path
         plain = [next(iter(e)) if isinstance(e, dict) else e for e in stage.get("outs", [])]
         assert all(settings.get(path, {}).get("cache", True) for path in plain), name
 

@@ -183,6 +183,11 @@ def test_comparison_trains_seeds_equal_time_and_augmented_baselines(tmp_path, mn
     assert arms["lenet5"] == {**arms["capsnet-small"], "label": "lenet5"}
     costs = arms["lenet5@equal-time"].pop("step_seconds")
     assert arms["lenet5@equal-time-seed5"].pop("step_seconds") == costs
+    timed_epochs = metas["lenet5@equal-time"]["train_config"]["epochs"]
+    # the rule's seconds: each model's step cost times its steps (2 steps an epoch here)
+    for key in ("lenet5@equal-time", "lenet5@equal-time-seed5"):
+        assert arms[key].pop("budgeted_seconds") == pytest.approx(costs[0] * 2)
+        assert arms[key].pop("planned_seconds") == pytest.approx(costs[1] * 2 * timed_epochs)
     assert arms["lenet5@equal-time-seed5"] == {
         "arm": "equal_time", "label": "lenet5", "reference": "capsnet-small",
         "time_budget_seconds": pytest.approx(budget),
