@@ -57,7 +57,7 @@ def viewpoints_command(params_path, data_root):
         paper = entry["paper_novel_error"]
         click.echo(
             f"{kind}: {verdict} at {selection['target_familiar_error']:.2%} familiar error "
-            f"(gap {selection['gap']:.2%}): novel error capsules "
+            f"(gap {selection['gap']:.2%}): novel: capsules "
             f"{chosen['capsules']['novel_error']:.2%}, CNN {chosen['cnn']['novel_error']:.2%} "
             f"(paper {paper['capsules']:.1%}, {paper['cnn']:.1%})"
         )

@@ -532,7 +532,8 @@ def test_experiment_outputs(experiment):
     }  # fmt: skip
     logged = [line for line in result.stderr.splitlines() if "% (gap " in line]
     assert len(logged) == 4 and all("matched at" in line for line in logged)
-    assert all(len(line) <= 120 for line in [*result.stdout.splitlines(), *logged])
+    wide = [line for line in [*result.stdout.splitlines(), *logged] if len(line) > 120]
+    assert not wide, wide
     payload = json.loads((out / "viewpoints.json").read_text())
     keys = {"azimuth": 3, "azimuth@seed4": 4, "elevation": 3, "elevation@seed4": 4}
     assert {k: e["seed"] for k, e in payload["kinds"].items()} == keys
