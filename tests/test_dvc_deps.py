@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -289,6 +290,10 @@ def test_a_stage_reading_a_key_it_does_not_list_is_named(tmp_path, repo_root):
     env = {**os.environ, "CAPSNET_PARAMS_TRACE": str(trace), "DVC_STAGE": "train"}
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
     lines = sorted(trace.read_text().splitlines())
+    imported = [line for line in lines if "\timport:" in line]
+    assert "train\timport:capsnet/config/schema.py" in imported  # the files it imported
+    assert not any(".venv" in line or "torch/" in line for line in imported)
+    lines = [line for line in lines if line not in imported]
     assert lines == [
         "train\taugment.shift.pixels",
         "train\tdata.mirror",
@@ -304,6 +309,13 @@ def test_a_stage_reading_a_key_it_does_not_list_is_named(tmp_path, repo_root):
     ]
     stages["train"]["params"].append("evaluate.limit")
     assert dvc_deps.unlisted_reads(trace.read_text(), stages, params) == []
+    # every project file it imported must be a dep
+    stages["train"]["deps"] = [line.split(":", 1)[1] for line in imported]
+    assert dvc_deps.unlisted_imports(trace.read_text(), stages) == []
+    stages["train"]["deps"].remove("capsnet/config/schema.py")
+    assert dvc_deps.unlisted_imports(trace.read_text(), stages) == [
+        "stage train: imported capsnet/config/schema.py, which its deps omit"
+    ]
 
 
 #: The training sections and the stage that reads each.
@@ -332,3 +344,100 @@ def test_every_training_section_shows_its_precision_and_compile(repo_root, stage
         assert getattr(params, section).amp == TrainConfig.amp
         trace += f"{stage}\t{section}.amp\n{stage}\t{section}.compile\n"
     assert dvc_deps.unlisted_reads(trace, stages, raw) == []
+
+
+#: The stages that can load smallNORB (and so its stand-in renderer), and those that cannot.
+SMALLNORB_STAGES = {
+    "download_smallnorb", "prepare_smallnorb", "sweep_smallnorb", "train_smallnorb",
+    "viewpoints", "evaluate",
+}  # fmt: skip
+MULTIMNIST_STAGES = {"build_multimnist", "train", "evaluate"}
+
+
+def test_a_dataset_module_is_a_dep_only_of_the_stages_that_reach_its_dataset(repo_root, stages):
+    closures = dvc_deps.stage_closures(repo_root, stages)
+    holding = {n for n, c in closures.items() if "capsnet/data/smallnorb_synth.py" in c}
+    assert holding == SMALLNORB_STAGES
+    holding = {n for n, c in closures.items() if "capsnet/data/multimnist.py" in c}
+    assert holding == MULTIMNIST_STAGES
+    assert "capsnet/data/mnist.py" not in closures["download_smallnorb"]
+    assert "capsnet/data/rotated.py" not in closures["sweep"]  # rotated in memory
+    shared = "capsnet/data/registry.py"  # every dataset's declaration: every stage's dep
+    assert all(shared in c for c in closures.values())
+
+
+def test_a_stage_reaches_the_datasets_its_command_and_params_name(repo_root):
+    from capsnet import config
+    from pipeline.dvc import reach
+
+    declared = reach.declarations(repo_root, dvc_deps.project_packages(repo_root))
+    assert {"mnist", "smallnorb", "multimnist"} <= set(declared)
+    assert declared["smallnorb"].section == "smallnorb"
+    assert "smallnorb-azimuth-novel" in declared["smallnorb"].sets
+    params = config.Params()  # the defaults: a key params.yaml leaves out still names one
+    assert reach.stage_datasets(["data", "download", "mnist"], [], params, declared) == {"mnist"}
+    assert reach.stage_datasets(["sweep"], ["sweep"], params, declared) == {"mnist"}
+    assert reach.stage_datasets([], ["data.smallnorb.crop"], params, declared) == {"smallnorb"}
+    assert reach.stage_datasets([], ["data.smallnorb.enabled"], params, declared) == set()
+    # an evaluation set names its dataset
+    evaluation = config.EvaluateParams(datasets=("smallnorb-azimuth-novel",))
+    assert reach.named([evaluation], declared) == {"smallnorb"}
+
+
+def _git_copy(repo_root: Path, work: Path) -> Path:
+    """The repository's tracked files (as the workspace holds them) in a fresh git repo."""
+    import shutil
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (repo_root / name).is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo_root / name, work / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+        subprocess.run([*git, *args], cwd=work, check=True, capture_output=True)
+    return work
+
+
+def _stale_for(work: Path, edited: str) -> set[str]:
+    """The stages `dvc status` finds stale because ``edited`` changed (a comment appended)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+
+    def marked() -> set[str]:
+        done = subprocess.run(
+            [dvc, "status", "--json"], cwd=work, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return {
+            stage
+            for stage, changes in json.loads(done.stdout or "{}").items()
+            for change in changes
+            if isinstance(change, dict) and change.get("changed deps", {}).get(edited) == "modified"
+        }
+
+    assert marked() == set()  # dvc.lock holds the file as it is
+    path = work / edited
+    original = path.read_text()
+    path.write_text(original + "\n# an edit\n")
+    try:
+        return marked()
+    finally:
+        path.write_text(original)
+
+
+def test_dvc_status_after_a_dataset_module_edit_names_only_the_stages_reaching_it(
+    repo_root, tmp_path
+):
+    pytest.importorskip("dvc")
+    work = _git_copy(repo_root, tmp_path / "repo")
+    assert _stale_for(work, "capsnet/data/smallnorb_synth.py") == SMALLNORB_STAGES
+    assert _stale_for(work, "capsnet/data/multimnist.py") == MULTIMNIST_STAGES

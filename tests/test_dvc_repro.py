@@ -185,10 +185,20 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
     params = yaml.safe_load((work / "params.yaml").read_text())
     unlisted = dvc_deps.unlisted_reads(read, stages, params)
     assert unlisted == [], "\n".join(unlisted)
+    # every project file a stage imported is a dep of it: the closure, narrowed to the
+    # datasets each stage reaches (pipeline.dvc.reach), misses nothing a real run loads
+    assert "import:capsnet/data/smallnorb.py" in read
+    unlisted = dvc_deps.unlisted_imports(read, stages)
+    assert unlisted == [], "\n".join(unlisted)
 
     # a code edit reruns exactly the stages whose commands import the file
     assert changed_stages(work, "pipeline/publish/report.py", dvc, env) == {"publish"}
     assert {"sweep", "train", "evaluate"} <= changed_stages(work, "capsnet/nn/losses.py", dvc, env)
+    # a dataset's module: only the stages that can load that dataset
+    assert changed_stages(work, "capsnet/data/smallnorb_synth.py", dvc, env) == {
+        "download_smallnorb", "prepare_smallnorb", "sweep_smallnorb", "train_smallnorb",
+        "viewpoints", "evaluate",
+    }  # fmt: skip
 
 
 def changed_stages(work: Path, edited: str, dvc: str, env) -> set[str]:

@@ -8,7 +8,8 @@ value read. ``finish``, called by the CLI when a command has done its work:
   (``<stage>`` is $DVC_STAGE, ``-`` outside DVC); ``pipeline.dvc.deps.unlisted_reads``
   compares what each stage read with the params dvc.yaml lists for it, so a stage that
   reads a key it does not list fails a test (tests/test_dvc_repro.py runs every stage
-  traced);
+  traced); and one line ``<stage>\\timport:<path>`` per project file the process
+  imported, held against the stage's code deps (``unlisted_imports``);
 - inside a stage, loads the params file again and fails, naming the key, when it no longer
   holds a value the command read: DVC records params.yaml's values at the stage's end, and
   outputs made from other values must not be recorded under them.
@@ -101,10 +102,34 @@ def reads() -> set[str]:
     return {key for _, key in _reads}
 
 
+#: A trace line's key for a project file the command imported (``<stage>\timport:<path>``).
+IMPORTED = "import:"
+
+
+def imported_files() -> set[str]:
+    """The files of this checkout's packages (capsnet/ and its siblings) this process has
+    imported, relative to the checkout, POSIX: what ``pipeline.dvc.deps.unlisted_imports``
+    holds against each stage's code deps."""
+    root = Path(__file__).resolve().parents[2]
+    found = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        path = Path(path).resolve()
+        if path.is_relative_to(root):
+            relative = path.relative_to(root)
+            if (root / relative.parts[0] / "__init__.py").is_file():
+                found.add(relative.as_posix())
+    return found
+
+
 def _write(trace_file: str) -> None:
     stage = os.environ.get(STAGE_ENV) or "-"
+    lines = [f"{stage}\t{key}\n" for key in sorted(reads())]
+    lines += [f"{stage}\t{IMPORTED}{path}\n" for path in sorted(imported_files())]
     with open(trace_file, "a", encoding="utf-8") as fh:
-        fh.writelines(f"{stage}\t{key}\n" for key in sorted(reads()))
+        fh.writelines(lines)
 
 
 def _write_at_exit(trace_file: str) -> None:

@@ -347,7 +347,9 @@ def load_expanded(request):
     """The registry loader of expanded-mnist: MNIST ``request.split`` on the 40x40 canvas,
     placed from ``request.seed`` (0 when None); the training set re-places its digits every
     epoch (``ExpandedMnist``)."""
-    images, labels = request.mnist_split(request.split)
+    from capsnet.data import mnist
+
+    images, labels = mnist.split_loader(request)(request.split)
     seed = 0 if request.seed is None else request.seed
     name = f"expanded-mnist-{request.split}"
     if request.split == "train":
@@ -357,13 +359,15 @@ def load_expanded(request):
 
 def load_real_dataset(request):
     """The registry loader of affnist (the real test set)."""
-    images, labels = load_real(request.root, request.split, request.mnist_split)
+    images, labels = load_real(request.root, request.split)
     return TensorImageDataset(images, labels, f"affnist-{request.split}")
 
 
 def load_synth_dataset(request):
     """The registry loader of affnist-synth."""
-    images, labels = load_synth(request.root, request.split, request.mnist_split)
+    from capsnet.data import mnist
+
+    images, labels = load_synth(request.root, request.split, mnist.split_loader(request))
     return TensorImageDataset(images, labels, f"affnist-synth-{request.split}")
 
 

@@ -62,8 +62,6 @@ def load(
     when present; MNIST-derived sets are otherwise computed from the raw MNIST files
     (downloaded when ``download``).
     """
-    from capsnet.data import mnist
-
     root = Path(root) if root is not None else DEFAULT_ROOT
     spec = get(name)
     if split not in spec.splits:
@@ -72,8 +70,5 @@ def load(
     if unknown:
         raise DataError(f"{name}: unknown option(s) {', '.join(unknown)}")
 
-    def mnist_split(which: str):
-        return mnist.load_tensors(root, which, download, mirror, progress)
-
-    request = LoadRequest(root, split, mnist_split, angle, subset, seed)
+    request = LoadRequest(root, split, angle, subset, seed, download, mirror, progress)
     return resolve(spec.loader)(request, **options)

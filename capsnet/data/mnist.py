@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,11 +129,19 @@ def load_tensors(
     return load_split(Path(root) / "raw" / "mnist", split, download_missing, mirror, progress)
 
 
+def split_loader(request) -> Callable[[str], tuple[torch.Tensor, torch.Tensor]]:
+    """MNIST split name -> (images uint8 (N, 28, 28), labels (N,)) under a loader request's
+    root (``capsnet.data.tensors.LoadRequest``): what the MNIST-derived sets are made of."""
+    return lambda which: load_tensors(
+        request.root, which, request.download, request.mirror, request.progress
+    )
+
+
 def load_dataset(request):
     """The registry loader: MNIST ``request.split`` as a TensorImageDataset."""
     from capsnet.data.tensors import TensorImageDataset
 
-    images, labels = request.mnist_split(request.split)
+    images, labels = split_loader(request)(request.split)
     return TensorImageDataset(images, labels, f"mnist-{request.split}")
 
 

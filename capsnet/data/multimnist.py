@@ -364,7 +364,10 @@ def load(
 
 def load_dataset(request, **options) -> MultiMNIST:
     """The registry loader."""
-    return load(request.root, request.split, request.mnist_split, seed=request.seed, **options)
+    from capsnet.data import mnist
+
+    split = mnist.split_loader(request)
+    return load(request.root, request.split, split, seed=request.seed, **options)
 
 
 def prepare_stage(root: Path, out: Path, section) -> Path:

@@ -30,5 +30,7 @@ def load_dataset(request):
 
     if request.angle is None:
         raise DataError("rotated-mnist needs an angle")
-    images, labels = load_tensors(request.split, request.angle, request.mnist_split)
+    from capsnet.data import mnist
+
+    images, labels = load_tensors(request.split, request.angle, mnist.split_loader(request))
     return TensorImageDataset(images, labels, f"rotated-mnist-{request.angle:g}")

@@ -5,7 +5,6 @@ No module of capsnet.data is imported here, so each dataset module can import th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +126,10 @@ class LoadRequest:
 
     root: Path
     split: str
-    mnist_split: Callable[[str], tuple[torch.Tensor, torch.Tensor]]  # MNIST split -> tensors
     angle: float | None = None  # rotated-mnist
     subset: str = "all"  # smallnorb viewpoint subset
     seed: int | None = None  # expanded-mnist placement, multimnist redraws, smallnorb crops
+    # MNIST-derived sets read the raw MNIST files when unprepared (capsnet.data.mnist):
+    download: bool = True  # fetch missing raw files
+    mirror: str | None = None
+    progress: bool = False

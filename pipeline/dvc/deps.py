@@ -44,6 +44,7 @@ from pathlib import Path
 import click
 
 from capsnet.io.errors import ConfigError
+from pipeline.dvc import reach
 
 #: A string constant naming a module: dotted identifiers, at least one dot.
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -117,19 +118,22 @@ def reached_nodes(tree: ast.Module, subcommand: str | None) -> list[ast.AST]:
 
 def imported_names(
     source: str, module: str, is_package: bool, path: Path, subcommand: str | None = None
-) -> Iterator[str]:
-    """Every module name that ``source`` (module ``module``) may import, at any level (in a
-    group module, only in what ``subcommand`` runs: ``reached_nodes``)."""
+) -> Iterator[tuple[str, str | None]]:
+    """(module name, dataset) of every module that ``source`` (module ``module``) may
+    import, at any level (in a group module, only in what ``subcommand`` runs:
+    ``reached_nodes``); the dataset is the one whose declaration names the module (a hook
+    string, ``pipeline.dvc.reach``), else None."""
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
         raise ConfigError(f"{path}: cannot parse: {exc.msg} (line {exc.lineno})") from None
     package = module if is_package else module.rpartition(".")[0]
     table = {id(value) for value in _commands_values(tree)}
+    owners = reach.hook_owners(tree)
     for root in reached_nodes(tree, subcommand):
         for node in ast.walk(root):
             if isinstance(node, ast.Import):
-                yield from (alias.name for alias in node.names)
+                yield from ((alias.name, None) for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -138,15 +142,17 @@ def imported_names(
                         raise ConfigError(f"{path}: relative import beyond the top-level package")
                     anchor = ".".join(parts[: len(parts) - node.level + 1])
                     base = f"{anchor}.{base}" if base else anchor
-                yield base
-                yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+                yield base, None
+                yield from (
+                    (f"{base}.{alias.name}", None) for alias in node.names if alias.name != "*"
+                )
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 name, colon, attribute = node.value.partition(":")
                 reference = colon and attribute.isidentifier() and id(node) not in table
                 if MODULE_NAME.fullmatch(name) and (not colon or reference):
-                    yield name
+                    yield name, owners.get(id(node))
                 elif EVERY_MODULE.fullmatch(node.value):
-                    yield node.value
+                    yield node.value, None
 
 
 def _commands_values(tree: ast.Module) -> list[ast.AST]:
@@ -172,15 +178,20 @@ def import_closure(
     modules: Iterable[str],
     subcommands: dict[str, str] | None = None,
     memo: dict | None = None,
+    datasets: Iterable[str] | None = None,
 ) -> set[str]:
     """Paths (relative to ``root``, POSIX) of the project files importing ``modules`` runs;
-    ``subcommands`` maps a group module to the subcommand the stage runs. ``memo`` keeps
-    the files and imports found for the next closure over the same tree (``stage_closures``)."""
+    ``subcommands`` maps a group module to the subcommand the stage runs; a dataset's hook
+    strings are followed only for ``datasets`` (None: every dataset). ``memo`` keeps the
+    files and imports found for the next closure over the same tree (``stage_closures``)."""
     root = root.resolve()
     subcommands = subcommands or {}
+    reached = None if datasets is None else set(datasets)
     memo = {} if memo is None else memo
     files: dict[str, Path | None] = memo.setdefault("files", {})
-    imports: dict[tuple[Path, str | None], list[str]] = memo.setdefault("imports", {})
+    imports: dict[tuple[Path, str | None], list[tuple[str, str | None]]] = memo.setdefault(
+        "imports", {}
+    )
     seen: dict[str, Path] = {}
     todo = list(modules)
     while todo:
@@ -211,7 +222,11 @@ def import_closure(
                 is_package = path.name == "__init__.py"
                 text = path.read_text()
                 imports[key] = list(imported_names(text, prefix, is_package, path, key[1]))
-            todo.extend(imports[key])
+            todo.extend(
+                name
+                for name, dataset in imports[key]
+                if reached is None or dataset in reached or dataset is None
+            )
     return {path.relative_to(root).as_posix() for path in seen.values()}
 
 
@@ -281,16 +296,24 @@ def command_modules(
     return [f"{package}.__main__", cli_module, target], subcommands
 
 
-def command_closure(root: Path, package: str, cli_module: str, words: list[str]) -> set[str]:
-    """The project files ``python -m PACKAGE WORDS...`` imports (``import_closure``)."""
-    return import_closure(root, *command_modules(root, package, cli_module, words))
+def command_closure(
+    root: Path,
+    package: str,
+    cli_module: str,
+    words: list[str],
+    datasets: Iterable[str] | None = None,
+) -> set[str]:
+    """The project files ``python -m PACKAGE WORDS...`` imports for ``datasets``
+    (``import_closure``)."""
+    modules, subcommands = command_modules(root, package, cli_module, words)
+    return import_closure(root, modules, subcommands, datasets=datasets)
 
 
-def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]):
-    """``command_modules`` of a stage's ``cmd``, which must be ``python -m PACKAGE
-    COMMAND ...`` for a project console script PACKAGE: the interpreter puts the directory
-    DVC runs the stage in first on ``sys.path``, so a queued or ``--temp`` experiment runs
-    its own copy of the code, however the package was installed."""
+def stage_argv(root: Path, stage: str, cmd: str, scripts: dict[str, str]) -> list[str]:
+    """A stage's ``cmd`` as words, which must be ``python -m PACKAGE COMMAND ...`` for a
+    project console script PACKAGE: the interpreter puts the directory DVC runs the stage
+    in first on ``sys.path``, so a queued or ``--temp`` experiment runs its own copy of the
+    code, however the package was installed."""
     argv = shlex.split(" ".join(cmd) if isinstance(cmd, list) else str(cmd))
     if len(argv) < 4 or not PYTHON.fullmatch(argv[0]) or argv[1] != "-m" or argv[2] not in scripts:
         raise ConfigError(
@@ -298,6 +321,12 @@ def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]):
             f"{'|'.join(sorted(scripts)) or 'PACKAGE'} COMMAND ...` (the code of the "
             f"repository the stage runs in): {cmd!r}"
         )
+    return argv
+
+
+def stage_modules(root: Path, stage: str, cmd: str, scripts: dict[str, str]):
+    """``command_modules`` of a stage's ``cmd`` (``stage_argv``)."""
+    argv = stage_argv(root, stage, cmd, scripts)
     cli_module = scripts[argv[2]].partition(":")[0]
     return command_modules(root, argv[2], cli_module, argv[3:])
 
@@ -327,16 +356,31 @@ def dep_path(entry) -> str:
     return next(iter(entry)) if isinstance(entry, dict) else str(entry)
 
 
-def stage_closures(root: Path, stages: dict) -> dict[str, set[str]]:
-    """Import closure of every stage's command."""
+def load_params(root: Path):
+    """``root``/params.yaml validated (defaults filled in): what a stage's params can name."""
+    from capsnet import config
+
+    path = root / "params.yaml"
+    return config.load(path) if path.is_file() else config.Params()
+
+
+def stage_closures(root: Path, stages: dict, params=None) -> dict[str, set[str]]:
+    """Import closure of every stage's command, for the datasets it can reach
+    (``pipeline.dvc.reach``; ``params``: the validated params, by default root's)."""
     scripts = project_scripts(root)
+    declared = reach.declarations(root, project_packages(root))
     closures: dict[str, set[str]] = {}
     memo: dict = {}
     for name, stage in stages.items():
         if "cmd" not in stage:
             raise ConfigError(f"dvc.yaml stage {name}: no cmd")
         modules, subcommands = stage_modules(root, name, stage["cmd"], scripts)
-        closures[name] = import_closure(root, modules, subcommands, memo)
+        if params is None:
+            params = load_params(root)
+        keys = [dep_path(k) for k in stage.get("params") or [] if isinstance(k, str)]
+        words = stage_argv(root, name, stage["cmd"], scripts)[3:]
+        datasets = reach.stage_datasets(words, keys, params, declared)
+        closures[name] = import_closure(root, modules, subcommands, memo, datasets)
     return closures
 
 
@@ -370,6 +414,25 @@ def _in_params(params: dict, key: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def unlisted_imports(trace_text: str, stages: dict) -> list[str]:
+    """One line per project file a stage imported (a $CAPSNET_PARAMS_TRACE file's
+    ``<stage>\timport:<path>`` lines) that its deps do not list: what the static closure,
+    narrowed to the stage's datasets, missed."""
+    from capsnet.config.trace import IMPORTED
+
+    imported: dict[str, set[str]] = {}
+    for line in trace_text.splitlines():
+        stage, _, key = line.partition("\t")
+        if key.startswith(IMPORTED):
+            imported.setdefault(stage, set()).add(key[len(IMPORTED) :])
+    problems = []
+    for stage in sorted(set(imported) & set(stages)):
+        listed = {dep_path(e) for e in stages[stage].get("deps") or []}
+        for path in sorted(imported[stage] - listed):
+            problems.append(f"stage {stage}: imported {path}, which its deps omit")
+    return problems
 
 
 def unlisted_reads(trace_text: str, stages: dict, params: dict) -> list[str]:

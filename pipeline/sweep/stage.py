@@ -158,23 +158,27 @@ def data_digest(data: SweepData) -> str:
     return digest.hexdigest()
 
 
-def code_files(root: Path) -> list[str]:
-    """The files the sweep's results depend on, relative to ``root``: the import closure
-    of ``python -m capsnet sweep``, which is also the sweep stages' code deps in dvc.yaml."""
+def code_files(root: Path, sweep: SweepConfig) -> list[str]:
+    """The files the results of ``sweep`` depend on, relative to ``root``: the import
+    closure of ``python -m capsnet sweep`` for the datasets the sweep section names
+    (``pipeline.dvc.reach``), which is also the sweep stage's code deps in dvc.yaml."""
     from capsnet import cli
     from pipeline.dvc import deps as dvc_deps
+    from pipeline.dvc import reach
 
-    return sorted(dvc_deps.command_closure(root, "capsnet", cli.__name__, ["sweep"]))
+    declared = reach.declarations(root, dvc_deps.project_packages(root))
+    datasets = reach.named([sweep], declared)
+    return sorted(dvc_deps.command_closure(root, "capsnet", cli.__name__, ["sweep"], datasets))
 
 
-def code_digest(root: Path | None = None) -> str:
+def code_digest(sweep: SweepConfig, root: Path | None = None) -> str:
     """sha256 of ``code_files`` in ``root``, by default the repository this process
     imported capsnet/ from (a queued experiment's own copy under ``python -m``)."""
     import capsnet
 
     root = Path(capsnet.__file__).resolve().parents[1] if root is None else root
     digest = hashlib.sha256()
-    for name in code_files(root):
+    for name in code_files(root, sweep):
         digest.update(name.encode())
         digest.update((root / name).read_bytes())
     return digest.hexdigest()
@@ -197,7 +201,7 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
         if registry.get(sweep.dataset).self_augmenting
         else None,
     }
-    parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]
+    parts = [_digest(settings), _digest(used), data_digest(data), code_digest(sweep)]
     return _digest(parts)[:12]
 
 

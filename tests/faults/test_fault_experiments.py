@@ -77,30 +77,35 @@ def test_a_params_trace_naming_a_directory_is_refused_in_one_line(tmp_path, tall
 
 
 def test_the_sweep_key_covers_every_code_dep_of_its_stage(tmp_path, tally, repo_root):
-    """Editing pipeline/sweep/stage.py (space, scheduler) names a new Tune experiment, so a rerun
-    never restores the old one; code no sweep stage imports changes nothing."""
+    """Editing pipeline/sweep/stage.py (space, scheduler) names a new Tune experiment, so a
+    rerun never restores the old one; code no sweep stage imports changes nothing, nor does
+    a dataset module the sweep's dataset cannot reach."""
+    from capsnet import config
     from pipeline.dvc import deps as dvc_deps
     from pipeline.sweep import stage as sweep
 
     stages = dvc_deps.load_stages(repo_root / "dvc.yaml")
     packages = dvc_deps.project_packages(repo_root)
-    for name in ("sweep", "sweep_smallnorb"):
+    params = config.load(repo_root / "params.yaml")
+    for name, section in (("sweep", params.sweep), ("sweep_smallnorb", params.smallnorb_sweep)):
         deps = {dvc_deps.dep_path(e) for e in stages[name]["deps"]}
-        assert sweep.code_files(repo_root) == sorted(
+        assert sweep.code_files(repo_root, section) == sorted(
             d for d in deps if dvc_deps.is_code(d, packages)
         )
+    mnist_sweep = params.sweep
 
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for package in ("capsnet", "pipeline"):
         shutil.copytree(repo_root / package, tmp_path / package, ignore=ignore)
-    before = sweep.code_digest(tmp_path)
-    with open(tmp_path / "pipeline" / "report.py", "a") as fh:
-        fh.write("\n# no sweep stage imports this\n")
-    assert sweep.code_digest(tmp_path) == before
-    with open(tmp_path / "pipeline" / "sweep.py", "a") as fh:
+    before = sweep.code_digest(mnist_sweep, tmp_path)
+    for unreached in ("pipeline/publish/report.py", "capsnet/data/smallnorb_synth.py"):
+        with open(tmp_path / unreached, "a") as fh:
+            fh.write("\n# no MNIST sweep imports this\n")
+        assert sweep.code_digest(mnist_sweep, tmp_path) == before, unreached
+    with open(tmp_path / "pipeline" / "sweep" / "stage.py", "a") as fh:
         fh.write("\n# an edited search space\n")
     tally.inputs += 1
-    assert sweep.code_digest(tmp_path) != before
+    assert sweep.code_digest(mnist_sweep, tmp_path) != before
 
 
 def _git_dvc(work: Path, *args: str) -> str:

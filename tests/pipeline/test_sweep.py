@@ -197,8 +197,8 @@ def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data, monkeypatc
 
     # the code's digest, read once (each reading walks the stage's import closure); what
     # changes it is tests/faults/test_fault_experiments.py's
-    code = sweep_module.code_digest()
-    monkeypatch.setattr(sweep_module, "code_digest", lambda: code)
+    code = sweep_module.code_digest(tiny_sweep())
+    monkeypatch.setattr(sweep_module, "code_digest", lambda sweep: code)
 
     sweep = tiny_sweep(space={"augment": {"grid": ["none", "shift"]}})
     spec = base(sweep)
