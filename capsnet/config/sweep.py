@@ -58,7 +58,7 @@ EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
 #: The ablation axes and their neutral values: the matrix-capsule axes of the EM paper
-#: (SPEC 1.3; ``routing_scope``: EM assignments normalised over all windows a child feeds,
+#: (Hinton et al. 2018; ``routing_scope``: EM assignments normalised over all windows a child feeds,
 #: or per window) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
 #: all but the last iteration), each at the model or TrainConfig default, so a sweep that
 #: leaves them there trains as before they existed (models without the field ignore it).
@@ -366,7 +366,7 @@ def schedule(section) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-# --- the smallNORB ablation: the EM paper's defaults (SPEC 1.3): em-capsnet-small, batch 64,
+# --- the smallNORB ablation: Hinton et al. 2018's defaults: em-capsnet-small, batch 64,
 # weight decay 2e-7, every ablation axis of the paper's table.
 
 

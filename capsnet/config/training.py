@@ -17,7 +17,7 @@ __all__ = ["LOSSES", "PRECISIONS", "TrainConfig"]
 
 @dataclass
 class TrainConfig:
-    """Training settings (defaults: the official CapsNet code, SPEC 1.1)."""
+    """Training settings (defaults: the official CapsNet code of Sabour et al. 2017)."""
 
     epochs: int = 1
     batch_size: int = 128

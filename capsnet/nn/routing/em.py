@@ -243,7 +243,7 @@ def default_block(device: torch.device, group_elements: int) -> int | None:
 
 
 class GlobalScope:
-    """Assignment normalisation of children shared by overlapping groups (SPEC 1.3: a child
+    """Assignment normalisation of children shared by overlapping groups (Hinton et al.: a child
     feeding several K x K windows): a child's assignments sum to 1 over every (group,
     parent) it votes for. ``index`` (N, I) names the child in slot i of group n."""
 
