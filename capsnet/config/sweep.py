@@ -416,7 +416,7 @@ class SmallnorbTrainConfig(FinalTrainConfig):
     val_size: int = 2000  # the sweep's validation images, so the two are comparable
     baselines: list[str] = field(default_factory=lambda: ["smallnorb-cnn"])
     # at the capsules' 3e-3, 87% of the CNN's FC units died in one seed of three, which
-    # stayed at chance; at 1e-3 every seed learned (docs/guides/em.md)
+    # stayed at chance; at 1e-3 every seed learned (docs/notes/2026-11-28-em-learning.md)
     baseline_lr: float | None = 1e-3
     out_dir: str = "models-smallnorb"
     test_size: int | None = None  # the first N smallNORB test images (null: all 24,300)

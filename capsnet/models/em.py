@@ -62,10 +62,12 @@ class EMCapsNetConfig:
     # centre in input pixels, (pixel + 0.5) / image size, added to entries 0 and 1
     coordinate_form: str = "paper"
     # beta_a enters the activation logit lambda (beta_a_scale * beta_a - cost): with lambda
-    # about 1e-3 an unscaled beta_a barely moves an activation (docs/guides/em.md, "Learning")
+    # about 1e-3 an unscaled beta_a barely moves an activation
+    # (docs/notes/2026-11-28-em-learning.md)
     beta_a_scale: float = BETA_A_SCALE
     # standardise each routing group's costs over its parents before the activation
-    # (em_routing's normalise_cost); false: the paper's raw cost (docs/guides/em.md, "Learning")
+    # (em_routing's normalise_cost); false: the paper's raw cost
+    # (docs/notes/2026-11-28-em-learning.md)
     normalise_cost: bool = False
 
     # Saved configs without a field were trained with this value (capsnet.models.checkpoint.load).

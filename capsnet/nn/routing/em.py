@@ -77,7 +77,7 @@ def activation_logits(cost, beta_a, lam, normalise: bool = False, eps: float = E
     """cost (n, 1, J) -> activation logits lam (beta_a - cost) (n, 1, J). ``normalise``:
     the cost standardised over the J parents of each group first (mean 0, standard deviation
     1), so the logit compares parents instead of following the mass-weighted log-sigmas'
-    scale (docs/guides/em.md, "Learning")."""
+    scale (docs/notes/2026-11-28-em-learning.md)."""
     if normalise:
         centred = cost - cost.mean(dim=2, keepdim=True)  # (n, 1, J)
         cost = centred / torch.sqrt(centred.square().mean(dim=2, keepdim=True) + eps)
