@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from pipeline import readme
+from pipeline.publish import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 
