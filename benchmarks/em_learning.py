@@ -1,7 +1,7 @@
 """How fast em-capsnet-small learns the smallNORB stand-in at a small budget: one training
 run through ``capsnet.training.run.train_run`` with model config overrides, then the test error on
 the first ``--test`` centre-cropped test images (of the familiar subset when training on
-one). Prints one JSON line. The table in docs/em.md ("Learning on the stand-in") was
+one). Prints one JSON line. The table in docs/guides/em.md ("Learning on the stand-in") was
 measured with it, one thread per process."""
 
 from __future__ import annotations

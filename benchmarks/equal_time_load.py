@@ -3,7 +3,7 @@ capsnet-small and LeNet5 (batch 32, shift augmentation, tests/test_budget_clock.
 setting) measured ``--repeats`` times with the machine as it is, then as often again beside
 each count of ``--busy`` spinning processes; prints the epochs LeNet5 would train for
 capsnet-small's 3 epochs of ``--images`` images, and each loaded measurement's distance
-from the first one as a ratio. The numbers in docs/evaluation.md ("The equal-time rule")
+from the first one as a ratio. The numbers in docs/guides/evaluation.md ("The equal-time rule")
 were measured with it."""
 
 from __future__ import annotations

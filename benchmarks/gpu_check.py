@@ -22,7 +22,7 @@ measured:
   7. the CapsNet in fp32.
 Every row names the precision it really ran (bf16 autocast exists on CUDA only: a CPU run
 is fp32) and whether it met its target. Needs only torch, click and this project
-(docs/gpu.md).
+(docs/guides/gpu.md).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def build_impl(name: str, model: str = "capsnet", seed: int = 0) -> nn.Module:
 
 
 def _loss(output, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Margin + 0.0005 reconstruction loss (SPEC 1.1); the conv ceiling sums its output."""
+    """Margin + 0.0005 reconstruction loss (Sabour et al. 2017); the conv ceiling sums its output"""
     from capsnet.nn import losses
 
     if isinstance(output, torch.Tensor):

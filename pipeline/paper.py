@@ -1,4 +1,4 @@
-"""The published numbers the evaluation is compared with (SPEC.md), each with its source
+"""The published numbers the evaluation is compared with (``CITES``), each with its source
 and the model it describes, and the model family each checkpoint is compared as.
 
 A checkpoint is compared only with a number published for its own family: LeNet5 with the
@@ -25,7 +25,7 @@ SOURCES_LINE = (
 
 @dataclass(frozen=True)
 class PaperNumber:
-    """One published figure (SPEC.md), as an accuracy in [0, 1]."""
+    """One published figure of a source of ``CITES``, as an accuracy in [0, 1]."""
 
     metric: str  # "mnist", "rotated-mnist@0", "rotated-mnist@35", "affnist", "smallnorb", ...
     family: str  # capsnet, em, lenet5, sabour-cnn, smallnorb-cnn (see model_family)

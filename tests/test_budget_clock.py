@@ -142,7 +142,7 @@ def test_equal_time_epochs_from_paired_steps_do_not_move_beside_busy_processes()
             loop.kill()
             loop.wait()
     assert idle > 3  # lenet5's step is cheaper: more epochs for the same time
-    # the issue's target: within 10% (docs/evaluation.md has the measured spread)
+    # the issue's target: within 10% (docs/guides/evaluation.md has the measured spread)
     assert abs(loaded - idle) <= 0.1 * idle, (idle, loaded)
 
 

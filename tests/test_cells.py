@@ -159,7 +159,11 @@ def test_comparison_is_typed_for_the_sentences_and_tables():
 
 @pytest.mark.parametrize(
     "committed",
-    ["eval/metrics.json", "docs/cpu-profile/metrics.json", "docs/smallnorb-profile/metrics.json"],
+    [
+        "eval/metrics.json",
+        "docs/results/cpu-profile/metrics.json",
+        "docs/results/smallnorb-profile/metrics.json",
+    ],
 )
 def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committed):
     """One contract: each committed file the evaluate stage wrote, read into the

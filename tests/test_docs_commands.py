@@ -1,4 +1,4 @@
-"""Every command in README.md and docs/*.md, checked without running it: each `capsnet`
+"""Every command in README.md and docs/**/*.md, checked without running it: each `capsnet`
 command parses with its click command (names, options, choices and types as a user would
 type them), each `dvc` command parses with DVC's own parser and names stages and params
 that exist, each `python -m` names an importable module. Commands with placeholders
@@ -23,7 +23,7 @@ FENCE = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.DOTALL | re.MULTILINE
 
 
 def documents(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 #: Shell words that lead a command inside a loop or a test, dropped before the program.
@@ -206,7 +206,7 @@ VIEWERS = ("tensorboard",)
 
 
 def test_every_viewer_the_docs_name_comes_with_the_install(repo_root):
-    """`tensorboard --logdir runs/ray` (docs/sweeps-and-clusters.md) works after
+    """`tensorboard --logdir runs/ray` (docs/guides/sweeps-and-clusters.md) works after
     `.ci/setup`: the program is declared in an extra of pyproject.toml and installed."""
     import sys
 

@@ -18,16 +18,20 @@ from test_dvc_repro import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-#: The experiment of docs/pipeline.md: one seed per model instead of two.
+#: The experiment of docs/guides/pipeline.md: one seed per model instead of two.
 EXPERIMENT = "one-seed"
 
 
 def documented(root: Path, *prefix: str) -> list[str]:
-    """The command of docs/pipeline.md that starts with ``prefix`` (its words)."""
+    """The command of docs/guides/pipeline.md that starts with ``prefix`` (its words)."""
     from test_docs_commands import commands
 
-    found = [w for w in commands(root / "docs" / "pipeline.md") if w[: len(prefix)] == [*prefix]]
-    assert found, f"docs/pipeline.md has no `{' '.join(prefix)}` command"
+    found = [
+        w
+        for w in commands(root / "docs" / "guides" / "pipeline.md")
+        if w[: len(prefix)] == [*prefix]
+    ]
+    assert found, f"docs/guides/pipeline.md has no `{' '.join(prefix)}` command"
     return found[0]
 
 

@@ -76,15 +76,15 @@ def _em_count(in_channels, a, b, c, d, e, kernel=3):
 @pytest.mark.parametrize(
     ("name", "overrides", "expected"),
     [
-        # SPEC 1.3 "about 310K": the 4x4 matrices of ConvCaps1/2 alone are 2 x 147,456.
+        # Hinton et al. 2018, about 310K: the 4x4 matrices of ConvCaps1/2 alone are 2 x 147,456.
         ("em-capsnet", SMALLNORB, 316_394),
         ("em-capsnet", SMALLNORB_STEREO, 317_194),
         ("em-capsnet", {}, 318_964),  # MNIST 28x28, E = 10
-        # SPEC 1.3 "about 68K"
+        # Hinton et al. 2018, about 68K
         ("em-capsnet-small", SMALLNORB, 67_154),
         ("em-capsnet-small", SMALLNORB_STEREO, 68_754),
         ("em-capsnet-small", {}, 68_444),
-        # SPEC 1.3 "about 4.2M at 32x32"
+        # Hinton et al. 2018, about 4.2M at 32x32
         ("smallnorb-cnn", SMALLNORB, 4_252_549),
         ("smallnorb-cnn", SMALLNORB_STEREO, 4_253_349),
         ("smallnorb-cnn", {}, 3_274_634),

@@ -101,7 +101,7 @@ def test_the_project_metadata_builds_without_setuptools_deprecations(monkeypatch
         apply_configuration(Distribution(), "pyproject.toml")
 
 
-#: capsnet's layers from the lowest up (README.md, Layout): a module imports from its
+#: capsnet's layers from the lowest up (docs/guides/layout.md): a module imports from its
 #: own layer or lower ones only. A module belongs to the longest entry its name starts with,
 #: so the dataset registry (torch-free declarations, which config validates names against)
 #: sits below config while the dataset code that reads config sits above it.

@@ -289,37 +289,43 @@ def test_committed_readme_table_matches_committed_metrics(committed_root):
 
 
 def test_cpu_profile_doc_table_matches_its_metrics(repo_root):
-    """docs/cpu-profile.md holds the block the profile's publish stage wrote, regenerated
+    """docs/results/cpu-profile.md holds the block the profile's publish stage wrote, regenerated
     from the profile's eval/metrics.json (kept beside it)."""
-    doc = repo_root / "docs" / "cpu-profile.md"
-    metrics = json.loads((repo_root / "docs" / "cpu-profile" / "metrics.json").read_text())
+    doc = repo_root / "docs" / "results" / "cpu-profile.md"
+    metrics = json.loads(
+        (repo_root / "docs" / "results" / "cpu-profile" / "metrics.json").read_text()
+    )
     committed = readme.current_block(doc.read_text(), doc)
     assert committed == readme.block(metrics, "cpu-profile/rotation.png"), (
-        "docs/cpu-profile.md's table differs from docs/cpu-profile/metrics.json: run "
-        "python -m pipeline.publish.readme docs/cpu-profile.md docs/cpu-profile/metrics.json "
-        "cpu-profile/rotation.png"
+        "docs/results/cpu-profile.md's table differs from its metrics.json: run "
+        "python -m pipeline.publish.readme docs/results/cpu-profile.md "
+        "docs/results/cpu-profile/metrics.json cpu-profile/rotation.png"
     )
-    assert (repo_root / "docs" / "cpu-profile" / "rotation.png").stat().st_size > 0
+    assert (repo_root / "docs" / "results" / "cpu-profile" / "rotation.png").stat().st_size > 0
     capsules = metrics["comparison"]["arms"]["equal_augmentation"]["models"]["capsnet-small"]
     assert capsules["seeds"] == 3 and capsules["augment"] == "shift"
 
 
 def test_smallnorb_profile_doc_table_matches_its_metrics(repo_root):
-    """docs/smallnorb-profile.md holds the block regenerated from the smallNORB profile's
+    """docs/results/smallnorb-profile.md holds the block regenerated from the smallNORB profile's
     eval/metrics.json (kept beside it): 3 seeds of each kind, the first at chance named."""
-    doc = repo_root / "docs" / "smallnorb-profile.md"
-    metrics = json.loads((repo_root / "docs" / "smallnorb-profile" / "metrics.json").read_text())
+    doc = repo_root / "docs" / "results" / "smallnorb-profile.md"
+    metrics = json.loads(
+        (repo_root / "docs" / "results" / "smallnorb-profile" / "metrics.json").read_text()
+    )
     committed = readme.current_block(doc.read_text(), doc)
     assert committed == readme.block(metrics), (
-        "docs/smallnorb-profile.md's table differs from docs/smallnorb-profile/metrics.json: "
-        "run python -m pipeline.publish.readme docs/smallnorb-profile.md "
-        "docs/smallnorb-profile/metrics.json"
+        "docs/results/smallnorb-profile.md's table differs from its metrics.json: "
+        "run python -m pipeline.publish.readme docs/results/smallnorb-profile.md "
+        "docs/results/smallnorb-profile/metrics.json"
     )
     kinds = metrics["viewpoints"]["kinds"]
     assert sorted(kinds) == sorted(f"{k}{s}" for k in ("azimuth", "elevation")
                                    for s in ("", "@seed1", "@seed2"))  # fmt: skip
     assert "Azimuth, over 3 seeds" in committed and "Elevation, over 3 seeds" in committed
-    assert (repo_root / "docs" / "smallnorb-profile" / "viewpoints.png").stat().st_size > 0
+    assert (
+        repo_root / "docs" / "results" / "smallnorb-profile" / "viewpoints.png"
+    ).stat().st_size > 0
 
 
 def test_a_run_at_chance_is_named_under_the_table(committed_root):

@@ -1,4 +1,4 @@
-"""A new DVC stage is five files (docs/pipeline.md, "Adding a stage"): a toy stage added to
+"""A new DVC stage is five files (docs/guides/pipeline.md, "Adding a stage"): a toy stage added to
 a copy of the repository (its folder pipeline/toystage/ holding cli.py and stage.py) runs,
 is listed, has exact deps and passes the walls, with nothing else edited."""
 
@@ -145,7 +145,7 @@ def test_a_new_stage_is_five_files(copy):
     assert "capsnet/config/toystage.py" in stages["train"]["deps"]  # every stage loads Params
 
     row = "| `toystage` | `capsnet toystage --params params.yaml` | `toystage` | – | `toy.txt` |"
-    assert row in stage_table(copy, stages).splitlines()  # docs/pipeline.md's table
+    assert row in stage_table(copy, stages).splitlines()  # docs/guides/pipeline.md's table
     declared = {stage: c.name for c in discover(copy) for stage in c.stages}
     assert declared["toystage"] == dvc_stage_commands(copy)["toystage"] == "toystage"
     assert wall_breaches(copy / "capsnet") == dataset_comparisons(copy) == []

@@ -266,7 +266,7 @@ def test_params_defaults_and_errors(tmp_path):
 def test_default_run_trains_the_capsules_as_measured_to_learn(tmp_path):
     """params.yaml's viewpoint capsules: 2 routing iterations and at least 96 steps (96
     steps measured at 28.8% familiar azimuth and 42-43% elevation error, far from chance's
-    80%; docs/em.md, "Learning on the stand-in"); 3 iterations for 32 steps stayed near
+    80%; docs/notes/2026-11-28-em-learning.md); 3 iterations for 32 steps stayed near
     chance."""
     repo = config.load(Path(__file__).resolve().parents[1] / "params.yaml")
     spec = stage.kind_spec(repo, tmp_path, "azimuth", "capsules")
@@ -321,7 +321,8 @@ def test_epochs_are_one_number_for_both_models_or_one_each(tmp_path, repo_root):
 def test_the_smallnorb_cpu_profile_trains_three_seeds_on_every_familiar_image(repo_root):
     """profiles/smallnorb-cpu.yaml validates, trains 3 seeds on all 8,100 familiar images
     of each kind, multiplies the learning rate by 0.7 once per epoch of them, trains the
-    capsules 6 epochs and the CNN 2, measuring it every 5 or 6 steps (docs/em.md)."""
+    capsules 6 epochs and the CNN 2, measuring it every 5 or 6 steps
+    (docs/notes/2026-12-03-smallnorb-profile-sizing.md)."""
     from pipeline import profile
 
     _path, changes, merged = profile.load(repo_root / "params.yaml", "smallnorb-cpu")

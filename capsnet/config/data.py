@@ -35,7 +35,7 @@ class MnistParams:
 
 @dataclass(frozen=True)
 class AffnistSynthParams:
-    """affnist-synth: random affine maps of MNIST test digits on a 40x40 canvas (SPEC 2.2)."""
+    """affnist-synth: random affine maps of MNIST test digits, 40x40 canvas (data/affnist.md)."""
 
     seed: int = 0
     rotation_degrees: float = 20.0

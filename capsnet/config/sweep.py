@@ -54,11 +54,11 @@ POSES: tuple[str, ...] = typing.get_args(Pose)
 #: The training losses (capsnet.training.fit reads them from here): auto is the model's own.
 LOSSES: tuple[str, ...] = typing.get_args(Loss)
 EXTRA_DATASETS: tuple[str, ...] = typing.get_args(ExtraDataset)
-#: Training and evaluation precisions (TrainConfig.amp; docs/gpu.md).
+#: Training and evaluation precisions (TrainConfig.amp; docs/guides/gpu.md).
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 
 #: The ablation axes and their neutral values: the matrix-capsule axes of the EM paper
-#: (SPEC 1.3; ``routing_scope``: EM assignments normalised over all windows a child feeds,
+#: (Hinton et al. 2018; ``routing_scope``: EM assignments normalised over all windows a child feeds,
 #: or per window) and ``detach_inner`` of dynamic routing (stop gradients through the votes in
 #: all but the last iteration), each at the model or TrainConfig default, so a sweep that
 #: leaves them there trains as before they existed (models without the field ignore it).
@@ -306,7 +306,7 @@ class FinalTrainConfig(Section):
     val_size: int = 5000
     baselines: list[str] = field(default_factory=lambda: ["lenet5"])
     # the baselines' Adam learning rate; None: the best sweep config's (a CNN can need a
-    # smaller one than the capsules: docs/em.md)
+    # smaller one than the capsules: docs/guides/em.md)
     baseline_lr: float | None = None
     seed: int = 0
     out_dir: str = "models"
@@ -317,7 +317,7 @@ class FinalTrainConfig(Section):
     extra_train_size: int | None = 5000  # the first N training items of each extra set
     compile: bool = False  # torch.compile what the model compiles (TrainConfig.compile)
     amp: Precision | None = None  # auto | bf16 | fp32 (TrainConfig.amp); null: TrainConfig's
-    # The comparison (docs/evaluation.md): every run below is trained with the seeds seed,
+    # The comparison (docs/guides/evaluation.md): every run below is trained with the seeds seed,
     # seed + 1, ..., seed + seeds - 1 (the extra sets with the first seed only).
     seeds: int = 3
     augment: Strategy | None = None  # every run's augmentation; None: the best sweep config's
@@ -366,7 +366,7 @@ def schedule(section) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-# --- the smallNORB ablation: the EM paper's defaults (SPEC 1.3): em-capsnet-small, batch 64,
+# --- the smallNORB ablation: Hinton et al. 2018's defaults: em-capsnet-small, batch 64,
 # weight decay 2e-7, every ablation axis of the paper's table.
 
 
@@ -416,7 +416,7 @@ class SmallnorbTrainConfig(FinalTrainConfig):
     val_size: int = 2000  # the sweep's validation images, so the two are comparable
     baselines: list[str] = field(default_factory=lambda: ["smallnorb-cnn"])
     # at the capsules' 3e-3, 87% of the CNN's FC units died in one seed of three, which
-    # stayed at chance; at 1e-3 every seed learned (docs/em.md)
+    # stayed at chance; at 1e-3 every seed learned (docs/notes/2026-11-28-em-learning.md)
     baseline_lr: float | None = 1e-3
     out_dir: str = "models-smallnorb"
     test_size: int | None = None  # the first N smallNORB test images (null: all 24,300)

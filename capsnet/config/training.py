@@ -17,7 +17,7 @@ __all__ = ["LOSSES", "PRECISIONS", "TrainConfig"]
 
 @dataclass
 class TrainConfig:
-    """Training settings (defaults: the official CapsNet code, SPEC 1.1)."""
+    """Training settings (defaults: the official CapsNet code of Sabour et al. 2017)."""
 
     epochs: int = 1
     batch_size: int = 128
@@ -28,7 +28,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     # auto: bf16 autocast on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), fp32
-    # elsewhere; bf16: autocast on CUDA and any CPU; fp32: none (docs/gpu.md). Squash, the
+    # elsewhere; bf16: autocast on CUDA and any CPU; fp32: none (docs/guides/gpu.md). Squash, the
     # routing softmax and the losses stay fp32 under autocast.
     amp: str = "auto"
     augment: str = "none"  # capsnet.data.augment strategy, applied to every batch in fit

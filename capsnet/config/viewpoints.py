@@ -1,4 +1,4 @@
-"""The ``viewpoints`` section: the smallNORB novel-viewpoint experiment (SPEC 2.3).
+"""The ``viewpoints`` section: the smallNORB novel-viewpoint experiment (Hinton et al. 2018).
 
 Model names and config overrides are checked against the registry when the experiment
 starts (the registry needs torch; this module must not).

@@ -1,4 +1,4 @@
-"""affNIST (SPEC 2.2): the real test set, expanded MNIST for training, and affnist-synth.
+"""affNIST (data/affnist.md): the real test set, expanded MNIST for training, and affnist-synth.
 
 The official archives have no published checksum. They are verified instead by the CRC-32
 of every zip member (a truncated or altered download fails), the expected member count
@@ -6,7 +6,7 @@ of every zip member (a truncated or altered download fails), the expected member
 hold the ``affNISTdata`` fields with 1600-pixel columns and labels 0..9.
 
 ``affnist-synth`` is a clearly named stand-in for offline machines: random affine maps of
-the MNIST test digits with the SPEC ranges. It is never reported as affNIST.
+the MNIST test digits with the ranges of data/affnist.md. It is never reported as affNIST.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def write_idx(path: str | os.PathLike, tensor: torch.Tensor) -> None:
     atomic_write_bytes(path, payload)
 
 
-# --- smallNORB binary (SPEC 2.3) -----------------------------------------------------------
+# --- smallNORB binary (data/smallnorb.md) --------------------------------------------------
 
 NORB_DTYPES = {
     0x1E3D4C55: "uint8",
@@ -179,7 +179,7 @@ def write_norb(path: str | os.PathLike, array) -> None:
     atomic_write_bytes(path, payload)
 
 
-# --- affNIST MATLAB files (SPEC 2.2) -------------------------------------------------------
+# --- affNIST MATLAB files (data/affnist.md) -----------------------------------------------
 
 AFFNIST_FIELDS = ("image", "label_int", "label_one_of_n", "human_readable_transform")
 AFFNIST_SIDE = 40

@@ -18,7 +18,7 @@ OFFICIAL_BASES = (
     "http://yann.lecun.com/exdb/mnist/",
 )
 
-# file stem -> raw (decompressed) MD5, SPEC 2.1
+# file stem -> raw (decompressed) MD5 (data/mnist.md)
 RAW_MD5 = {
     "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
     "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",

@@ -1,4 +1,4 @@
-"""MultiMNIST (SPEC 2.4): two shifted digits of different classes overlaid on one canvas.
+"""MultiMNIST (Sabour et al. 2017): two shifted digits of different classes on one canvas.
 
 Only the recipe is stored: pairs of source indices into one MNIST split and the shift of
 each digit. Images are rendered a batch at a time from the recipe, bit-for-bit the same for

@@ -1,4 +1,4 @@
-"""Rotated MNIST (SPEC 2.5): MNIST digits rotated about the centre by a fixed angle,
+"""Rotated MNIST (data/rotated-mnist.md): MNIST digits rotated about the centre by a fixed angle,
 bilinear, zero fill, same 28x28 canvas.
 
 Nothing is stored: the set is rotated when loaded, by the one rotation every caller uses

@@ -1,4 +1,4 @@
-"""smallNORB (SPEC 2.3): official binary files, 48x48 preparation, EM-paper crops, and the
+"""smallNORB (data/smallnorb.md): official binary files, 48x48 preparation, EM-paper crops, and the
 novel-viewpoint subsets.
 
 Prepared images keep both stereo channels, uint8 (N, 2, 48, 48); a model picks channels
@@ -31,7 +31,7 @@ PREFIX = {
     "train": "smallnorb-5x46789x9x18x6x2x96x96-training",
     "test": "smallnorb-5x01235x9x18x6x2x96x96-testing",
 }
-RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file, SPEC 2.3
+RAW_MD5 = {  # (split, part) -> MD5 of the decompressed file (data/smallnorb.md)
     ("train", "dat"): "8138a0902307b32dfa0025a36dfa45ec",
     ("train", "cat"): "fd5120d3f770ad57ebe620eb61a0b633",
     ("train", "info"): "19faee774120001fc7e17980d6960451",

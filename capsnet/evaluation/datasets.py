@@ -13,7 +13,7 @@ from capsnet.io.errors import CheckpointError, DataError
 MNIST_CLASSES = 10  # what a dataset that does not say has
 #: The standardisation of a smallNORB checkpoint that does not record it: every smallNORB
 #: checkpoint written since data.smallnorb.standardize exists was trained with its default,
-#: on; the record came later (docs/evaluation.md).
+#: on; the record came later (docs/guides/evaluation.md).
 UNRECORDED_STANDARDIZE = True
 
 

@@ -1,5 +1,5 @@
 """The novel-viewpoint experiment's reusable parts (Hinton, Sabour, Frosst 2018, section
-5.2; SPEC 2.3): the matching rule, the paper's numbers and reading the stage's results.
+5.2): the matching rule, the paper's numbers and reading the stage's results.
 The stage itself (training, writing the outputs) is ``pipeline.viewpoints.stage``.
 
 For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
@@ -44,7 +44,7 @@ RESULTS_FILE = "viewpoints.json"
 #: checkpoints of each kind (``<kind>/<model>.pt``).
 OUT_DIR_FILES = (RESULTS_FILE, *(f"{kind}/*.pt" for kind in KINDS))
 CSV_COLUMNS = ("kind", "seed", "model", "epoch", "familiar_error", "novel_error")
-# Test error on the novel viewpoints at matched familiar error (paper section 5.2, SPEC 2.3).
+# Test error on the novel viewpoints at matched familiar error (Hinton et al. 2018, section 5.2).
 PAPER_NOVEL_ERROR = {
     "azimuth": {"cnn": 0.20, "capsules": 0.135},
     "elevation": {"cnn": 0.178, "capsules": 0.123},

@@ -1,4 +1,4 @@
-"""Conv-net baselines: LeNet5 and the Sabour et al. baseline CNN (SPEC 1.2)."""
+"""Conv-net baselines: LeNet5 and the Sabour et al. baseline CNN (Sabour et al. 2017, section 5)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ class CapsNetConfig:
 )
 class CapsNet(nn.Module):
     default_loss = "margin"
-    #: torch.compile mode of ``compile_routing`` per device type (docs/gpu.md, "compile"):
+    #: torch.compile mode of ``compile_routing`` per device type (docs/guides/gpu.md, "compile"):
     #: CUDA graphs on CUDA, where training batches have one static shape.
     COMPILE_MODES: ClassVar[dict[str, str]] = {"cuda": "reduce-overhead"}
 

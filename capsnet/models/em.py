@@ -58,14 +58,16 @@ class EMCapsNetConfig:
     # window: each K x K window routed as its own group (the ablation)
     routing_scope: str = "global"
     # paper: (index + 0.5) / size of the ClassCaps input grid added to vote entries 3 and 7
-    # (the first two of the right-hand column, SPEC 1.3); first-entries: the receptive-field
+    # (the right-hand column's first two, Hinton et al. 2018); first-entries: the receptive-field
     # centre in input pixels, (pixel + 0.5) / image size, added to entries 0 and 1
     coordinate_form: str = "paper"
     # beta_a enters the activation logit lambda (beta_a_scale * beta_a - cost): with lambda
-    # about 1e-3 an unscaled beta_a barely moves an activation (docs/em.md, "Learning")
+    # about 1e-3 an unscaled beta_a barely moves an activation
+    # (docs/notes/2026-11-28-em-learning.md)
     beta_a_scale: float = BETA_A_SCALE
     # standardise each routing group's costs over its parents before the activation
-    # (em_routing's normalise_cost); false: the paper's raw cost (docs/em.md, "Learning")
+    # (em_routing's normalise_cost); false: the paper's raw cost
+    # (docs/notes/2026-11-28-em-learning.md)
     normalise_cost: bool = False
 
     # Saved configs without a field were trained with this value (capsnet.models.checkpoint.load).

@@ -21,7 +21,7 @@ from capsnet.nn.routing.em import device_cache
 POSE_SHAPES = {"matrix": (4, 4), "vector": (1, 16)}
 ROUTING_SCOPES = ("global", "window")  # a child's assignments sum to 1 over all / per window
 # Vote entries that receive the scaled (row, col) position of the voting capsule:
-# "paper": the first two entries of the right-hand column of the 4x4 vote (SPEC 1.3);
+# "paper": the first two entries of the right-hand column of the 4x4 vote (Hinton et al. 2018);
 # "first-entries": entries 0 and 1 (what configs without ``coordinate_form`` trained with).
 COORDINATE_ENTRIES = {"paper": (3, 7), "first-entries": (0, 1)}
 
@@ -145,7 +145,7 @@ class PrimaryMatrixCaps(nn.Module):
 class ConvMatrixCaps(_EMRoutingLayer):
     """Convolutional capsule layer: each output position routes the K x K x T_in capsules of
     its window to T_out parent types with EM. ``routing_scope`` "global" normalises a child's
-    assignments over the parents of every window covering it (SPEC 1.3); "window" routes each
+    assignments over the parents of every window covering it (Hinton et al.); "window" routes each
     window as an independent group (a child's assignments then total 1 per window)."""
 
     def __init__(

@@ -64,7 +64,7 @@ def mark_step(device: torch.device) -> None:
 
 
 def configure_backends(device: torch.device) -> None:
-    """The speed policy of a CUDA run, set in this one place (docs/gpu.md): cuDNN picks
+    """The speed policy of a CUDA run, set in this one place (docs/guides/gpu.md): cuDNN picks
     the fastest convolution for the (fixed) batch shape, and fp32 matmuls may use TF32
     ("high"; bf16 runs keep their few fp32 matmuls fast too). Nothing changes elsewhere."""
     if device.type == "cuda":

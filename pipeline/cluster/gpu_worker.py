@@ -127,7 +127,7 @@ def connect(address: str, **options) -> None:
         versions = " ".join(str(exc).split()).removeprefix("Version mismatch: ")
         raise ConfigError(
             f"Ray cluster at {address}: Ray Client needs the same Ray and Python (minor) "
-            f"versions on both ends: {versions} (docs/sweeps-and-clusters.md)"
+            f"versions on both ends: {versions} (docs/guides/sweeps-and-clusters.md)"
         ) from None
 
 
@@ -145,7 +145,7 @@ def client_failure(address: str, exc: BaseException) -> str:
         f"/tmp/ray/session_latest/logs/ray_client_server_*.err; the head needs Ray "
         f"{ray_version()} and Python {python_version()} as here, this project installed "
         f"(pip install -e '.[pipeline,cluster]') and RAY_AUTH_MODE/its token as the driver "
-        f'(docs/sweeps-and-clusters.md, "Ray Client")'
+        f'(docs/guides/sweeps-and-clusters.md, "Ray Client")'
     )
 
 

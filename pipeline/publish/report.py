@@ -429,7 +429,7 @@ def _perturbation_note(results: EvalResults, figures: list[Path]) -> str:
     return (
         f'<p id="perturbation-none">No pose-perturbation figure for {_e(", ".join(missing))}: '
         "a figure shows only the pose dimensions whose reconstruction visibly changes across "
-        "the sweep (docs/evaluation.md), and none did (or the model has no decoder).</p>"
+        "the sweep (docs/guides/evaluation.md), and none did (or the model has no decoder).</p>"
     )
 
 

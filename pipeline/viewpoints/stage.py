@@ -1,4 +1,4 @@
-"""The DVC ``viewpoints`` stage: the novel-viewpoint experiment (SPEC 2.3) for the params
+"""The DVC ``viewpoints`` stage: the novel-viewpoint experiment (Hinton et al. 2018) for the params
 section ``viewpoints``; the matching rule and the results' format are
 ``capsnet.evaluation.viewpoint_matching``.
 

@@ -119,7 +119,7 @@ def test_build_writes_recipes_and_load_uses_them(tiny_root):
 
 
 def test_mean_bounding_box_overlap_on_real_mnist(mnist_root):
-    """SPEC 2.4: about 80% bounding-box overlap with the paper's shift of 4 px."""
+    """Sabour et al. 2017 (6): about 80% bounding-box overlap with the paper's shift of 4 px."""
     data = load("multimnist", "test", mnist_root, download=False)
     overlap = multimnist.bounding_box_overlap(data.images, data.recipe, slice(0, 5000))
     assert 0.65 < float(overlap.mean()) < 0.9

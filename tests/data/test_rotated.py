@@ -1,4 +1,4 @@
-"""Rotated MNIST (SPEC 2.5) and the exact rotation behind it."""
+"""Rotated MNIST (data/rotated-mnist.md) and the exact rotation behind it."""
 
 from __future__ import annotations
 

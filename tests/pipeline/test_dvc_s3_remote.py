@@ -1,7 +1,7 @@
 """A shared DVC remote over the S3 protocol: dvc-s3 against a real S3-compatible server
 (moto's, started on loopback for the test), in a tiny DVC project of one stage. The push is
 the cluster job's (pipeline/cluster/dvc_remote.sh); the pull is the team workflow of
-docs/pipeline.md in a fresh clone: the models and the run cache come back."""
+docs/guides/pipeline.md in a fresh clone: the models and the run cache come back."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_models_and_run_cache_go_through_an_s3_remote_to_a_fresh_clone(s3_server
     assert any(k.startswith("store/files/md5/") for k in keys), keys
     assert any(k.startswith("store/runs/") for k in keys), keys  # the run cache
 
-    # a teammate: clone, add the remote (docs/pipeline.md), pull
+    # a teammate: clone, add the remote (docs/guides/pipeline.md), pull
     run("git", "clone", "-q", "--bare", str(work), str(origin), cwd=tmp_path, env=env)
     run("git", "clone", "-q", str(origin), str(fresh), cwd=tmp_path, env=env)
     failed = subprocess.run(["dvc", "pull"], cwd=fresh, env=env, capture_output=True, text=True)

@@ -17,7 +17,7 @@ def stages(repo_root):
 
 
 def test_the_stage_table_prints_each_stage_with_its_command_and_files(repo_root, stages):
-    """docs/pipeline.md shows the stages with ``python -m pipeline.dvc.stage_table``."""
+    """docs/guides/pipeline.md shows the stages with ``python -m pipeline.dvc.stage_table``."""
     done = CliRunner().invoke(stage_table.main, ["--dvc-yaml", str(repo_root / "dvc.yaml")])
     assert done.exit_code == 0, done.output
     rows = done.output.splitlines()

@@ -230,7 +230,7 @@ def test_the_sweep_stages_keep_their_outputs_and_tune_state_is_none_of_them(repo
     """Tune's state (storage_path) is no output of the sweep stages (DVC would delete it
     before a run, and a finished sweep is restored from it); their git-tracked files are
     metrics and plots kept with ``persist`` (a refused `dvc exp run -S` deletes nothing,
-    docs/pipeline.md; DVC's run cache skips such stages, Tune's state stands in for it)."""
+    docs/guides/pipeline.md; DVC's run cache skips such stages, Tune's state stands in for it)."""
     import yaml
 
     from capsnet import config

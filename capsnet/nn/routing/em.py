@@ -77,7 +77,7 @@ def activation_logits(cost, beta_a, lam, normalise: bool = False, eps: float = E
     """cost (n, 1, J) -> activation logits lam (beta_a - cost) (n, 1, J). ``normalise``:
     the cost standardised over the J parents of each group first (mean 0, standard deviation
     1), so the logit compares parents instead of following the mass-weighted log-sigmas'
-    scale (docs/em.md, "Learning")."""
+    scale (docs/notes/2026-11-28-em-learning.md)."""
     if normalise:
         centred = cost - cost.mean(dim=2, keepdim=True)  # (n, 1, J)
         cost = centred / torch.sqrt(centred.square().mean(dim=2, keepdim=True) + eps)
@@ -243,7 +243,7 @@ def default_block(device: torch.device, group_elements: int) -> int | None:
 
 
 class GlobalScope:
-    """Assignment normalisation of children shared by overlapping groups (SPEC 1.3: a child
+    """Assignment normalisation of children shared by overlapping groups (Hinton et al.: a child
     feeding several K x K windows): a child's assignments sum to 1 over every (group,
     parent) it votes for. ``index`` (N, I) names the child in slot i of group n."""
 
