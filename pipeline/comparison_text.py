@@ -1,7 +1,7 @@
 """What eval/metrics.json["comparison"] shows, in words and table rows: per arm (equal
 augmentation, equal training time, augmented baseline) the capsule model against each
 baseline upright (0°) and at the headline angle, and whether the difference of means is
-larger than the seeds' spread. Pure functions of the typed section (``capsnet.evaluation.metrics.
+larger than the seeds' spread. Pure functions of the typed section (``capsnet.evaluation.results.
 Comparison``; metrics.json's dict is typed on the way in); report.html, the README block
 and the W&B publish run render what they return."""
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from capsnet.evaluation.headline import epochs_text
-from capsnet.evaluation.metrics import Comparison, ComparisonArm, ComparisonGroup, as_comparison
+from capsnet.evaluation.results import Comparison, ComparisonArm, ComparisonGroup, as_comparison
 from pipeline.cells import percent
 from pipeline.paper import ARTICLE, is_baseline, paper_number
 

@@ -13,15 +13,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from capsnet.evaluation.headline import count_text
-from capsnet.evaluation.metrics import (
-    Comparison,
-    Entry,
-    EvalResults,
-    Viewpoints,
+from capsnet.evaluation.headline import (
+    cell_value,
+    count_text,
+    main_entries,
     model_picks,
+    std_value,
     table_columns,
+    trained_on,
 )
+from capsnet.evaluation.results import Comparison, Entry, EvalResults, Viewpoints
 from capsnet.io.files import atomic_write_text, check_input
 from pipeline import comparison_text
 from pipeline.cells import column_title, paper_metric, percent, publishable
@@ -69,7 +70,7 @@ def _image_tag(path: Path, alt: str) -> str:
 def _cell(column: str, model: str, entry: Entry | None) -> str:
     if entry is None:
         return "<td>–</td>"
-    ours = percent(entry.value(column), entry.std(column))
+    ours = percent(cell_value(entry, column), std_value(entry, column))
     paper = paper_number(paper_metric(column, entry), model)
     extra = (
         f'<br><span class="paper" title="{_e(paper.label)}: {_e(paper.note)}">'
@@ -83,7 +84,7 @@ def _cell(column: str, model: str, entry: Entry | None) -> str:
 def _results_table(results: EvalResults, angle: float) -> str:
     """One row per model, one column per test set, each cell from the checkpoint trained
     for that set (the seeds' mean ± std where there are seeds); the cell's tooltip names it."""
-    entries = results.main_entries()
+    entries = main_entries(results)
     columns = table_columns(entries, angle)
     head = "".join(f"<th>{_e(column_title(c, entries))}</th>" for c in columns)
     rows = [
@@ -386,9 +387,9 @@ def shown_checkpoints(results: EvalResults) -> list[str]:
     training set in the results table; the other seeds and the comparison runs (equal
     time, augmented baselines) draw the same figures again."""
     first: dict[tuple[str, str | None], str] = {}
-    for name, entry in results.main_entries().items():
+    for name, entry in main_entries(results).items():
         if entry.checkpoint is not None:
-            first.setdefault((entry.model, entry.trained_on), name)
+            first.setdefault((entry.model, trained_on(entry)), name)
     return list(first.values())
 
 

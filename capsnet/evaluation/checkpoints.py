@@ -15,8 +15,8 @@ from typing import Any
 from capsnet.evaluation.comparison import comparison_meta, comparison_section
 from capsnet.evaluation.datasets import TestSets, check_preprocessing, image_shape, model_fit
 from capsnet.evaluation.figures import FigureDrawer
-from capsnet.evaluation.metrics import COMPARISON_KEY, Entry, EvalResults
 from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.results import COMPARISON_KEY, Entry, EvalResults
 from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, own_set, seed_of
 from capsnet.io.errors import CapsnetError, DataError, DatasetDisabled
 from capsnet.training import scoring as evaluate

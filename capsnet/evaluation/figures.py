@@ -21,8 +21,8 @@ import torch
 
 from capsnet.evaluation import plots as draw
 from capsnet.evaluation.datasets import TestSets, model_fit
-from capsnet.evaluation.metrics import Entry, EvalResults
 from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.results import Entry, EvalResults
 from capsnet.training import scoring as evaluate
 
 
