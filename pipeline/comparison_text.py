@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from capsnet.evaluation.headline import epochs_text
 from capsnet.evaluation.results import Comparison, ComparisonArm, ComparisonGroup, as_comparison
 from pipeline.cells import percent
-from pipeline.paper import ARTICLE, is_baseline, paper_number
+from pipeline.paper import ARTICLE, is_baseline, published
 
 #: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
 #: numbers are at 35°.
@@ -63,7 +63,7 @@ def _reference(arm: ComparisonArm, fallback: str | None = None) -> str | None:
     """The capsule group of an arm: its "reference", else the first non-CNN model."""
     ref = arm.reference or fallback
     label = next((k for k, g in arm.groups.items() if ref in (k, g.model)), None)
-    return label or next((k for k in arm.groups if not is_baseline(k)), None)
+    return label or next((k for k, g in arm.groups.items() if not is_baseline(g.model)), None)
 
 
 def verdict(a: tuple[float, float], b: tuple[float, float], names: tuple[str, str], seeds):
@@ -235,8 +235,8 @@ def _paper_context(target: float) -> str | None:
     """The rotated-MNIST article's numbers (pipeline/paper.py) as context, never as our
     results."""
     found = [
-        paper_number(metric, model)
-        for model in ("lenet5", "capsnet")
+        published(metric, family)
+        for family in ("lenet5", "capsnet")
         for metric in ("rotated-mnist@0", "rotated-mnist@35")
     ]
     if None in found:
