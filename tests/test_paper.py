@@ -10,7 +10,9 @@ from torch import nn
 
 from capsnet import models
 from capsnet.evaluation.results import ComparisonArm, ComparisonGroup, parse_results
-from pipeline import comparison_text, paper, readme
+from pipeline import paper
+from pipeline.publish import comparison as comparison_text
+from pipeline.publish import readme
 
 
 @dataclass(frozen=True)

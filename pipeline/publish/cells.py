@@ -1,6 +1,6 @@
 """Table cells of the evaluation results (``capsnet.evaluation.results``, the metrics.json
 contract): the column titles, percentages and which paper number a cell compares with. The
-report (pipeline/report.py) and the README table (pipeline/readme.py) use them."""
+report (pipeline/publish/report.py) and the README table (pipeline/publish/readme.py) use them."""
 
 from __future__ import annotations
 

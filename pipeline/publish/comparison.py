@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from capsnet.evaluation.headline import epochs_text
 from capsnet.evaluation.results import Comparison, ComparisonArm, ComparisonGroup, as_comparison
-from pipeline.cells import percent
 from pipeline.paper import ARTICLE, is_baseline, published
+from pipeline.publish.cells import percent
 
 #: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
 #: numbers are at 35°.
