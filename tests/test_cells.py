@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from capsnet.evaluation import probes
 from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value, trained_on
 from capsnet.evaluation.results import ViewpointKind, ViewpointModel, parse_results
 from capsnet.io.errors import CapsnetError
@@ -57,7 +58,7 @@ def test_entry_reads_each_test_set_through_its_accessors():
     assert std_value(entry, "mnist") is None and entry.test_size("rotated-mnist@35") == 500
     assert entry.source("smallnorb") == "smallnorb-synth (stand-in)"
     assert entry.rotation() == [(-30.0, 0.85), (0.0, 0.97), (35.0, 0.8)]
-    assert entry.attacks() == {"fgsm": {"0.1": 0.5}, "bim": {"0.1": 0.3}}
+    assert probes.attacks(entry) == {"fgsm": {"0.1": 0.5}, "bim": {"0.1": 0.3}}
     assert entry.skipped == {"affnist": "images are 40x40", "smallnorb": "switched off"}
     assert trained_on(entry) is None
     numbers = entry.numbers()

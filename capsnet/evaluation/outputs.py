@@ -17,6 +17,7 @@ from capsnet.data import registry
 from capsnet.evaluation.comparison import comparison_lines
 from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value
 from capsnet.evaluation.novel_viewpoints import viewpoint_lines
+from capsnet.evaluation.probes import PROBES
 from capsnet.evaluation.results import (
     ComparisonGroup,
     Entry,
@@ -266,7 +267,7 @@ def _columns(
                 (f"{a}°", lambda e, a=a, k=key: _fmt((e.block(k).get("accuracy") or {}).get(a)))
                 for a in angles
             ]
-        elif key not in ("robustness", "equivariance"):
+        elif key not in PROBES:
             metric = "accuracy" if spec is None else spec.headline_metric
             columns.append((key, lambda e, key=key, m=metric: _cell(e.block(key), m)))
     return columns

@@ -71,8 +71,8 @@ class Entry:
     """One evaluated checkpoint (``checkpoint`` set) or the mean of an experiment's seeds
     (``names`` and ``checkpoints`` of the grouped entries, their count in ``seeds``, the
     deviations in ``deviations``, the seeds left out at chance in ``failed``). ``scores``:
-    {test set, "robustness", "equivariance": its block}, a block being {"skipped": reason}
-    where the set was not scored."""
+    {test set or probe (``capsnet.evaluation.probes``): its block}, a block being
+    {"skipped": reason} where the set was not scored."""
 
     name: str
     model: str
@@ -128,16 +128,6 @@ class Entry:
     def rotation(self) -> list[tuple[float, float | None]]:
         """(angle, accuracy) of the rotated-MNIST sweep, by angle; [] without one."""
         return sorted((float(a), acc) for a, acc in self.sweep().items())
-
-    def attacks(self) -> dict[str, dict[str, float | None]]:
-        """{attack ("fgsm", "bim"): {epsilon: accuracy}}; {} when robustness was skipped."""
-        robustness = self.block("robustness")
-        return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
-
-    @property
-    def has_pose_diagnostic(self) -> bool:
-        """Whether the equivariance diagnostic ran: the model has class-capsule poses."""
-        return "dim_correlation" in self.block("equivariance")
 
     @property
     def skipped(self) -> dict[str, str]:
