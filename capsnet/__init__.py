@@ -7,7 +7,11 @@ __version__ = "0.1.0"
 
 #: Modules that moved (old name under capsnet -> new path under capsnet/): importing the
 #: old name fails with a note naming the new one, never as a silent alias.
-MOVED = {"routing": "nn/routing", "checkpoint": "models/checkpoint"}
+MOVED = {
+    "routing": "nn/routing",
+    "checkpoint": "models/checkpoint",
+    "evaluation.metrics": "evaluation/results",
+}
 
 
 def _moved(name: str) -> ModuleNotFoundError | None:

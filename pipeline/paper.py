@@ -1,7 +1,8 @@
 """The published numbers the evaluation is compared with (``CITES``), each with its source
-and the model it describes, and the model family each checkpoint is compared as.
+and the model family it describes.
 
-A checkpoint is compared only with a number published for its own family: LeNet5 with the
+A checkpoint is compared only with a number published for its model's family, as the
+model registry declares it (``capsnet.models.register(..., family=...)``): LeNet5 with the
 rotated-MNIST article's LeNet5, never with Sabour et al.'s 35M-parameter baseline CNN.
 """
 
@@ -28,7 +29,7 @@ class PaperNumber:
     """One published figure of a source of ``CITES``, as an accuracy in [0, 1]."""
 
     metric: str  # "mnist", "rotated-mnist@0", "rotated-mnist@35", "affnist", "smallnorb", ...
-    family: str  # capsnet, em, lenet5, sabour-cnn, smallnorb-cnn (see model_family)
+    family: str  # a registered model family: capsnet, em, lenet5, sabour-cnn, smallnorb-cnn
     accuracy: float
     source: str  # who published it: SABOUR, HINTON or ARTICLE
     model: str  # the model it describes, in the source's words
@@ -66,33 +67,31 @@ PAPER_NUMBERS = (
     PaperNumber("smallnorb-elevation-novel", "em", 0.877, HINTON, "matrix capsules, EM", "novel elevations: 12.3% error"),  # noqa: E501
     PaperNumber("smallnorb-elevation-novel", "smallnorb-cnn", 0.822, HINTON, "baseline CNN", "novel elevations: 17.8% error"),  # noqa: E501
 )  # fmt: skip
-FAMILIES = ("capsnet", "em", "lenet5", "sabour-cnn", "smallnorb-cnn", "cnn")
 
 
-def model_family(model: str) -> str:
-    """The published model a checkpoint of ``model`` is compared with: capsnet (dynamic
-    routing), em (matrix capsules), lenet5, sabour-cnn (Sabour's baseline-cnn),
-    smallnorb-cnn, or cnn (any other baseline, compared with nothing published)."""
-    base = model.split("@")[0]
-    if base.startswith("em") or "em-" in base:
-        return "em"
-    if base.startswith("capsnet"):
-        return "capsnet"
-    if base.startswith("lenet5"):
-        return "lenet5"
-    if base.startswith("baseline-cnn"):
-        return "sabour-cnn"
-    if base.startswith("smallnorb-cnn"):
-        return "smallnorb-cnn"
-    return "cnn"
+def model_family(model: str | None) -> str | None:
+    """The family model ``model`` is registered with (``capsnet.models``), None for a name
+    no model is registered under (compared with nothing published)."""
+    from capsnet import models
+
+    found = models.registered(model) if model else None
+    return None if found is None else found.family
 
 
-def is_baseline(model: str) -> bool:
-    """Whether ``model`` is a conventional network (not capsules)."""
-    return model_family(model) not in ("capsnet", "em")
+def is_baseline(model: str | None) -> bool:
+    """Whether ``model`` is a conventional network: registered without ``capsules`` (a name
+    no model is registered under counts as one)."""
+    from capsnet import models
+
+    found = models.registered(model) if model else None
+    return found is None or not found.capsules
+
+
+def published(metric: str, family: str | None) -> PaperNumber | None:
+    """The number published for model family ``family`` on ``metric``, or None."""
+    return next((p for p in PAPER_NUMBERS if p.metric == metric and p.family == family), None)
 
 
 def paper_number(metric: str, model: str) -> PaperNumber | None:
-    """The number published for ``model``'s family on ``metric``, or None."""
-    family = model_family(model)
-    return next((p for p in PAPER_NUMBERS if p.metric == metric and p.family == family), None)
+    """The number published for ``model``'s registered family on ``metric``, or None."""
+    return published(metric, model_family(model))

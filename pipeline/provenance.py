@@ -130,7 +130,7 @@ def text_problem(value: str) -> str | None:
 
 
 def check_results_text(path: str | os.PathLike, results: Any) -> Any:
-    """``results`` (metrics.json typed, ``capsnet.evaluation.metrics``) when every string in
+    """``results`` (metrics.json typed, ``capsnet.evaluation.results``) when every string in
     it, names and keys included, is plain text (``text_problem``); CapsnetError naming
     ``path``, the field and the value otherwise. The one check of what the README and the
     HTML report print from metrics.json."""

@@ -1,4 +1,4 @@
-"""FGSM/BIM (capsnet.training.scoring.adversarial_images, robustness) and the pose equivariance
+"""FGSM/BIM (capsnet.evaluation.probes.adversarial_images, robustness) and the pose equivariance
 diagnostic, checked against answers known in advance."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from torch import nn
 
 from capsnet.config.training import TrainConfig
 from capsnet.data.datasets import TensorImageDataset
+from capsnet.evaluation import probes
 from capsnet.models import ModelOutput
 from capsnet.training import scoring as evaluate
 
@@ -45,10 +46,10 @@ def test_fgsm_on_a_linear_model_moves_each_pixel_by_epsilon_toward_the_other_cla
     eps = 0.1
     direction = (model.weight[1 - labels] - model.weight[labels]).detach().sign()  # (8, 36)
     expected = (images + eps * direction.view_as(images)).clamp(0, 1)  # (8, 1, 6, 6)
-    fgsm = evaluate.adversarial_images(model, images, labels, eps, steps=1)
+    fgsm = probes.adversarial_images(model, images, labels, eps, steps=1)
     torch.testing.assert_close(fgsm, expected)
     # BIM takes steps of the same sign on a linear two-class model: the same corner
-    bim = evaluate.adversarial_images(model, images, labels, eps, steps=7)
+    bim = probes.adversarial_images(model, images, labels, eps, steps=7)
     torch.testing.assert_close(bim, expected)
 
 
@@ -57,7 +58,7 @@ def test_fgsm_on_a_linear_model_moves_each_pixel_by_epsilon_toward_the_other_cla
 def test_attacks_stay_within_epsilon_and_inside_the_unit_range(steps, eps):
     model, images, labels = two_class_linear(seed=steps)
     for step_size in (None, 1.0):  # 1.0: far larger than epsilon, so projection must act
-        adv = evaluate.adversarial_images(model, images, labels, eps, steps, step_size)
+        adv = probes.adversarial_images(model, images, labels, eps, steps, step_size)
         assert adv.shape == images.shape and not adv.requires_grad
         assert (adv - images).abs().max().item() <= eps + 1e-6
         assert adv.min().item() >= 0.0 and adv.max().item() <= 1.0
@@ -67,7 +68,7 @@ def test_attacks_stay_within_epsilon_and_inside_the_unit_range(steps, eps):
 def test_attack_restores_training_mode():
     model, images, labels = two_class_linear()
     model.train()
-    evaluate.adversarial_images(model, images, labels, 0.1, steps=3)
+    probes.adversarial_images(model, images, labels, 0.1, steps=3)
     assert model.training
 
 
@@ -88,7 +89,7 @@ def test_bim_is_at_least_as_strong_as_fgsm_on_a_trained_model(trained_lenet5):
     model, test = trained_lenet5
     clean = evaluate.accuracy(model, test, 200, "cpu")["accuracy"]
     assert clean > 0.6  # trained: far above chance (0.1)
-    result = evaluate.robustness(model, test, epsilons=(0.05, 0.1), bim_steps=5)
+    result = probes.robustness(model, test, epsilons=(0.05, 0.1), bim_steps=5)
     assert result["n"] == 200
     for eps in ("0.05", "0.1"):
         assert result["bim"][eps] <= result["fgsm"][eps] < clean
@@ -100,7 +101,7 @@ def test_adversarial_images_of_a_trained_model_stay_in_the_ball(trained_lenet5):
     images, labels = test.tensors
     images = images[:64].float() / 255  # (64, 1, 28, 28)
     for steps in (1, 5):
-        adv = evaluate.adversarial_images(model, images, labels[:64], 0.1, steps)
+        adv = probes.adversarial_images(model, images, labels[:64], 0.1, steps)
         assert (adv - images).abs().max().item() <= 0.1 + 1e-6
         assert adv.min().item() >= 0.0 and adv.max().item() <= 1.0
         assert (adv != images).any()
@@ -166,7 +167,7 @@ def test_pose_equivariance_recovers_a_known_linear_pose():
         measured = model(images.float() / 255).poses[:, 0, 0]  # (7,)
     torch.testing.assert_close(measured, torch.tensor(orientations), atol=0.5, rtol=0)
     angles = [-30, -15, 0, 15, 30]
-    result = evaluate.pose_equivariance(
+    result = probes.pose_equivariance(
         model, TensorImageDataset(images, labels), angles, batch_size=3, device="cpu"
     )
     assert result["angles"] == [float(a) for a in angles] and result["n"] == 7
@@ -182,4 +183,4 @@ def test_pose_equivariance_recovers_a_known_linear_pose():
 def test_pose_equivariance_is_none_without_poses():
     model, images, labels = two_class_linear()
     dataset = TensorImageDataset((images * 255).to(torch.uint8), labels)
-    assert evaluate.pose_equivariance(model, dataset, [0, 15], device="cpu") is None
+    assert probes.pose_equivariance(model, dataset, [0, 15], device="cpu") is None

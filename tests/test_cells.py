@@ -1,4 +1,4 @@
-"""The typed reading of eval/metrics.json (capsnet/evaluation/metrics.py): what the report,
+"""The typed reading of eval/metrics.json (capsnet/evaluation/results.py): what the report,
 the README table and the W&B eval runs get from an entry and from the viewpoint section, and the
 schema errors."""
 
@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from capsnet.evaluation.metrics import ViewpointKind, ViewpointModel, model_picks, parse_results
+from capsnet.evaluation import probes
+from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value, trained_on
+from capsnet.evaluation.results import ViewpointKind, ViewpointModel, parse_results
 from capsnet.io.errors import CapsnetError
 
 CAPS = {
@@ -51,14 +53,14 @@ VIEWPOINTS = {
 def test_entry_reads_each_test_set_through_its_accessors():
     original = copy.deepcopy(CAPS)
     entry = parse_results({"capsnet-small": CAPS}).entries["capsnet-small"]
-    assert entry.value("mnist") == 0.97 and entry.value("multimnist") == 0.6  # strict
-    assert entry.value("rotated-mnist@35") == 0.8 and entry.value("affnist") is None
-    assert entry.std("mnist") is None and entry.test_size("rotated-mnist@35") == 500
+    assert cell_value(entry, "mnist") == 0.97 and cell_value(entry, "multimnist") == 0.6  # strict
+    assert cell_value(entry, "rotated-mnist@35") == 0.8 and cell_value(entry, "affnist") is None
+    assert std_value(entry, "mnist") is None and entry.test_size("rotated-mnist@35") == 500
     assert entry.source("smallnorb") == "smallnorb-synth (stand-in)"
     assert entry.rotation() == [(-30.0, 0.85), (0.0, 0.97), (35.0, 0.8)]
-    assert entry.attacks() == {"fgsm": {"0.1": 0.5}, "bim": {"0.1": 0.3}}
+    assert probes.attacks(entry) == {"fgsm": {"0.1": 0.5}, "bim": {"0.1": 0.3}}
     assert entry.skipped == {"affnist": "images are 40x40", "smallnorb": "switched off"}
-    assert entry.trained_on is None
+    assert trained_on(entry) is None
     numbers = entry.numbers()
     assert numbers["rotated-mnist/accuracy/-30"] == 0.85 and numbers["multimnist/n"] == 200
     assert not any(k.startswith(("affnist", "smallnorb")) for k in numbers)  # skipped sets
@@ -66,15 +68,15 @@ def test_entry_reads_each_test_set_through_its_accessors():
     canonical = entry.to_dict()
     assert canonical == original
     canonical["mnist"]["accuracy"] = 0.0
-    assert entry.value("mnist") == 0.97  # a copy
+    assert cell_value(entry, "mnist") == 0.97  # a copy
 
 
 def test_seed_means_fill_the_rows_and_picks_are_entries():
     results = parse_results({"capsnet-small": CAPS, "capsnet-small (mean)": MEAN})
     mean = results.entries["capsnet-small (mean)"]
-    assert mean.checkpoint is None and mean.seeds == 2 and mean.std("mnist") == 0.01
+    assert mean.checkpoint is None and mean.seeds == 2 and std_value(mean, "mnist") == 0.01
     assert list(results.checkpoints()) == ["capsnet-small"]
-    picks = model_picks(results.main_entries(), ["mnist", "multimnist"])
+    picks = model_picks(main_entries(results), ["mnist", "multimnist"])
     assert picks == {
         "capsnet-small": {"mnist": mean, "multimnist": results.entries["capsnet-small"]}
     }
@@ -171,7 +173,7 @@ def test_the_committed_metrics_json_round_trips_byte_for_byte(repo_root, committ
     serialiser, is the same bytes."""
     import dataclasses
 
-    from capsnet.evaluation import metrics
+    from capsnet.evaluation import results as metrics
     from capsnet.evaluation.outputs import rotation_csv, summary_metrics
 
     path = repo_root / committed

@@ -20,7 +20,7 @@ from capsnet.config import EvaluateParams
 from capsnet.config.training import TrainConfig
 from capsnet.evaluation.comparison import TIME_TOLERANCE, comparison_lines, comparison_section
 from capsnet.evaluation.figures import rotation_curves
-from capsnet.evaluation.metrics import parse_results
+from capsnet.evaluation.results import parse_results
 from capsnet.io.errors import CapsnetError
 from capsnet.models import checkpoint
 
@@ -227,7 +227,7 @@ def test_outputs_rotation_csv_and_figure(evaluated):
 def test_the_written_metrics_json_reads_back_into_the_writers_dataclasses(evaluated, tmp_path):
     """One contract, writer side: the entries, seed means and comparison the evaluation
     built (and a viewpoint section as the stage adds it) are written and read back equal."""
-    from capsnet.evaluation.metrics import (
+    from capsnet.evaluation.results import (
         EvalResults,
         ViewpointKind,
         ViewpointModel,
@@ -343,7 +343,7 @@ def test_models_not_scored_on_rotated_mnist_take_no_part_and_lines_end_cleanly()
 
 
 def _group(label, names, seconds, **more):
-    from capsnet.evaluation.metrics import ComparisonGroup
+    from capsnet.evaluation.results import ComparisonGroup
 
     return ComparisonGroup(label, label, tuple(names), len(names), "shift", 3.0, seconds, 1.0,
                            {"0": 0.9}, {"0": 0.01}, **more)  # fmt: skip
@@ -383,6 +383,6 @@ def test_equal_time_is_judged_on_the_budgeted_time_and_a_busy_run_is_named():
 
 
 def ComparisonGroupRead(row):
-    from capsnet.evaluation.metrics import _comparison_group
+    from capsnet.evaluation.results import _comparison_group
 
     return _comparison_group("lenet5", row)

@@ -15,7 +15,7 @@ from clihelpers import assert_one_line_error, invoke_cli, run_cli
 from capsnet import evaluation, models
 from capsnet.cli import main
 from capsnet.config import EvaluateParams
-from capsnet.evaluation.metrics import parse_results
+from capsnet.evaluation.results import parse_results
 from capsnet.models import checkpoint
 from capsnet.training.scoring import multimnist_scores
 

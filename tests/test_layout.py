@@ -219,6 +219,82 @@ def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles between modules: each strongly connected component of ``graph``
+    with more than one module (or a module importing itself), sorted; Tarjan's algorithm,
+    iterative. Every import counts: under TYPE_CHECKING, in a function, in a try block."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root] & graph.keys())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target] & graph.keys()))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_module_of_capsnet_is_in_an_import_cycle():
+    """One direction between any two modules (the metrics.json dataclasses, then the
+    headline rules that read them), counting imports a TYPE_CHECKING block or a function
+    hides from the interpreter."""
+    assert module_cycles(import_graph(ROOT, packages=("capsnet",))) == []
+
+
+def test_a_planted_module_cycle_is_found(tmp_path):
+    files = {
+        "capsnet/__init__.py": "",
+        "capsnet/evaluation/__init__.py": "",
+        "capsnet/evaluation/results.py": "from capsnet.evaluation import headline\n",
+        "capsnet/evaluation/headline.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from capsnet.evaluation.results import Entry\n"
+        ),
+        "capsnet/evaluation/a.py": "def f():\n    from . import b\n",
+        "capsnet/evaluation/b.py": "import capsnet.evaluation.c\n",
+        "capsnet/evaluation/c.py": "from capsnet.evaluation.a import f\n",
+        "capsnet/evaluation/d.py": "from capsnet.evaluation import a, results\n",
+        "capsnet/evaluation/e.py": "from capsnet.evaluation import e\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert module_cycles(import_graph(tmp_path, packages=("capsnet",))) == [
+        ["capsnet.evaluation.a", "capsnet.evaluation.b", "capsnet.evaluation.c"],
+        ["capsnet.evaluation.e"],
+        ["capsnet.evaluation.headline", "capsnet.evaluation.results"],
+    ]
+
+
 def top_level_parts(package: Path) -> list[str]:
     return sorted(
         p.name
@@ -269,6 +345,8 @@ def test_an_upward_import_a_cycle_and_an_unlayered_package_are_reported(tmp_path
         ("from capsnet.routing import em_routing", "capsnet.nn.routing"),
         ("from capsnet import checkpoint", "capsnet.models.checkpoint"),
         ("from capsnet.checkpoint import save", "capsnet.models.checkpoint"),
+        ("import capsnet.evaluation.metrics", "capsnet.evaluation.results"),
+        ("from capsnet.evaluation import metrics", "capsnet.evaluation.results"),
     ],
 )
 def test_an_old_import_path_fails_naming_the_new_one(statement, new):

@@ -279,7 +279,7 @@ def _eval_params(tmp_path: Path, models_dir: Path):
 
 def test_failed_evaluation_keeps_old_figures_and_metrics(tmp_path, monkeypatch):
     from capsnet.evaluation import stage
-    from capsnet.evaluation.metrics import parse_results
+    from capsnet.evaluation.results import parse_results
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"
@@ -325,7 +325,7 @@ def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
     """A failure while writing the files (after every figure is drawn) leaves the old
     figures, rotation.csv and metrics.json: nothing is swapped in before all is written."""
     from capsnet.evaluation import outputs, stage
-    from capsnet.evaluation.metrics import parse_results
+    from capsnet.evaluation.results import parse_results
 
     monkeypatch.chdir(tmp_path)  # no models or data of the checkout in reach
     models_dir = tmp_path / "models"

@@ -211,7 +211,7 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     import sys
     import types
 
-    from capsnet.evaluation.metrics import parse_results
+    from capsnet.evaluation.results import parse_results
     from pipeline.publish import stage as publishing
 
     class Block:
@@ -268,7 +268,7 @@ def test_each_eval_run_logs_only_its_own_checkpoints_figures(tmp_path, monkeypat
     own figures only; the figures across models go to the comparison run alone."""
     from capsnet.evaluation import plots
     from capsnet.evaluation.figures import figure_stem
-    from capsnet.evaluation.metrics import parse_results
+    from capsnet.evaluation.results import parse_results
     from pipeline import tracking
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -308,7 +308,7 @@ def test_each_eval_run_is_grouped_with_the_sweep_that_trained_its_checkpoint(tmp
     """An MNIST checkpoint's eval run beside the MNIST sweep's runs, a smallNORB one beside
     the smallNORB sweep's; publish.experiment, when set, groups them all."""
     from capsnet import config
-    from capsnet.evaluation.metrics import parse_results
+    from capsnet.evaluation.results import parse_results
     from pipeline import tracking
 
     entries = {

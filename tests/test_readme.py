@@ -12,7 +12,8 @@ import yaml
 from comparisonhelpers import seeded_results
 
 from capsnet import config
-from capsnet.evaluation.metrics import model_picks, parse_results
+from capsnet.evaluation.headline import main_entries, model_picks
+from capsnet.evaluation.results import parse_results
 from capsnet.io.errors import CapsnetError
 from pipeline.publish import readme
 
@@ -347,7 +348,7 @@ def test_a_run_at_chance_is_named_under_the_table(committed_root):
         committed[name]["smallnorb"]["accuracy"] = 0.6
     assert "smallnorb-cnn" not in readme.at_chance_line(
         parse_results(committed),
-        model_picks(parse_results(committed).main_entries(), ["smallnorb"]),
+        model_picks(main_entries(parse_results(committed)), ["smallnorb"]),
         {},
     )
     committed[names[1]]["smallnorb"]["accuracy"] = 0.21  # 5 classes: chance 20%

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from capsnet.evaluation import plots as figures
-from capsnet.evaluation.metrics import load_results, parse_results
+from capsnet.evaluation.results import load_results, parse_results
 from capsnet.io.errors import CapsnetError
 from pipeline.publish import report
 

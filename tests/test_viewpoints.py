@@ -635,7 +635,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
 ):
     from capsnet import models
     from capsnet.evaluation import stage
-    from capsnet.evaluation.metrics import load_results
+    from capsnet.evaluation.results import load_results
 
     built = []  # what the stage's writers built, as it is handed to write_outputs
     write = stage.write_outputs

@@ -240,3 +240,65 @@ def test_every_dataset_registry_field_is_read():
     reads = attribute_reads(ROOT)
     unread = [f.name for f in fields(DatasetSpec) if f.name not in reads]
     assert unread == []
+
+
+# --- model families: only capsnet/models/ knows them -----------------------------------------
+
+
+def _part_of_a_model_name(text: str, names, whole: bool = True) -> bool:
+    """Whether ``text`` is part of a registered model name (``whole``: or all of one)."""
+    return len(text) >= 2 and (whole or text not in names) and any(text in n for n in names)
+
+
+def model_name_checks(
+    root: Path, packages=("capsnet", "pipeline", "benchmarks"), names=None
+) -> list[str]:
+    """``file:line: literal`` for each check of a value's start, end or part against a
+    literal that is part of a registered model name (``x.startswith("em")``,
+    ``x.endswith("-cnn")``, ``"capsnet" in x``), outside capsnet/models/: what a model is
+    comes from its registration (``family``, ``capsules``), never from its name."""
+    from capsnet import models
+
+    names = names or models.names()
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.relative_to(root).parts[:2] == ("capsnet", "models"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    affix = ("startswith", "endswith", "removeprefix", "removesuffix")
+                    operands, whole = (node.args if node.func.attr in affix else []), True
+                elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                    # a part of a name in a value; a whole name is a key looked up (name in d)
+                    container = node.comparators[0]
+                    literal = isinstance(container, (ast.Constant, ast.Tuple, ast.List, ast.Set))
+                    operands, whole = ([] if literal else [node.left]), False
+                else:
+                    continue
+                for text in (t for o in operands for t in _dataset_literals(o)):
+                    if _part_of_a_model_name(text, names, whole):
+                        found.append((path.relative_to(root), node.lineno, node.col_offset, text))
+    return [f"{path}:{line}: {text!r}" for path, line, _, text in sorted(found)]
+
+
+def test_no_code_outside_capsnet_models_checks_a_model_name_prefix():
+    """pipeline/paper.py matches the published numbers on the registered family."""
+    assert model_name_checks(ROOT) == []
+
+
+def test_the_model_name_check_sees_prefix_suffix_and_part_checks(tmp_path):
+    (tmp_path / "capsnet" / "models").mkdir(parents=True)
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "capsnet" / "models" / "own.py").write_text("ok = name.startswith('em')\n")
+    (tmp_path / "pipeline" / "p.py").write_text(
+        "a = base.startswith('em') or 'em-' in base\nb = m.endswith(('-cnn', '.png'))\n"
+        "c = 'small' not in name\nd = name in ('capsnet', 'lenet5')\ne = name == 'capsnet'\n"
+        "f = path.endswith('.png') or '://' in url or 'capsnet' in built\n"
+    )
+    assert model_name_checks(tmp_path, ("capsnet", "pipeline")) == [
+        "pipeline/p.py:1: 'em'",
+        "pipeline/p.py:1: 'em-'",
+        "pipeline/p.py:2: '-cnn'",
+        "pipeline/p.py:3: 'small'",
+    ]

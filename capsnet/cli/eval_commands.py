@@ -242,8 +242,8 @@ def evaluate_stage_command(params_path, data_root, mirror):
     check_output(Path(params.evaluate.out_dir) / FIGURES_DIR, key, own=FIGURE_FILES)
     mirror = resolve_mirror(mirror, params)
     written = evaluation.run_stage(params, data_root=data_root, mirror=mirror, log=_stderr_log)
-    from capsnet.evaluation.metrics import load_results
     from capsnet.evaluation.outputs import fit_width
+    from capsnet.evaluation.results import load_results
 
     headline = (f"{params.evaluate.confusion_angle:g}", "0")  # the full table: metrics.json
     for line in fit_width(evaluation.summary_lines(load_results(written["metrics"]), headline)):

@@ -10,10 +10,11 @@ checkpoints under "names". Checkpoints the train stage made for the comparison a
 "comparison" section (capsule model against baselines over seeds). The stage adds a
 "viewpoints" section.
 
-Modules by job: metrics (the dataclasses of metrics.json, built by the writers below and
-returned by its reader, and the one serialiser), headline (which entry fills a table cell),
+Modules by job: results (the dataclasses of metrics.json, built by the writers below and
+returned by its reader, and the one serialiser), headline (the rules reading them: a
+column's number, which entry fills a table cell),
 request (the settings of one evaluation), datasets (test sets, model fit), checkpoints
-(evaluating), seeds (aggregating), comparison (its section), figures (drawn while each
+(evaluating), probes (robustness, equivariance, ...: one table of name -> probe), seeds (aggregating), comparison (its section), figures (drawn while each
 model is loaded), outputs (metrics.json, rotation.csv, summary.json, the summary table),
 novel_viewpoints (the smallNORB novel-viewpoint section), stage (the DVC stage).
 """
@@ -30,7 +31,7 @@ _HOMES = {
     "evaluate_checkpoints": "capsnet.evaluation.checkpoints",
     "evaluate_model": "capsnet.evaluation.checkpoints",
     "evaluate_viewpoints": "capsnet.evaluation.novel_viewpoints",
-    "metrics_json": "capsnet.evaluation.metrics",
+    "metrics_json": "capsnet.evaluation.results",
     "model_fit": "capsnet.evaluation.datasets",
     "rotation_csv": "capsnet.evaluation.outputs",
     "run_stage": "capsnet.evaluation.stage",
@@ -42,6 +43,10 @@ _HOMES = {
 
 
 def __getattr__(name: str):
+    from capsnet import _moved
+
+    if (error := _moved(f"{__name__}.{name}")) is not None:
+        raise error
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib

@@ -15,8 +15,9 @@ from typing import Any
 from capsnet.evaluation.comparison import comparison_meta, comparison_section
 from capsnet.evaluation.datasets import TestSets, check_preprocessing, image_shape, model_fit
 from capsnet.evaluation.figures import FigureDrawer
-from capsnet.evaluation.metrics import COMPARISON_KEY, Entry, EvalResults
+from capsnet.evaluation.probes import run_probes
 from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.results import COMPARISON_KEY, Entry, EvalResults
 from capsnet.evaluation.seeds import aggregate_seeds, experiment_key, own_set, seed_of
 from capsnet.io.errors import CapsnetError, DataError, DatasetDisabled
 from capsnet.training import scoring as evaluate
@@ -81,17 +82,13 @@ def evaluate_checkpoints(
 def evaluate_model(
     model, data: TestSets, request: EvalRequest, source: tuple[Any, dict] | None = None
 ) -> dict[str, Any]:
-    """{dataset: result} for a loaded model on the device, plus "robustness" and
-    "equivariance" when the request switches them on; ``source``: (checkpoint path, its
-    metadata), checked against the request's preprocessing."""
-    params = request.params
+    """{dataset: result} for a loaded model on the device, then {probe: block} for each
+    probe the request switches on (``capsnet.evaluation.probes.PROBES``); ``source``:
+    (checkpoint path, its metadata), checked against the request's preprocessing."""
     entry: dict[str, Any] = {
-        name: _evaluate_one(model, name, data, request, source) for name in params.datasets
+        name: _evaluate_one(model, name, data, request, source) for name in request.params.datasets
     }
-    if params.robustness.enabled:
-        entry["robustness"] = _robustness(model, data, request)
-    if params.equivariance.enabled:
-        entry["equivariance"] = _equivariance(model, data, request)
+    entry.update(run_probes(model, data, request))
     return entry
 
 
@@ -116,44 +113,3 @@ def _evaluate_one(model, name: str, data: TestSets, request: EvalRequest, source
         model, name, dataset, params.batch_size, request.device, angles=params.angles
     )
     return {**info, **scored}
-
-
-def _robustness(model, data: TestSets, request: EvalRequest) -> dict:
-    reason = model_fit(model, "mnist")
-    if reason is not None:
-        return {"skipped": f"MNIST does not fit: {reason}"}
-    settings = request.params.robustness
-    dataset, _ = data.get("mnist")
-    result = evaluate.robustness(
-        model,
-        dataset.subset(settings.limit),
-        epsilons=tuple(settings.epsilons),
-        bim_steps=settings.bim_steps,
-        batch_size=_attack_batch(request),
-        device=request.device,
-    )
-    return {"attack": "untargeted L-inf", "bim_steps": settings.bim_steps, **result}
-
-
-def _attack_batch(request: EvalRequest) -> int:
-    """The FGSM/BIM batch: the evaluation batch on a GPU, at most 200 elsewhere (each step
-    keeps a batch's activations for the input gradient)."""
-    if request.device.type == "cuda":
-        return request.params.batch_size
-    return min(request.params.batch_size, 200)
-
-
-def _equivariance(model, data: TestSets, request: EvalRequest) -> dict:
-    reason = model_fit(model, "mnist")
-    if reason is not None:
-        return {"skipped": f"MNIST does not fit: {reason}"}
-    settings = request.params.equivariance
-    dataset, _ = data.get("mnist")
-    result = evaluate.pose_equivariance(
-        model,
-        dataset.subset(settings.limit),
-        settings.angles,
-        request.params.batch_size,
-        request.device,
-    )
-    return result if result is not None else {"skipped": "the model has no capsule poses"}

@@ -26,7 +26,7 @@ import statistics
 from typing import Any
 
 from capsnet.evaluation.headline import epochs_text
-from capsnet.evaluation.metrics import (
+from capsnet.evaluation.results import (
     ARMS,
     COMPARISON_KEY,  # noqa: F401  (the section's name)
     Comparison,

@@ -21,8 +21,9 @@ import torch
 
 from capsnet.evaluation import plots as draw
 from capsnet.evaluation.datasets import TestSets, model_fit
-from capsnet.evaluation.metrics import Entry, EvalResults
+from capsnet.evaluation.probes import PROBES
 from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.results import Entry, EvalResults
 from capsnet.training import scoring as evaluate
 
 
@@ -31,8 +32,14 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-#: The figures drawn across models, once all are evaluated (no checkpoint owns them).
-SHARED_FIGURES = ("rotation", "equivariance", "reconstructions", "viewpoints")
+#: The figures drawn across models, once all are evaluated (no checkpoint owns them): the
+#: rotation curves, each probe's figure, the reconstructions, the viewpoint curves.
+SHARED_FIGURES = (
+    "rotation",
+    *(name for name, probe in PROBES.items() if probe.figure),
+    "reconstructions",
+    "viewpoints",
+)
 #: The figures drawn for one checkpoint (``figure_stem``).
 MODEL_FIGURES = ("confusion", "perturbation", "multimnist")
 
@@ -160,14 +167,10 @@ class FigureDrawer:
         if curves:
             path = self.fig_dir / "rotation.png"
             self.written["rotation"] = draw.rotation_curve(curves, path, bands=bands)
-        diagnostics = {
-            name: e.block("equivariance")
-            for name, e in results.checkpoints().items()
-            if e.has_pose_diagnostic
-        }
-        if diagnostics:
-            path = self.fig_dir / "equivariance.png"
-            self.written["equivariance"] = draw.equivariance_plot(diagnostics, path)
+        for name, probe in PROBES.items():
+            drawn = probe.figure(results, self.fig_dir / f"{name}.png") if probe.figure else None
+            if drawn is not None:
+                self.written[name] = drawn
         if self._recon_rows:
             self.written["reconstructions"] = draw.image_grid(
                 self._recon_rows,

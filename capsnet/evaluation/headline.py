@@ -1,18 +1,17 @@
 """The headline numbers of an evaluation, on the metrics.json dataclasses
-(``capsnet.evaluation.metrics``): which entry fills a model's cell for a test set (the
+(``capsnet.evaluation.results``): which entry fills a model's cell for a test set (the
 checkpoint trained for that set, a seed mean over a single checkpoint), its number and
 deviation. One code path for the evaluate stage's summary metrics
-(``capsnet.evaluation.outputs``), the report, the README table and the W&B runs."""
+(``capsnet.evaluation.outputs``), the report, the README table and the W&B runs. These
+rules read the dataclasses; the dataclasses never call them."""
 
 from __future__ import annotations
 
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from capsnet.evaluation.metrics import Comparison, Entry, EvalResults
+from capsnet.evaluation.results import Comparison, Entry, EvalResults
 
 
 def _angle_key(entry: Entry, column: str) -> str | None:

@@ -9,13 +9,13 @@ from typing import Any
 
 from capsnet.config import ROLE_CAPSULES
 from capsnet.evaluation.datasets import TestSets, check_preprocessing, model_fit
-from capsnet.evaluation.metrics import (
+from capsnet.evaluation.request import EvalRequest
+from capsnet.evaluation.results import (
     VIEWPOINTS_KEY,  # noqa: F401  (the section's name)
     ViewpointKind,
     ViewpointModel,
     Viewpoints,
 )
-from capsnet.evaluation.request import EvalRequest
 from capsnet.io.errors import CheckpointError, DataError
 from capsnet.training import scoring as evaluate
 

@@ -1,5 +1,5 @@
 """The evaluation's files and its printed summary, from the metrics.json dataclasses
-(``capsnet.evaluation.metrics``): metrics.json (the full results, NaN as null),
+(``capsnet.evaluation.results``): metrics.json (the full results, NaN as null),
 summary.json (the headline numbers under stable keys: the stage's DVC metrics),
 rotation.csv (angle, model, accuracy, std), and a table per checkpoint."""
 
@@ -15,15 +15,16 @@ from typing import Any
 
 from capsnet.data import registry
 from capsnet.evaluation.comparison import comparison_lines
-from capsnet.evaluation.headline import model_picks
-from capsnet.evaluation.metrics import (
+from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value
+from capsnet.evaluation.novel_viewpoints import viewpoint_lines
+from capsnet.evaluation.probes import PROBES
+from capsnet.evaluation.results import (
     ComparisonGroup,
     Entry,
     EvalResults,
     metrics_json,
     parse_results,
 )
-from capsnet.evaluation.novel_viewpoints import viewpoint_lines
 from capsnet.io.outputset import OutputSet, check_owned, refuse_target
 from capsnet.training import scoring as evaluate
 
@@ -110,13 +111,13 @@ def summary_metrics(results: EvalResults) -> dict[str, dict]:
     arms = results.comparison.arms if results.comparison is not None else {}
     trained = arms["equal_augmentation"].groups if "equal_augmentation" in arms else {}
     summary: dict[str, dict] = {}
-    for model, chosen in model_picks(results.main_entries(), list(SUMMARY_SETS)).items():
+    for model, chosen in model_picks(main_entries(results), list(SUMMARY_SETS)).items():
         row: dict = {}
         for column, key in SUMMARY_SETS.items():
             found = chosen.get(column)
-            row[key] = _rounded(found.value(column)) if found else None
+            row[key] = _rounded(cell_value(found, column)) if found else None
             if key in SEEDED_SETS:
-                row[f"{key}_sd"] = _rounded(found.std(column)) if found else None
+                row[f"{key}_sd"] = _rounded(std_value(found, column)) if found else None
         first = chosen.get("mnist") or chosen.get("rotated-mnist@35")
         row["n_seeds"] = first.seeds if first else None
         row["train_s"] = _rounded(trained[model].train_seconds) if model in trained else None
@@ -266,7 +267,7 @@ def _columns(
                 (f"{a}°", lambda e, a=a, k=key: _fmt((e.block(k).get("accuracy") or {}).get(a)))
                 for a in angles
             ]
-        elif key not in ("robustness", "equivariance"):
+        elif key not in PROBES:
             metric = "accuracy" if spec is None else spec.headline_metric
             columns.append((key, lambda e, key=key, m=metric: _cell(e.block(key), m)))
     return columns

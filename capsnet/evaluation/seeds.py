@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any
 
-from capsnet.evaluation.metrics import Entry
+from capsnet.evaluation.results import Entry
 
 #: TrainConfig fields that do not change the trained weights' distribution: the seed
 #: itself, and how the run is shown or batched for validation.
@@ -103,7 +103,7 @@ def aggregate_seeds(
     another seed learned there (``headline.LEARNED`` times chance) is a failed run: listed
     in the entry's ``failed``, left out of the mean. It is named after the model, or
     "<first name> (mean)" when that name is taken."""
-    from capsnet.evaluation.headline import LEARNED, at_chance
+    from capsnet.evaluation.headline import LEARNED, at_chance, cell_value
 
     groups: dict[tuple[str, str], list[str]] = {}
     for name, entry in results.items():
@@ -117,7 +117,8 @@ def aggregate_seeds(
         names = sorted(names, key=lambda n: (seeds or {}).get(n, 0))
         own = {n: (own_sets or {}).get(n, "") for n in names}
         learned = any(
-            results[n].value(own[n]) is not None and not at_chance(results[n], own[n], LEARNED)
+            cell_value(results[n], own[n]) is not None
+            and not at_chance(results[n], own[n], LEARNED)
             for n in names
         )
         failed = tuple(n for n in names if learned and at_chance(results[n], own[n]))

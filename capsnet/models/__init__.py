@@ -51,21 +51,31 @@ class ModelSpec(NamedTuple):
     defaults: dict[str, Any]
     description: str
     capsules: bool  # a capsule network (routes between capsules), not a conventional one
+    family: str  # the published model it is compared with (capsnet, em, lenet5, ...)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
 
 def register(
-    name: str, config_cls: type, description: str = "", *, capsules: bool, **defaults: Any
+    name: str,
+    config_cls: type,
+    description: str = "",
+    *,
+    capsules: bool,
+    family: str,
+    **defaults: Any,
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
     """Class decorator (may be stacked) registering a model under ``name``; ``capsules``
-    says whether it is a capsule network."""
+    says whether it is a capsule network, ``family`` which published model its numbers are
+    compared with (the paper numbers are keyed by family, never by a model's name)."""
 
     def wrap(model_cls: type[nn.Module]) -> type[nn.Module]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = ModelSpec(name, model_cls, config_cls, defaults, description, capsules)
+        _REGISTRY[name] = ModelSpec(
+            name, model_cls, config_cls, defaults, description, capsules, family
+        )
         return model_cls
 
     return wrap
@@ -82,6 +92,13 @@ def spec(name: str) -> ModelSpec:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(names())}")
     return _REGISTRY[name]
+
+
+def registered(name: str) -> ModelSpec | None:
+    """The registration of model ``name``, None when no model is registered under it (a
+    result file may name a model this version no longer has)."""
+    _load_families()
+    return _REGISTRY.get(name)
 
 
 def role_problem(name: str, role: str, wants_capsules: bool) -> str | None:
@@ -200,5 +217,6 @@ __all__ = [
     "make_config",
     "names",
     "register",
+    "registered",
     "spec",
 ]

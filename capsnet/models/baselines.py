@@ -30,7 +30,11 @@ class LeNet5Config:
 
 
 @register(
-    "lenet5", LeNet5Config, "LeNet5: conv 6@5x5, pool, conv 16@5x5, pool, FC 120-84", capsules=False
+    "lenet5",
+    LeNet5Config,
+    "LeNet5: conv 6@5x5, pool, conv 16@5x5, pool, FC 120-84",
+    capsules=False,
+    family="lenet5",
 )
 class LeNet5(nn.Module):
     default_loss = "cross-entropy"
@@ -75,6 +79,7 @@ class BaselineCNNConfig:
     BaselineCNNConfig,
     "Sabour et al. baseline: conv 256-256-128, FC 328-192",
     capsules=False,
+    family="sabour-cnn",
 )
 class BaselineCNN(nn.Module):
     """Three 5x5 'same' convolutions without pooling, two FC layers, dropout, classifier."""

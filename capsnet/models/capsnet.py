@@ -59,13 +59,18 @@ class CapsNetConfig:
 
 
 @register(
-    "capsnet", CapsNetConfig, "Sabour et al. 2017 CapsNet (3 routing iterations)", capsules=True
+    "capsnet",
+    CapsNetConfig,
+    "Sabour et al. 2017 CapsNet (3 routing iterations)",
+    capsules=True,
+    family="capsnet",
 )
 @register(
     "capsnet-small",
     CapsNetConfig,
     "CapsNet with 64 conv channels and 8 primary types (for CPU runs)",
     capsules=True,
+    family="capsnet",
     conv_channels=64,
     primary_types=8,
     decoder_hidden=(256, 512),

@@ -120,12 +120,14 @@ PIXEL_CENTRE_FIRST, PIXEL_CENTRE_STEP = 8.0, 4.0
     EMCapsNetConfig,
     "Matrix capsules, EM routing, A=B=C=D=32 (Hinton et al. 2018)",
     capsules=True,
+    family="em",
 )
 @register(
     "em-capsnet-small",
     EMCapsNetConfig,
     "Matrix capsules, EM routing, small variant A=64, B=8, C=D=16",
     capsules=True,
+    family="em",
     A=64,
     B=8,
     C=16,
@@ -220,6 +222,7 @@ class SmallNORBCNNConfig:
     SmallNORBCNNConfig,
     "smallNORB baseline CNN: conv 32@5x5+pool, conv 64@5x5+pool, FC 1024, dropout",
     capsules=False,
+    family="smallnorb-cnn",
 )
 class SmallNORBCNN(nn.Module):
     """The EM paper's CNN baseline ('same' 5x5 convolutions, 2x2 max pools): 4.25M

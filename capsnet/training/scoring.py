@@ -1,4 +1,5 @@
-"""Evaluation: scores over a dataset, accuracy, and the rotated-MNIST sweep."""
+"""Scoring: class scores over a dataset, accuracy, and the rotated-MNIST sweep (the probes,
+robustness and equivariance, are ``capsnet.evaluation.probes``)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def remembering_predictions() -> Iterator[None]:
         _REMEMBERED.reset(token)
 
 
-def _batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):
+def batches(dataset: Dataset, batch_size: int, device: torch.device | None = None):
     """Yield (images float (B, C, H, W) in [0, 1], targets) in dataset order, on ``device``
     (default: the CPU); an in-memory set is moved there once, as uint8."""
     device = device or torch.device("cpu")
@@ -87,7 +88,7 @@ def _predict(model, dataset, batch_size: int, device: torch.device, amp: str | N
     model.eval()
     all_scores, all_targets = [], []
     try:
-        for images, targets in _batches(dataset, batch_size, device):
+        for images, targets in batches(dataset, batch_size, device):
             mark_step(device)  # a compiled model's new step
             with autocast(device, amp):
                 scores = model(images).scores  # (B, K)
@@ -210,119 +211,3 @@ def score(
     if spec.multi_label:
         return evaluate_multimnist(model, dataset, batch_size, device, amp)
     return accuracy(model, dataset, batch_size, device, amp)
-
-
-def classification_loss(model: nn.Module, scores: torch.Tensor, targets: torch.Tensor):
-    """The model's classification loss without extras (no reconstruction term): the margin
-    loss for dynamic-routing capsules, cross-entropy on the scores otherwise."""
-    from capsnet.nn import losses
-
-    if getattr(model, "default_loss", "") == "margin":
-        return losses.margin_loss(scores, targets)
-    return losses.cross_entropy(scores, targets)
-
-
-def adversarial_images(
-    model: nn.Module,
-    images: torch.Tensor,
-    targets: torch.Tensor,
-    epsilon: float,
-    steps: int = 1,
-    step_size: float | None = None,
-) -> torch.Tensor:
-    """Untargeted L-inf attack: FGSM for steps=1, BIM (iterated, projected) for steps>1.
-
-    images (B, C, H, W) in [0, 1] -> adversarial images of the same shape, within epsilon
-    of the originals and clipped to [0, 1].
-    """
-    step_size = epsilon if steps == 1 else (step_size or epsilon / steps * 1.25)
-    was_training = model.training
-    model.eval()
-    adv = images.detach().clone()
-    try:
-        for _ in range(steps):
-            adv.requires_grad_(True)
-            loss = classification_loss(model, model(adv).scores, targets)
-            (grad,) = torch.autograd.grad(loss, adv)
-            adv = adv.detach() + step_size * grad.sign()  # (B, C, H, W)
-            adv = torch.min(torch.max(adv, images - epsilon), images + epsilon).clamp_(0.0, 1.0)
-    finally:
-        model.train(was_training)
-    return adv.detach()
-
-
-def robustness(
-    model: nn.Module,
-    dataset: Dataset,
-    epsilons: tuple[float, ...],
-    bim_steps: int,
-    batch_size: int = 200,
-    device=None,
-) -> dict:
-    """Accuracy under FGSM and BIM at each epsilon: {"fgsm": {"<eps>": x}, "bim": {...}, "n"}."""
-    device = model_device(model, device)
-    counts = {attack: {format_angle(e): 0 for e in epsilons} for attack in ("fgsm", "bim")}
-    n = 0
-    for images, targets in _batches(dataset, batch_size, device):
-        n += images.shape[0]
-        for eps in epsilons:
-            for attack, steps in (("fgsm", 1), ("bim", bim_steps)):
-                adv = adversarial_images(model, images, targets, eps, steps)
-                with torch.no_grad():
-                    predicted = model.eval()(adv).scores.argmax(dim=1)
-                counts[attack][format_angle(eps)] += int((predicted == targets).sum())
-    result = {attack: {k: v / n for k, v in per_eps.items()} for attack, per_eps in counts.items()}
-    result["n"] = n
-    return result
-
-
-@torch.no_grad()
-def pose_equivariance(
-    model: nn.Module, dataset: Dataset, angles, batch_size: int = EVAL_BATCH_SIZE, device=None
-) -> dict | None:
-    """How the true class capsule's pose moves as the input rotates.
-
-    For each image the pose p(angle) of its true class is taken at every angle. Returns
-    per-dimension Pearson correlation between angle and pose (pooled over images after
-    removing each image's mean pose), the share of pose-change variance explained by the
-    first principal direction, and the mean pose change |p(angle) - p(0)| per angle.
-    None for models without poses.
-    """
-    from capsnet.data.datasets import rotated
-
-    device = model_device(model, device)
-    model.eval()
-    angles = [float(a) for a in angles]
-    poses = []
-    for angle in angles:
-        per_angle = []
-        for batch, labels in _batches(rotated(dataset, angle), batch_size, device):
-            out = model(batch)
-            if out.poses is None:
-                return None
-            index = labels.view(-1, 1, 1).expand(-1, 1, out.poses.shape[-1])  # (B, 1, D)
-            per_angle.append(out.poses.float().gather(1, index).squeeze(1))  # (B, D)
-        poses.append(torch.cat(per_angle).cpu())
-    stacked = torch.stack(poses, dim=1)  # (N, A, D)
-    centred = stacked - stacked.mean(dim=1, keepdim=True)  # (N, A, D)
-    angle_t = torch.tensor(angles)
-    angle_c = (angle_t - angle_t.mean()).view(1, -1, 1)  # (1, A, 1)
-    cov = (centred * angle_c).sum(dim=(0, 1))  # (D,)
-    denom = (
-        centred.pow(2).sum(dim=(0, 1)).sqrt()
-        * angle_c.pow(2).sum().sqrt()
-        * (stacked.shape[0] ** 0.5)
-    )
-    correlation = torch.where(denom > 0, cov / denom, torch.zeros_like(cov))  # (D,)
-    reference = angles.index(0.0) if 0.0 in angles else 0
-    change = stacked - stacked[:, reference : reference + 1]  # (N, A, D)
-    flat = change.reshape(-1, change.shape[-1])  # (N*A, D)
-    singular = torch.linalg.svdvals(flat - flat.mean(dim=0))
-    explained = (singular[0] ** 2 / singular.pow(2).sum()).item() if singular.sum() > 0 else 0.0
-    return {
-        "angles": angles,
-        "dim_correlation": correlation.tolist(),
-        "first_direction_explained": explained,
-        "mean_pose_change": change.norm(dim=-1).mean(dim=0).tolist(),
-        "n": int(stacked.shape[0]),
-    }

@@ -1,4 +1,4 @@
-"""Table cells of the evaluation results (``capsnet.evaluation.metrics``, the metrics.json
+"""Table cells of the evaluation results (``capsnet.evaluation.results``, the metrics.json
 contract): the column titles, percentages and which paper number a cell compares with. The
 report (pipeline/publish/report.py) and the README table (pipeline/publish/readme.py) use them."""
 
@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 from capsnet.data import registry
-from capsnet.evaluation.metrics import Entry, EvalResults, load_results, parse_results
+from capsnet.evaluation.headline import cell_value
+from capsnet.evaluation.results import Entry, EvalResults, load_results, parse_results
 from pipeline.provenance import check_results_text
 
 #: Column titles of the result tables (the rest are computed or the dataset's name).
@@ -33,7 +34,7 @@ def column_title(column: str, entries: dict[str, Entry]) -> str:
     if angle and spec is not None and spec.rotations_of is not None:
         return f"{TITLES.get(base, base)} {angle}°"
     title = TITLES.get(column, column)
-    scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
+    scored = [e.source(base) for e in entries.values() if cell_value(e, column) is not None]
     if any(registry.is_stand_in(column, s) for s in scored):
         return title + " (synth stand-in)"
     return title

@@ -1,7 +1,7 @@
 """What eval/metrics.json["comparison"] shows, in words and table rows: per arm (equal
 augmentation, equal training time, augmented baseline) the capsule model against each
 baseline upright (0°) and at the headline angle, and whether the difference of means is
-larger than the seeds' spread. Pure functions of the typed section (``capsnet.evaluation.metrics.
+larger than the seeds' spread. Pure functions of the typed section (``capsnet.evaluation.results.
 Comparison``; metrics.json's dict is typed on the way in); report.html, the README block
 and the W&B publish run render what they return."""
 
@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from capsnet.evaluation.headline import epochs_text
-from capsnet.evaluation.metrics import Comparison, ComparisonArm, ComparisonGroup, as_comparison
-from pipeline.paper import ARTICLE, is_baseline, paper_number
+from capsnet.evaluation.results import Comparison, ComparisonArm, ComparisonGroup, as_comparison
+from pipeline.paper import ARTICLE, is_baseline, published
 from pipeline.publish.cells import percent
 
 #: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
@@ -63,7 +63,7 @@ def _reference(arm: ComparisonArm, fallback: str | None = None) -> str | None:
     """The capsule group of an arm: its "reference", else the first non-CNN model."""
     ref = arm.reference or fallback
     label = next((k for k, g in arm.groups.items() if ref in (k, g.model)), None)
-    return label or next((k for k in arm.groups if not is_baseline(k)), None)
+    return label or next((k for k, g in arm.groups.items() if not is_baseline(g.model)), None)
 
 
 def verdict(a: tuple[float, float], b: tuple[float, float], names: tuple[str, str], seeds):
@@ -235,8 +235,8 @@ def _paper_context(target: float) -> str | None:
     """The rotated-MNIST article's numbers (pipeline/paper.py) as context, never as our
     results."""
     found = [
-        paper_number(metric, model)
-        for model in ("lenet5", "capsnet")
+        published(metric, family)
+        for family in ("lenet5", "capsnet")
         for metric in ("rotated-mnist@0", "rotated-mnist@35")
     ]
     if None in found:

@@ -15,14 +15,16 @@ import re
 from pathlib import Path
 
 from capsnet.data import registry
-from capsnet.evaluation.headline import AT_CHANCE, at_chance
-from capsnet.evaluation.metrics import (
-    Entry,
-    EvalResults,
-    Viewpoints,
+from capsnet.evaluation.headline import (
+    AT_CHANCE,
+    at_chance,
+    cell_value,
+    main_entries,
     model_picks,
+    std_value,
     table_columns,
 )
+from capsnet.evaluation.results import Entry, EvalResults, Viewpoints
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import atomic_write_text, check_input, refuse_read_only
 from pipeline.paper import SOURCES_LINE, paper_number
@@ -35,7 +37,7 @@ _BLOCK = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
 
 
 def _cell(column: str, model: str, entry: Entry) -> str:
-    ours = percent(entry.value(column), entry.std(column))
+    ours = percent(cell_value(entry, column), std_value(entry, column))
     paper = paper_number(paper_metric(column, entry), model)
     return ours + (f" ({paper.cite}: {percent(paper.accuracy)})" if paper else "")
 
@@ -80,7 +82,8 @@ def at_chance_line(
             left_out.update(entry.failed)
             for name in [*members, *entry.failed]:
                 if name is not None and at_chance(metrics.entries[name], column):
-                    value, chance = metrics.entries[name].value(column), registry.chance(column)
+                    value = cell_value(metrics.entries[name], column)
+                    chance = registry.chance(column)
                     where = titles.get(column, column)
                     found[name, column] = (
                         f"{name} on {where}, {percent(value)} (chance {percent(chance)})"
@@ -170,7 +173,7 @@ def results_table(metrics: EvalResults | dict, angle: float = 35.0) -> str:
     comes from, the seeds' comparison and the novel-viewpoint comparison. ``metrics`` is
     metrics.json typed (``load_results``) or its content, checked here."""
     metrics = publishable(metrics)
-    entries = metrics.main_entries()
+    entries = main_entries(metrics)
     columns = table_columns(entries, angle)
     titles = {c: column_title(c, entries) for c in columns}
     picks = model_picks(entries, columns)

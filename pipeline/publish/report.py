@@ -13,15 +13,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from capsnet.evaluation.headline import count_text
-from capsnet.evaluation.metrics import (
-    Comparison,
-    Entry,
-    EvalResults,
-    Viewpoints,
+from capsnet.evaluation.headline import (
+    cell_value,
+    count_text,
+    main_entries,
     model_picks,
+    std_value,
     table_columns,
+    trained_on,
 )
+from capsnet.evaluation.probes import PROBES, has_pose_diagnostic
+from capsnet.evaluation.results import Comparison, Entry, EvalResults, Viewpoints
 from capsnet.io.files import atomic_write_text, check_input
 from pipeline.paper import paper_number
 from pipeline.publish import comparison as comparison_text
@@ -69,7 +71,7 @@ def _image_tag(path: Path, alt: str) -> str:
 def _cell(column: str, model: str, entry: Entry | None) -> str:
     if entry is None:
         return "<td>–</td>"
-    ours = percent(entry.value(column), entry.std(column))
+    ours = percent(cell_value(entry, column), std_value(entry, column))
     paper = paper_number(paper_metric(column, entry), model)
     extra = (
         f'<br><span class="paper" title="{_e(paper.label)}: {_e(paper.note)}">'
@@ -83,7 +85,7 @@ def _cell(column: str, model: str, entry: Entry | None) -> str:
 def _results_table(results: EvalResults, angle: float) -> str:
     """One row per model, one column per test set, each cell from the checkpoint trained
     for that set (the seeds' mean ± std where there are seeds); the cell's tooltip names it."""
-    entries = results.main_entries()
+    entries = main_entries(results)
     columns = table_columns(entries, angle)
     head = "".join(f"<th>{_e(column_title(c, entries))}</th>" for c in columns)
     rows = [
@@ -163,27 +165,23 @@ def _rotation_table(results: EvalResults) -> str:
     return f'<table id="rotation"><tr><th>entry</th>{head}</tr>{"".join(rows)}</table>'
 
 
-def _robustness_table(results: EvalResults) -> str:
-    entries = {
-        n: attacks for n, e in results.checkpoints().items() if "fgsm" in (attacks := e.attacks())
-    }
-    if not entries:
-        return ""
-    epsilons = sorted({k for r in entries.values() for k in r["fgsm"]}, key=float)
-    head = "".join(f"<th>{a} ε={_e(k)}</th>" for a in ("FGSM", "BIM") for k in epsilons)
-    rows = [
-        f"<tr><td>{_e(n)}</td>"
-        + "".join(
-            f"<td>{percent(r.get(a, {}).get(k))}</td>" for a in ("fgsm", "bim") for k in epsilons
+def _probe_tables(results: EvalResults) -> str:
+    """Each probe's table (``capsnet.evaluation.probes``), percentages per checkpoint."""
+    parts = []
+    for probe in PROBES.values():
+        table = probe.table(results) if probe.table else None
+        if table is None:
+            continue
+        head = "".join(f"<th>{_e(c)}</th>" for c in table.columns)
+        rows = "".join(
+            f"<tr><td>{_e(name)}</td>" + "".join(f"<td>{percent(v)}</td>" for v in cells) + "</tr>"
+            for name, cells in table.rows
         )
-        + "</tr>"
-        for n, r in entries.items()
-    ]
-    return (
-        "<h2>Adversarial robustness</h2><p>Accuracy under untargeted L-inf attacks on the "
-        "MNIST test images (pixel range [0, 1]).</p>"
-        f'<table id="robustness"><tr><th>entry</th>{head}</tr>{"".join(rows)}</table>'
-    )
+        parts.append(
+            f"<h2>{_e(table.title)}</h2><p>{_e(table.note)}</p>"
+            f'<table id="{_e(table.id)}"><tr><th>entry</th>{head}</tr>{rows}</table>'
+        )
+    return "".join(parts)
 
 
 def _viewpoints_table(section: Viewpoints | None) -> str:
@@ -363,8 +361,7 @@ FIGURE_CAPTIONS = {
     "rotation": "Test accuracy versus rotation of the MNIST test digits, one line per model.",
     "reconstructions": "Upright and rotated inputs with the reconstructions from the "
     "predicted class capsule.",
-    "equivariance": "Equivariance diagnostic: correlation of each pose dimension with the "
-    "rotation angle, and how far the pose moves.",
+    **{name: probe.caption for name, probe in PROBES.items() if probe.figure},
     "perturbation": "Each of the class capsule's pose dimensions swept from -0.25 to 0.25 "
     "(steps of 0.05), reconstructed.",
     "confusion": "Confusion matrix (rows: true class, columns: predicted) on the test set "
@@ -386,9 +383,9 @@ def shown_checkpoints(results: EvalResults) -> list[str]:
     training set in the results table; the other seeds and the comparison runs (equal
     time, augmented baselines) draw the same figures again."""
     first: dict[tuple[str, str | None], str] = {}
-    for name, entry in results.main_entries().items():
+    for name, entry in main_entries(results).items():
         if entry.checkpoint is not None:
-            first.setdefault((entry.model, entry.trained_on), name)
+            first.setdefault((entry.model, trained_on(entry)), name)
     return list(first.values())
 
 
@@ -421,7 +418,7 @@ def _perturbation_note(results: EvalResults, figures: list[Path]) -> str:
     missing = [
         name
         for name in shown_checkpoints(results)
-        if results.entries[name].has_pose_diagnostic
+        if has_pose_diagnostic(results.entries[name])
         and f"perturbation-{figure_slug(name)}" not in stems
     ]
     if not missing:
@@ -493,7 +490,7 @@ def render_html(
             for p in rotation
         ],
         _rotation_table(results),
-        _robustness_table(results),
+        _probe_tables(results),
         _viewpoints_table(results.viewpoints),
         *[
             f"<figure>{_image_tag(p, 'familiar and novel viewpoint error')}<figcaption>"

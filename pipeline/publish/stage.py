@@ -4,7 +4,7 @@ copies) and eval/published.json, one W&B eval run per evaluated checkpoint (job_
 when online.
 
 Publishing is one unit: metrics.json is read through the typed loader
-(``capsnet.evaluation.metrics.load_results``, which refuses an empty or malformed result), the
+(``capsnet.evaluation.results.load_results``, which refuses an empty or malformed result), the
 README's markers and every target's permissions are checked, and every text is rendered
 before anything is written; the W&B runs are logged next, and the files last, together
 (``OutputSet``). W&B is offline unless an API key is configured
@@ -19,7 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from capsnet.evaluation.metrics import (
+from capsnet.evaluation.headline import cell_value
+from capsnet.evaluation.results import (
     COMPARISON_KEY,
     Comparison,
     EvalResults,
@@ -256,7 +257,7 @@ def create_wandb_report(
         keys = [
             f"figures/confusion-{report.figure_slug(name)}-{report.figure_slug(test_set)}"
             for name, entry in results.checkpoints().items()
-            if entry.value(test_set) is not None
+            if cell_value(entry, test_set) is not None
         ]
         if keys:
             blocks += [

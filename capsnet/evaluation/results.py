@@ -6,8 +6,9 @@ seed-mean ``Entry``s from ``capsnet.evaluation.checkpoints`` and ``seeds``, the
 ``Comparison`` from ``comparison``, the ``Viewpoints`` from ``novel_viewpoints``) and write
 it with ``metrics_json``; the report, the README table and the W&B eval runs (pipeline/)
 read the file with ``load_results`` into the same classes, checked. Field names and their
-order in the file live here once (each class's ``to_dict``). Which entry fills a model's
-cell is ``capsnet.evaluation.headline``, on these classes."""
+order in the file live here once (each class's ``to_dict``). The rules that read them
+(a column's number, which entry fills a model's cell) are ``capsnet.evaluation.headline``,
+which imports this module, never the other way."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capsnet.evaluation import headline
-from capsnet.evaluation.headline import model_picks, table_columns  # noqa: F401  (readers' API)
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import read_json
 
@@ -72,8 +71,8 @@ class Entry:
     """One evaluated checkpoint (``checkpoint`` set) or the mean of an experiment's seeds
     (``names`` and ``checkpoints`` of the grouped entries, their count in ``seeds``, the
     deviations in ``deviations``, the seeds left out at chance in ``failed``). ``scores``:
-    {test set, "robustness", "equivariance": its block}, a block being {"skipped": reason}
-    where the set was not scored."""
+    {test set or probe (``capsnet.evaluation.probes``): its block}, a block being
+    {"skipped": reason} where the set was not scored."""
 
     name: str
     model: str
@@ -108,15 +107,6 @@ class Entry:
         value = self.scores.get(test_set)
         return value if isinstance(value, dict) else {}
 
-    def value(self, column: str) -> float | None:
-        """The accuracy a table column stands for ("mnist", "rotated-mnist@35",
-        "multimnist" (strict), ...), None when absent or skipped."""
-        return headline.cell_value(self, column)
-
-    def std(self, column: str) -> float | None:
-        """The seeds' standard deviation of ``value(column)``, None for a single checkpoint."""
-        return headline.std_value(self, column)
-
     def source(self, test_set: str) -> str | None:
         """Which data a test set's numbers come from ("affnist-synth", "smallnorb-synth...")."""
         found = self.block(test_set).get("source")
@@ -138,22 +128,6 @@ class Entry:
     def rotation(self) -> list[tuple[float, float | None]]:
         """(angle, accuracy) of the rotated-MNIST sweep, by angle; [] without one."""
         return sorted((float(a), acc) for a, acc in self.sweep().items())
-
-    def attacks(self) -> dict[str, dict[str, float | None]]:
-        """{attack ("fgsm", "bim"): {epsilon: accuracy}}; {} when robustness was skipped."""
-        robustness = self.block("robustness")
-        return {a: robustness[a] for a in ("fgsm", "bim") if isinstance(robustness.get(a), dict)}
-
-    @property
-    def has_pose_diagnostic(self) -> bool:
-        """Whether the equivariance diagnostic ran: the model has class-capsule poses."""
-        return "dim_correlation" in self.block("equivariance")
-
-    @property
-    def trained_on(self) -> str | None:
-        """The training set the checkpoint's name announces (``lenet5@multimnist`` ->
-        "multimnist"), None for its model's own set."""
-        return headline.trained_on(self)
 
     @property
     def skipped(self) -> dict[str, str]:
@@ -416,11 +390,6 @@ class EvalResults:
     def means(self) -> dict[str, Entry]:
         """The seed-mean entries."""
         return {n: e for n, e in self.entries.items() if e.checkpoint is None}
-
-    def main_entries(self) -> dict[str, Entry]:
-        """The entries the results table is built from: no comparison runs (equal time,
-        augmented baselines) nor their means."""
-        return headline.main_entries(self)
 
 
 def _is_number(value: Any) -> bool:
