@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.metrics import Entry, EvalResults, load_results, parse_results
 from pipeline.provenance import check_results_text
 
@@ -29,12 +29,12 @@ TITLES = {
 def column_title(column: str, entries: dict[str, Entry]) -> str:
     """The title of a result column; a stand-in's data named as such."""
     base, _, angle = column.partition("@")
-    spec = registry.of_column(column)
+    spec = dataset_specs.of_column(column)
     if angle and spec is not None and spec.rotations_of is not None:
         return f"{TITLES.get(base, base)} {angle}°"
     title = TITLES.get(column, column)
     scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
-    if any(registry.is_stand_in(column, s) for s in scored):
+    if any(dataset_specs.is_stand_in(column, s) for s in scored):
         return title + " (synth stand-in)"
     return title
 
@@ -48,7 +48,7 @@ def percent(value: float | None, std: float | None = None) -> str:
 
 def paper_metric(column: str, entry: Entry) -> str:
     """The column to look the paper's number up by; "" for a stand-in's data."""
-    if registry.is_stand_in(column, entry.source(column.split("@")[0])):
+    if dataset_specs.is_stand_in(column, entry.source(column.split("@")[0])):
         return ""  # a stand-in's data is never compared with the paper's
     return column
 

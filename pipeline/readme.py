@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import AT_CHANCE, at_chance
 from capsnet.evaluation.metrics import (
     Entry,
@@ -80,7 +80,10 @@ def at_chance_line(
             left_out.update(entry.failed)
             for name in [*members, *entry.failed]:
                 if name is not None and at_chance(metrics.entries[name], column):
-                    value, chance = metrics.entries[name].value(column), registry.chance(column)
+                    value, chance = (
+                        metrics.entries[name].value(column),
+                        dataset_specs.chance(column),
+                    )
                     where = titles.get(column, column)
                     found[name, column] = (
                         f"{name} on {where}, {percent(value)} (chance {percent(chance)})"
@@ -137,7 +140,7 @@ def viewpoints_at_chance(section: Viewpoints) -> str:
     """One sentence naming each novel-viewpoint run (kind, seed, model) whose familiar
     accuracy is at chance (``AT_CHANCE``), so its comparison and any mean over seeds that
     includes it support no conclusion; "" when there is none."""
-    chance = registry.chance("smallnorb")
+    chance = dataset_specs.chance("smallnorb")
     found = [
         f"{m.model} on {entry.kind}, familiar error {percent(m.familiar_error)}"
         for entry in section.kinds

@@ -407,7 +407,7 @@ def _left_out(results: EvalResults, figures: list[Path]) -> set[Path]:
 def figure_owner(stem: str) -> str:
     """A figure's stem without the evaluation set a per-set figure adds
     (``confusion-<name>-<set>`` -> ``confusion-<name>``; the registry's set names)."""
-    from capsnet.data.registry import CONFUSION_SETS
+    from capsnet.config.dataset_specs import CONFUSION_SETS
 
     for test_set in CONFUSION_SETS:
         if stem.endswith(f"-{figure_slug(test_set)}"):

@@ -172,9 +172,9 @@ def _names_a_dataset(text: str, names) -> bool:
 def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None) -> list[str]:
     """``file:line: literal`` for each comparison (==, !=, in, not in, startswith, endswith)
     of a value with a dataset name literal, outside capsnet/data/."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    names = names or (*registry.DATASETS, *registry.EVAL_DATASETS)
+    names = names or (*dataset_specs.DATASETS, *dataset_specs.EVAL_DATASETS)
     found = []
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
@@ -194,7 +194,7 @@ def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None
 
 
 def test_no_code_outside_capsnet_data_compares_a_dataset_name():
-    """What a dataset does is declared in capsnet/data/registry.py; tests/ and benchmarks/
+    """What a dataset does is declared in capsnet/data/dataset_specs.py; tests/ and benchmarks/
     may name datasets to choose them."""
     assert dataset_comparisons(ROOT) == []
 
@@ -235,7 +235,7 @@ def test_every_dataset_registry_field_is_read():
     """A declared behaviour that nothing reads is a promise nothing keeps."""
     from dataclasses import fields
 
-    from capsnet.data.registry import DatasetSpec
+    from capsnet.config.dataset_specs import DatasetSpec
 
     reads = attribute_reads(ROOT)
     unread = [f.name for f in fields(DatasetSpec) if f.name not in reads]

@@ -19,9 +19,8 @@ from capsnet.cli.options import (
     train_default,
     usage_check,
 )
-from capsnet.config import FinalTrainConfig
+from capsnet.config import FinalTrainConfig, dataset_specs
 from capsnet.config.sweep import LOSSES
-from capsnet.data import registry
 
 
 class TrainingSet(click.Choice):
@@ -29,11 +28,11 @@ class TrainingSet(click.Choice):
     run time included)."""
 
     def __init__(self):
-        super().__init__(registry.TRAIN_DATASETS)
+        super().__init__(dataset_specs.TRAIN_DATASETS)
 
     @property
     def choices(self):
-        return registry.TRAIN_DATASETS
+        return dataset_specs.TRAIN_DATASETS
 
     @choices.setter
     def choices(self, _value):
@@ -276,7 +275,7 @@ def _augment_params(shift_pixels: int | None):
 
 def _default_augment(dataset: str, augment_params) -> str:
     """params.yaml's augmentation strategy, or none for a dataset that augments itself."""
-    return "none" if registry.get(dataset).self_augmenting else augment_params.strategy
+    return "none" if dataset_specs.get(dataset).self_augmenting else augment_params.strategy
 
 
 def _run_metrics(spec, result, test_limit: int | None) -> dict:

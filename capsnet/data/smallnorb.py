@@ -202,7 +202,7 @@ def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
     and in meta the source (smallnorb or smallnorb-synth)."""
-    from capsnet.data.registry import PREPARED_FILES
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -475,7 +475,7 @@ def data_record(spec) -> dict:
 def evaluation_set(name: str, request, root: Path, load, channels: int = 2):
     """The evaluation's centre-cropped test set of the viewpoint subset ``name`` stands for,
     with ``channels`` views and the ``data.smallnorb`` crop and standardisation."""
-    from capsnet.data.registry import subset_of
+    from capsnet.config.dataset_specs import subset_of
 
     subset = subset_of(name)
     norb = request.smallnorb

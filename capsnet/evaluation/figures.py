@@ -47,7 +47,7 @@ def figure_stem(kind: str, name: str, test_set: str | None = None) -> str:
 def model_figure_stems(name: str) -> set[str]:
     """Every stem a figure of checkpoint ``name`` can have: its own, matched by the whole
     name, never by a suffix (``em-capsnet-small``'s figures are not ``capsnet-small``'s)."""
-    from capsnet.data.registry import CONFUSION_SETS
+    from capsnet.config.dataset_specs import CONFUSION_SETS
 
     stems = {figure_stem(kind, name) for kind in MODEL_FIGURES}
     return stems | {figure_stem("confusion", name, test_set) for test_set in CONFUSION_SETS}
@@ -64,7 +64,7 @@ class FigureDrawer:
 
     def add_model(self, name: str, model, entry: Entry, data: TestSets, request: EvalRequest):
         """The figures of one evaluated model, which is on ``request.device``."""
-        from capsnet.data.registry import CONFUSION_SETS
+        from capsnet.config.dataset_specs import CONFUSION_SETS
 
         if model_fit(model, "mnist") is None:
             self._mnist_figures(name, model, data, request)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.comparison import comparison_lines
 from capsnet.evaluation.headline import model_picks
 from capsnet.evaluation.metrics import (
@@ -218,10 +218,10 @@ def _scored_lines(results: EvalResults) -> list[str]:
     parts = []
     for key, ns in counts.items():
         n = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
-        spec = registry.of_column(key)
+        spec = dataset_specs.of_column(key)
         part = f"{key} {n} images" + (" per angle" if spec and spec.rotations_of else "")
         for source in sorted(sources.get(key, ())):
-            standing = registry.is_stand_in(key, source)
+            standing = dataset_specs.is_stand_in(key, source)
             part += f" ({source}: the synthetic stand-in for {key})" if standing else f" ({source})"
         parts.append(part)
     return [f"scored on: {'; '.join(parts)}"] if parts else []
@@ -257,7 +257,7 @@ def _columns(
     keys = list(dict.fromkeys(key for entry in entries.values() for key in entry.scores))
     columns: list[tuple[str, Callable[[Entry], str]]] = []
     for key in keys:
-        spec = registry.of_column(key)
+        spec = dataset_specs.of_column(key)
         if spec is not None and spec.rotations_of is not None:
             sweeps = [e.block(key).get("accuracy") or {} for e in entries.values()]
             angles = list(dict.fromkeys(a for sweep in sweeps for a in sweep))

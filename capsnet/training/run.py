@@ -27,8 +27,9 @@ from capsnet.config import (
     Params,
     SmallnorbParams,
     SweepConfig,
+    dataset_specs,
 )
-from capsnet.data import registry
+from capsnet.data.registry import resolve
 from capsnet.io.errors import ConfigError, DataError
 from capsnet.training.fit import TrainConfig, TrainState, compile_record, fit
 
@@ -57,13 +58,13 @@ class RunSpec:
     mirror: str | None = None
 
     def __post_init__(self):
-        if self.dataset not in registry.TRAIN_DATASETS:
+        if self.dataset not in dataset_specs.TRAIN_DATASETS:
             raise ConfigError(
                 f"dataset {self.dataset!r} cannot be trained on; choose one of "
-                f"{', '.join(registry.TRAIN_DATASETS)}"
+                f"{', '.join(dataset_specs.TRAIN_DATASETS)}"
             )
         if self.subset != "all" and not self.data.subsets:
-            having = [s.name for s in registry.REGISTRY.values() if s.subsets]
+            having = [s.name for s in dataset_specs.REGISTRY.values() if s.subsets]
             raise ConfigError(
                 f"subset {self.subset!r}: only {', '.join(having)} has viewpoint subsets"
             )
@@ -75,16 +76,16 @@ class RunSpec:
             raise ConfigError(f"train_size must be >= 1 or null, got {self.train_size}")
 
     @property
-    def data(self) -> registry.DatasetSpec:
+    def data(self) -> dataset_specs.DatasetSpec:
         """The registry's declaration of this run's dataset."""
-        return registry.get(self.dataset)
+        return dataset_specs.get(self.dataset)
 
     def data_record(self) -> dict[str, Any]:
         """What a checkpoint of this run records of its data preprocessing (the dataset's
         ``data_record`` hook; {} without one), checked by the evaluation
         (``capsnet.evaluation.datasets.check_preprocessing``)."""
         hook = self.data.data_record
-        return {} if hook is None else registry.resolve(hook)(self)
+        return {} if hook is None else resolve(hook)(self)
 
 
 def section_spec(
@@ -213,7 +214,7 @@ def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) 
     from capsnet.data.datasets import load, split_tail
 
     if spec.data.split is not None:
-        return Split(*registry.resolve(spec.data.split)(spec))
+        return Split(*resolve(spec.data.split)(spec))
     options = {"components": True} if reconstructs_digits(spec, model_config) else {}
     full = load(
         spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
@@ -238,7 +239,7 @@ def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None
     from capsnet.data.datasets import Slice, load
 
     if spec.data.test_set is not None:
-        test = registry.resolve(spec.data.test_set)(spec, subset)
+        test = resolve(spec.data.test_set)(spec, subset)
     else:
         test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror)
     if limit is None or limit >= len(test):

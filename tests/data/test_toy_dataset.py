@@ -11,19 +11,19 @@ import pytest
 import toyset
 from click.testing import CliRunner
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 
 
 @pytest.fixture
 def toy():
-    registry.register(toyset.SPEC)
+    dataset_specs.register(toyset.SPEC)
     yield toyset.SPEC
-    registry.unregister(toyset.SPEC.name)
+    dataset_specs.unregister(toyset.SPEC.name)
 
 
 def test_registering_a_taken_name_is_refused(toy):
     with pytest.raises(Exception, match="toy-bars already registered"):
-        registry.register(toy)
+        dataset_specs.register(toy)
 
 
 def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeypatch):
@@ -52,4 +52,4 @@ def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeyp
     scored = results["lenet5"][toy.name]
     assert scored["n"] == toyset.SIZES["test"]
     assert scored["accuracy"] == pytest.approx(metrics[toy.name]["accuracy"])
-    assert toy.name not in registry.REGISTRY or registry.get(toy.name) is toy
+    assert toy.name not in dataset_specs.REGISTRY or dataset_specs.get(toy.name) is toy

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from capsnet.data.registry import DatasetSpec
+from capsnet.config.dataset_specs import DatasetSpec
 from capsnet.data.tensors import TensorImageDataset
 
 SIDE, CLASSES = 12, 3
