@@ -189,9 +189,7 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
     }
     used = {  # the settings of the strategies the space uses, no other augment key
         "augment": {s: dataclasses.asdict(b) if b is not None else None for s, b in blocks.items()},
-        "smallnorb": dataclasses.asdict(base.smallnorb)
-        if dataset_specs.get(sweep.dataset).self_augmenting
-        else None,
+        "data": dataclasses.asdict(base.settings()) if base.data.self_augmenting else None,
     }
     parts = [_digest(settings), _digest(used), data_digest(data), code_digest()]
     return _digest(parts)[:12]

@@ -187,7 +187,7 @@ def eval_command(
     )
     log = _stderr_log if sys.stderr.isatty() else None
     request = evaluation.EvalRequest(
-        settings, smallnorb=params.data.smallnorb, data_root=data_root, mirror=mirror, log=log
+        settings, data=params.data, data_root=data_root, mirror=mirror, log=log
     )
     with OutputSet() as outputs:  # the figures folder and --out land together, or neither
         staging = None if figures_dir is None else outputs.directory(figures_dir, FIGURE_FILES)

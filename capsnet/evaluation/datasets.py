@@ -15,6 +15,8 @@ MNIST_CLASSES = 10  # what a dataset that does not say has
 #: checkpoint written since data.smallnorb.standardize exists was trained with its default,
 #: on; the record came later (docs/evaluation.md).
 UNRECORDED_STANDARDIZE = True
+#: What a checkpoint's data record holds when it does not record a setting.
+UNRECORDED = {"standardize": UNRECORDED_STANDARDIZE}
 
 
 class TestSets:
@@ -110,17 +112,25 @@ def model_fit(model, name: str, dataset=None) -> str | None:
 
 
 def check_preprocessing(path, meta: dict, name: str, request: EvalRequest) -> None:
-    """CheckpointError naming ``path`` (never a skip) when smallNORB set ``name`` would be
-    standardised otherwise than the model was trained (its ``extra["data"]`` record)."""
+    """CheckpointError naming ``path`` (never a skip) when set ``name`` would be preprocessed
+    otherwise than the model was trained: its dataset's ``data_record`` of the request's
+    settings against the checkpoint's ``extra["data"]`` record."""
     from capsnet.config import dataset_specs
+    from capsnet.data.registry import resolve
 
-    if dataset_specs.of_evaluation(name).data_record is None:
+    spec = dataset_specs.of_evaluation(name)
+    if spec.data_record is None:
         return
     record = meta.get("extra", {}).get("data", {})
-    trained = bool(record.get("standardize", UNRECORDED_STANDARDIZE))
-    asked = request.smallnorb.standardize
-    if trained != asked:
-        raise CheckpointError(
-            f"{path}: trained with data.smallnorb.standardize {str(trained).lower()} but "
-            f"evaluated with {str(asked).lower()}: evaluate with the setting it was trained with"
-        )
+    for key, asked in resolve(spec.data_record)(request.settings(name)).items():
+        trained = record.get(key, UNRECORDED.get(key))
+        if trained != asked:
+            raise CheckpointError(
+                f"{path}: trained with data.{spec.section}.{key} {_text(trained)} but evaluated "
+                f"with {_text(asked)}: evaluate with the setting it was trained with"
+            )
+
+
+def _text(value) -> str:
+    """A setting as params.yaml spells it (``false``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -23,9 +23,9 @@ from torch.utils.data import Dataset
 from capsnet.config import (
     DATA_ROOT,
     AugmentParams,
+    DataParams,
     FinalTrainConfig,
     Params,
-    SmallnorbParams,
     SweepConfig,
     dataset_specs,
 )
@@ -40,7 +40,8 @@ class RunSpec:
 
     ``train.seed`` seeds the weights, the batch order and the augmentation draws;
     ``train.device`` picks the device. ``overrides`` are model config fields other than the
-    shape fields, which follow the data.
+    shape fields, which follow the data. ``data_params`` is params.yaml's whole ``data``
+    section; the dataset reads its own part of it (``settings``).
     """
 
     model: str
@@ -53,7 +54,7 @@ class RunSpec:
     val_size: int = FinalTrainConfig.val_size  # held out from the end of the training set (0: none)
     augment: str = "none"  # capsnet.data.augment.STRATEGIES
     augment_params: AugmentParams = field(default_factory=AugmentParams)
-    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
+    data_params: DataParams = field(default_factory=DataParams)
     data_root: str | Path = DATA_ROOT
     mirror: str | None = None
 
@@ -80,12 +81,16 @@ class RunSpec:
         """The registry's declaration of this run's dataset."""
         return dataset_specs.get(self.dataset)
 
+    def settings(self) -> Any:
+        """The dataset's own settings: ``data.<its section>`` of ``data_params``."""
+        return getattr(self.data_params, self.data.section)
+
     def data_record(self) -> dict[str, Any]:
         """What a checkpoint of this run records of its data preprocessing (the dataset's
-        ``data_record`` hook; {} without one), checked by the evaluation
+        ``data_record`` hook on its settings; {} without one), checked by the evaluation
         (``capsnet.evaluation.datasets.check_preprocessing``)."""
         hook = self.data.data_record
-        return {} if hook is None else resolve(hook)(self)
+        return {} if hook is None else resolve(hook)(self.settings())
 
 
 def section_spec(
@@ -94,7 +99,7 @@ def section_spec(
     """The RunSpec a params section starts its runs from (a sweep's trials or the final
     training; they set the model, augmentation and searched settings): ``section``'s
     epochs, batch size, seed, compile, amp and sizes on ``sweep``'s dataset and channels, with
-    params.yaml's augmentation and smallNORB settings; ``train``: more TrainConfig fields."""
+    params.yaml's augmentation and data settings; ``train``: more TrainConfig fields."""
     params = params or Params()
     if section.amp is not None:
         train = {"amp": section.amp, **train}
@@ -109,7 +114,7 @@ def section_spec(
         train_size=section.train_size,
         val_size=section.val_size,
         augment_params=params.augment,
-        smallnorb=params.data.smallnorb,
+        data_params=params.data,
         data_root=data_root,
         mirror=mirror,
     )  # fmt: skip
