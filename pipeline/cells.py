@@ -1,5 +1,6 @@
 """Table cells of the evaluation results (``capsnet.evaluation.metrics``, the metrics.json
-contract): the column titles, percentages and which paper number a cell compares with. The
+contract): the column titles (the dataset specs'), percentages and which paper number a
+cell compares with. The
 report (pipeline/report.py) and the README table (pipeline/readme.py) use them."""
 
 from __future__ import annotations
@@ -12,27 +13,14 @@ from capsnet.config import dataset_specs
 from capsnet.evaluation.metrics import Entry, EvalResults, load_results, parse_results
 from pipeline.provenance import check_results_text
 
-#: Column titles of the result tables (the rest are computed or the dataset's name).
-TITLES = {
-    "mnist": "MNIST",
-    "rotated-mnist": "rotated MNIST",
-    "expanded-mnist": "expanded MNIST",
-    "affnist": "affNIST",
-    "affnist-synth": "affNIST (synth stand-in)",
-    "multimnist": "MultiMNIST (strict)",
-    "smallnorb": "smallNORB",
-    "smallnorb-azimuth-novel": "smallNORB novel azimuths",
-    "smallnorb-elevation-novel": "smallNORB novel elevations",
-}
-
 
 def column_title(column: str, entries: dict[str, Entry]) -> str:
-    """The title of a result column; a stand-in's data named as such."""
+    """The title of a result column (its dataset's spec); a stand-in's data named as such."""
     base, _, angle = column.partition("@")
     spec = dataset_specs.of_column(column)
+    title = dataset_specs.column_title(column)
     if angle and spec is not None and spec.rotations_of is not None:
-        return f"{TITLES.get(base, base)} {angle}°"
-    title = TITLES.get(column, column)
+        return title
     scored = [e.source(base) for e in entries.values() if e.value(column) is not None]
     if any(dataset_specs.is_stand_in(column, s) for s in scored):
         return title + " (synth stand-in)"

@@ -28,9 +28,30 @@ PREPARED_FILES = ("*.pt",)
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column of the results tables (README, report, the evaluation's summary): ``key``,
+    an evaluation set ("<set>@{angle}": a rotation sweep at the table's angle), and its
+    ``title`` ("{angle}" filled in alike)."""
+
+    key: str
+    title: str
+
+
+@dataclass(frozen=True)
+class SummaryKey:
+    """A summary.json number: results column ``column`` under ``key``. ``sweep_angle``: the
+    rotation-sweep angle the column equals, for a number given as a seed mean with its
+    deviation beside it (``<key>_sd``) and in each comparison arm's row."""
+
+    column: str
+    key: str
+    sweep_angle: float | None = None
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """One dataset: its name, what a model needs for it, where its files come from, how it
-    is prepared and loaded, and where it is evaluated."""
+    is prepared and loaded, where it is evaluated and how its numbers are shown."""
 
     name: str
     section: str  # params.yaml data.<section> (enabled, source, ...)
@@ -65,6 +86,11 @@ class DatasetSpec:
     # ablation axes only when set away from their neutral values)
     stand_in_source: str | None = None  # the recorded source prefix marking stand-in data
     trained_on: str | None = None  # its columns are filled by <model>@<this set> checkpoints
+    # Display: its results columns (titles), their place among every dataset's columns
+    # (ascending ``column_order``; equal ones in declaration order), its summary.json keys.
+    columns: tuple[Column, ...] = ()
+    column_order: int = 1000
+    summary: tuple[SummaryKey, ...] = ()
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -75,10 +101,14 @@ REGISTRY: dict[str, DatasetSpec] = {
             download="capsnet.data.mnist:download_stage", prepare="capsnet.data.mnist:prepare_stage",  # noqa: E501
             prepared="capsnet.data.mnist:PREPARED", train=True, sweep=True,
             evaluation=("mnist",), rotated_validation=True, sweep_records_all=False,
+            columns=(Column("mnist", "MNIST"),), column_order=10,
+            summary=(SummaryKey("mnist", "mnist", sweep_angle=0.0),),
         ),
         DatasetSpec(
             "rotated-mnist", "mnist", "capsnet.data.rotated:load_dataset", shape=(1, 28, 10),
             evaluation=("rotated-mnist",), rotations_of="mnist",
+            columns=(Column("rotated-mnist@{angle}", "rotated MNIST {angle}°"),), column_order=20,
+            summary=(SummaryKey("rotated-mnist@35", "rot35", sweep_angle=35.0),),
         ),
         DatasetSpec(
             "affnist", "affnist", "capsnet.data.affnist:load_real_dataset", shape=(1, 40, 10),
@@ -86,16 +116,21 @@ REGISTRY: dict[str, DatasetSpec] = {
             prepare="capsnet.data.affnist:prepare_stage", prepared="capsnet.data.affnist:PREPARED",
             evaluation=("affnist",), evaluation_set="capsnet.data.affnist:evaluation_set_of",
             stand_in_source="affnist-synth", trained_on="expanded-mnist",
+            columns=(Column("affnist", "affNIST"),), column_order=40,
+            summary=(SummaryKey("affnist", "affnist"),),
         ),
         DatasetSpec(
             "affnist-synth", "affnist", "capsnet.data.affnist:load_synth_dataset",
             shape=(1, 40, 10), splits=("test",), prepare="capsnet.data.affnist:prepare_synth_stage",
             prepared="capsnet.data.affnist:PREPARED_SYNTH", evaluation=("affnist-synth",),
             evaluation_set="capsnet.data.affnist:synth_evaluation_set", trained_on="expanded-mnist",
+            columns=(Column("affnist-synth", "affNIST (synth stand-in)"),), column_order=50,
         ),
         DatasetSpec(
             "expanded-mnist", "mnist", "capsnet.data.affnist:load_expanded", shape=(1, 40, 10),
             train=True, extra=True, evaluation=("expanded-mnist",), trained_on="expanded-mnist",
+            columns=(Column("expanded-mnist", "expanded MNIST"),), column_order=30,
+            summary=(SummaryKey("expanded-mnist", "expanded"),),
         ),
         DatasetSpec(
             "multimnist", "multimnist", "capsnet.data.multimnist:load_dataset",
@@ -104,6 +139,8 @@ REGISTRY: dict[str, DatasetSpec] = {
             prepared="capsnet.data.multimnist:PREPARED", train=True, extra=True,
             evaluation=("multimnist",), evaluation_set="capsnet.data.multimnist:evaluation_set",
             multi_label=True, headline_metric="strict_accuracy", trained_on="multimnist",
+            columns=(Column("multimnist", "MultiMNIST (strict)"),), column_order=60,
+            summary=(SummaryKey("multimnist", "multimnist"),),
         ),
         DatasetSpec(
             "smallnorb", "smallnorb", "capsnet.data.smallnorb:load_dataset",
@@ -122,6 +159,12 @@ REGISTRY: dict[str, DatasetSpec] = {
             evaluation_set="capsnet.data.smallnorb:evaluation_set",
             data_record="capsnet.data.smallnorb:data_record", subsets=True, self_augmenting=True,
             crops=True, stand_in_source="smallnorb-synth",
+            columns=(
+                Column("smallnorb", "smallNORB"),
+                Column("smallnorb-azimuth-novel", "smallNORB novel azimuths"),
+                Column("smallnorb-elevation-novel", "smallNORB novel elevations"),
+            ),
+            column_order=70, summary=(SummaryKey("smallnorb", "smallnorb"),),
         ),
     )
 }  # fmt: skip
@@ -220,3 +263,35 @@ def is_stand_in(column: str, source: str | None) -> bool:
     spec = of_column(column)
     prefix = spec.stand_in_source if spec is not None else None
     return prefix is not None and str(source or "").startswith(prefix)
+
+
+def _displayed() -> list[DatasetSpec]:
+    """The declarations in results-table order (``column_order``, then declaration)."""
+    return sorted(REGISTRY.values(), key=lambda s: s.column_order)
+
+
+def column_titles(angle: float = 35.0) -> dict[str, str]:
+    """Every results-table column in table order with its title, a rotation sweep's at
+    ``angle``."""
+    text = f"{angle:g}"
+    return {
+        c.key.format(angle=text): c.title.format(angle=text)
+        for spec in _displayed()
+        for c in spec.columns
+    }
+
+
+def column_title(column: str) -> str:
+    """The title of results column ``column`` (a sweep's at the angle after "@"); the
+    column itself where no dataset declares it."""
+    angle = column.partition("@")[2]
+    for spec in _displayed():
+        for c in spec.columns:
+            if c.key.format(angle=angle) == column:
+                return c.title.format(angle=angle)
+    return column
+
+
+def summary_keys() -> list[SummaryKey]:
+    """summary.json's numbers in its order: each dataset's ``summary``, in table order."""
+    return [key for spec in _displayed() for key in spec.summary]

@@ -66,18 +66,11 @@ def std_value(entry: Entry, column: str) -> float | None:
 
 
 def table_columns(entries: dict[str, Entry], angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number of ``entries``, in a fixed order."""
-    candidates = [
-        "mnist",
-        f"rotated-mnist@{angle:g}",
-        "expanded-mnist",
-        "affnist",
-        "affnist-synth",
-        "multimnist",
-        "smallnorb",
-        "smallnorb-azimuth-novel",
-        "smallnorb-elevation-novel",
-    ]
+    """The result columns that hold at least one number of ``entries``, in the order the
+    dataset specs give (``capsnet.config.dataset_specs.column_titles``)."""
+    from capsnet.config import dataset_specs
+
+    candidates = dataset_specs.column_titles(angle)
     return [c for c in candidates if any(cell_value(e, c) is not None for e in entries.values())]
 
 
