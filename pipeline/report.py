@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import count_text
 from capsnet.evaluation.metrics import (
     Comparison,
@@ -371,7 +372,11 @@ FIGURE_CAPTIONS = {
     "its title names.",
     "viewpoints": "Test error per epoch on the familiar (solid) and novel (dashed) "
     "viewpoints, one colour per model.",
-    "multimnist": "MultiMNIST inputs with the two predicted digits reconstructed.",
+    # each multi-label set's figure (capsnet.evaluation.figures.MODEL_FIGURES)
+    **dict.fromkeys(
+        dataset_specs.MULTI_LABEL_SETS,
+        "MultiMNIST inputs with the two predicted digits reconstructed.",
+    ),
 }
 
 

@@ -179,13 +179,17 @@ EVAL_DATASETS: tuple[str, ...] = ()
 #: The evaluation sets (each dataset's first) on which every scored model's confusion matrix
 #: is drawn; MNIST's is drawn rotated (``evaluate.confusion_angle``) with its other figures.
 CONFUSION_SETS: tuple[str, ...] = ()
+#: The evaluation sets scored at the evaluate.angles rotations (``rotations_of``).
+ROTATION_SETS: tuple[str, ...] = ()
+#: The evaluation sets of multi-label datasets (each digit reconstructed in a figure).
+MULTI_LABEL_SETS: tuple[str, ...] = ()
 
 
 def _derive() -> None:
     """The name lists above, from REGISTRY (read them as ``dataset_specs.NAME`` to see datasets
     registered at run time)."""
     global DATASETS, DOWNLOADS, PREPARES, TRAIN_DATASETS, EXTRA_DATASETS, SWEEP_DATASETS
-    global EVAL_DATASETS, CONFUSION_SETS
+    global EVAL_DATASETS, CONFUSION_SETS, ROTATION_SETS, MULTI_LABEL_SETS
     specs = REGISTRY.values()
     DATASETS = tuple(REGISTRY)
     DOWNLOADS = tuple(s.name for s in specs if s.download)
@@ -195,6 +199,8 @@ def _derive() -> None:
     SWEEP_DATASETS = tuple(s.name for s in specs if s.sweep)
     EVAL_DATASETS = tuple(e for s in specs for e in s.evaluation)
     CONFUSION_SETS = tuple(s.evaluation[0] for s in specs if s.confusion)
+    ROTATION_SETS = tuple(e for s in specs if s.rotations_of for e in s.evaluation)
+    MULTI_LABEL_SETS = tuple(e for s in specs if s.multi_label for e in s.evaluation)
 
 
 _derive()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from capsnet.config import dataset_specs
 from capsnet.evaluation import plots as draw
 from capsnet.evaluation.datasets import TestSets, model_fit
 from capsnet.evaluation.metrics import Entry, EvalResults
@@ -33,8 +34,9 @@ def slug(name: str) -> str:
 
 #: The figures drawn across models, once all are evaluated (no checkpoint owns them).
 SHARED_FIGURES = ("rotation", "equivariance", "reconstructions", "viewpoints")
-#: The figures drawn for one checkpoint (``figure_stem``).
-MODEL_FIGURES = ("confusion", "perturbation", "multimnist")
+#: The figures drawn for one checkpoint (``figure_stem``): a multi-label set's figure is
+#: named after the set.
+MODEL_FIGURES = ("confusion", "perturbation", *dataset_specs.MULTI_LABEL_SETS)
 
 
 def figure_stem(kind: str, name: str, test_set: str | None = None) -> str:
@@ -71,18 +73,16 @@ class FigureDrawer:
         for test_set in CONFUSION_SETS:
             if "accuracy" in entry.block(test_set):
                 self._set_confusion(name, model, test_set, data, request)
-        if (
-            "strict_accuracy" in entry.block("multimnist")
-            and getattr(model, "decoder", None) is not None
-        ):
-            self.written[f"multimnist-{name}"] = multimnist_figure(
-                model,
-                data.get("multimnist")[0],
-                request.params.figure_examples,
-                self.fig_dir / f"{figure_stem('multimnist', name)}.png",
-                name,
-                request.device,
-            )
+        for test_set in dataset_specs.MULTI_LABEL_SETS:
+            if "strict_accuracy" in entry.block(test_set) and getattr(model, "decoder", None):
+                self.written[f"{test_set}-{name}"] = multimnist_figure(
+                    model,
+                    data.get(test_set)[0],
+                    request.params.figure_examples,
+                    self.fig_dir / f"{figure_stem(test_set, name)}.png",
+                    name,
+                    request.device,
+                )
 
     def _mnist_figures(self, name: str, model, data: TestSets, request: EvalRequest) -> None:
         from capsnet.data.datasets import rotate_images
