@@ -202,7 +202,11 @@ def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                     operands = node.args if node.func.attr in ("startswith", "endswith") else []
                 else:
-                    tabled = [t for o in _table_operands(node) for t in _dataset_literals(o)]
+                    tabled = [
+                        o.value
+                        for o in _table_operands(node)
+                        if isinstance(o, ast.Constant) and isinstance(o.value, str)
+                    ]
                     found += [
                         f"{path.relative_to(root)}:{node.lineno}: {text!r}"
                         for text in tabled
@@ -212,7 +216,7 @@ def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None
                 for text in (t for o in operands for t in _dataset_literals(o)):
                     if _names_a_dataset(text, names):
                         found.append(f"{path.relative_to(root)}:{node.lineno}: {text!r}")
-    return found
+    return list(dict.fromkeys(found))  # a tuple compared with is no table of its own
 
 
 def test_no_code_outside_capsnet_data_and_config_compares_or_tables_a_dataset_name():
