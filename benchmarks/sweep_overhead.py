@@ -40,7 +40,7 @@ def main() -> None:
     from ray.tune import Callback
 
     from capsnet.config import SweepConfig
-    from pipeline.sweep import base_spec, run_sweep
+    from pipeline.sweep.stage import base_spec, run_sweep
 
     class Timings(Callback):
         def __init__(self):

@@ -112,5 +112,5 @@ def test_capsnet_with_a_broken_declaration_is_one_line_and_exit_1(tmp_path, monk
 def test_the_group_reads_every_command_its_packages_declare(repo_root):
     """The modules of pipeline/, capsnet/cli/ and benchmarks/ declare the commands."""
     modules = {c.module for c in cli.DECLARED}
-    assert {"pipeline.sweep_cli", "capsnet.cli.eval_commands", "benchmarks.throughput"} <= modules
+    assert {"pipeline.sweep.cli", "capsnet.cli.eval_commands", "benchmarks.throughput"} <= modules
     assert cli.DECLARED == discover(repo_root)

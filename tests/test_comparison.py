@@ -351,7 +351,7 @@ def _group(label, names, seconds, **more):
 
 def test_equal_time_is_judged_on_the_budgeted_time_and_a_busy_run_is_named():
     from capsnet.evaluation.comparison import _equal_time, busy_run
-    from pipeline import comparison_text
+    from pipeline.publish import comparison as comparison_text
 
     arm_meta = {"arm": "equal_time", "label": "lenet5", "reference": "capsnet-small",
                 "time_budget_seconds": 300.0, "budgeted_seconds": 160.0}  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("ruamel.yaml")
 
 from capsnet.io.errors import ConfigError
-from pipeline import dvc_deps
+from pipeline.dvc import deps as dvc_deps
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_every_stage_deps_are_its_command_import_closure(repo_root, stages):
     problems = dvc_deps.differences(repo_root, stages)
     assert not problems, (
         "dvc.yaml code deps differ from the import closures "
-        "(fix with `python -m pipeline.dvc_deps --write`):\n" + "\n".join(problems)
+        "(fix with `python -m pipeline.dvc.deps --write`):\n" + "\n".join(problems)
     )
 
 
@@ -40,19 +40,19 @@ def test_a_missing_or_extra_dep_is_named_with_its_stage(repo_root, stages):
     closure = dvc_deps.stage_closures(repo_root, {"evaluate": evaluate})["evaluate"]
     assert "capsnet/nn/losses.py" in closure  # FGSM and BIM use the training losses
     kept = sorted(closure - {"capsnet/nn/losses.py"})
-    evaluate["deps"] = [*kept, "pipeline/report.py", "data/prepared/mnist"]
+    evaluate["deps"] = [*kept, "pipeline/publish/report.py", "data/prepared/mnist"]
     assert dvc_deps.differences(repo_root, {"evaluate": evaluate}) == [
         "stage evaluate: deps miss capsnet/nn/losses.py (imported)",
-        "stage evaluate: deps list pipeline/report.py (not imported)",
+        "stage evaluate: deps list pipeline/publish/report.py (not imported)",
     ]
 
 
 def test_report_code_is_not_a_dep_of_training_stages(repo_root, stages):
     closures = dvc_deps.stage_closures(repo_root, stages)
     for name in ("sweep", "train", "evaluate"):
-        assert "pipeline/report.py" not in closures[name], name
-        assert "pipeline/publish.py" not in closures[name], name
-    assert "pipeline/report.py" in closures["publish"]
+        assert "pipeline/publish/report.py" not in closures[name], name
+        assert "pipeline/publish/stage.py" not in closures[name], name
+    assert "pipeline/publish/report.py" in closures["publish"]
     assert "capsnet/cli/__init__.py" in closures["download_mnist"]  # the console script's module
 
 
@@ -228,7 +228,12 @@ def test_a_stage_must_run_a_project_command(repo_root):
     """As ``python -m capsnet``: the installed ``capsnet`` script would import the package
     from where it was installed, not from the repository (experiment) DVC runs it in."""
     refused = "stage odd: cmd must run a project command as `python -m capsnet COMMAND ...`"
-    for cmd in ("python train.py", "capsnet publish", "python -m pipeline.publish", "python -m"):
+    for cmd in (
+        "python train.py",
+        "capsnet publish",
+        "python -m pipeline.publish.stage",
+        "python -m",
+    ):
         with pytest.raises(ConfigError, match=re.escape(refused)):
             dvc_deps.stage_closures(repo_root, {"odd": {"cmd": cmd}})
     with pytest.raises(ConfigError, match="COMMANDS has no command 'nonesuch'"):

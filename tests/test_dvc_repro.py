@@ -177,7 +177,7 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
     # every params key a stage read is one of its params (capsnet.config.trace)
     import yaml
 
-    from pipeline import dvc_deps
+    from pipeline.dvc import deps as dvc_deps
 
     read = (work.parent / "params-read.tsv").read_text()
     assert {line.split("\t")[0] for line in read.splitlines()} >= {"sweep", "train", "evaluate"}
@@ -187,7 +187,7 @@ def test_dvc_repro_of_every_stage_then_nothing_to_do(shrunk_project):
     assert unlisted == [], "\n".join(unlisted)
 
     # a code edit reruns exactly the stages whose commands import the file
-    assert changed_stages(work, "pipeline/report.py", dvc, env) == {"publish"}
+    assert changed_stages(work, "pipeline/publish/report.py", dvc, env) == {"publish"}
     assert {"sweep", "train", "evaluate"} <= changed_stages(work, "capsnet/nn/losses.py", dvc, env)
 
 

@@ -184,7 +184,7 @@ def run_train_stage(tmp: Path, data_root, die_at: int, final: dict) -> None:
     process (``os._exit(9)``, no cleanup) at its run ``die_at`` (0: never)."""
     import capsnet.training.run
     from capsnet.config import FinalTrainConfig
-    from pipeline.train_final import train_final
+    from pipeline.final.stage import train_final
 
     calls = []
 
@@ -249,7 +249,7 @@ def test_killed_train_stage_keeps_the_old_models_directory(tmp_path, mnist_root)
 
 def test_disabled_train_stage_replaces_the_directory_whole(tmp_path):
     from capsnet.io.outputset import write_disabled
-    from pipeline.train_final import model_dir_files
+    from pipeline.final.stage import model_dir_files
 
     out = tmp_path / "models-smallnorb"
     out.mkdir()
@@ -355,7 +355,7 @@ def test_evaluation_outputs_land_together_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_sweep_outputs_plots_whole_and_best_last(tmp_path):
-    from pipeline import results
+    from pipeline.sweep import results
 
     sweep = SweepConfig.from_dict({"name": "tiny"})
     out = tmp_path / "sweep"

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from test_readme import METRICS
 
 from capsnet.cli import main
-from pipeline import publish, readme
+from pipeline.publish import readme
+from pipeline.publish import stage as publish
 
 README = f"# t\n\nintro\n{readme.BEGIN}\nold table\n{readme.END}\ntail\n"
 OUTPUTS = ("eval/report.html", "eval/results.md", "eval/published.json")
@@ -187,7 +188,7 @@ def test_the_wandb_report_queries_only_the_runs_this_publish_made(tmp_path):
     each sweep's own group (from its best.json), never the whole project."""
     from wandb_workspaces import expr
 
-    from pipeline import publish as publishing
+    from pipeline.publish import stage as publishing
 
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "best.json").write_text('{"sweep": "capsnet-sweep"}')
@@ -211,7 +212,7 @@ def test_the_wandb_report_has_smallnorb_and_viewpoint_sections(monkeypatch):
     import types
 
     from capsnet.evaluation.metrics import parse_results
-    from pipeline import publish as publishing
+    from pipeline.publish import stage as publishing
 
     class Block:
         def __init__(self, kind, *args, **kwargs):

@@ -14,7 +14,7 @@ from comparisonhelpers import seeded_results
 from capsnet import config
 from capsnet.evaluation.metrics import model_picks, parse_results
 from capsnet.io.errors import CapsnetError
-from pipeline import readme
+from pipeline.publish import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -296,7 +296,7 @@ def test_cpu_profile_doc_table_matches_its_metrics(repo_root):
     committed = readme.current_block(doc.read_text(), doc)
     assert committed == readme.block(metrics, "cpu-profile/rotation.png"), (
         "docs/cpu-profile.md's table differs from docs/cpu-profile/metrics.json: run "
-        "python -m pipeline.readme docs/cpu-profile.md docs/cpu-profile/metrics.json "
+        "python -m pipeline.publish.readme docs/cpu-profile.md docs/cpu-profile/metrics.json "
         "cpu-profile/rotation.png"
     )
     assert (repo_root / "docs" / "cpu-profile" / "rotation.png").stat().st_size > 0
@@ -312,7 +312,7 @@ def test_smallnorb_profile_doc_table_matches_its_metrics(repo_root):
     committed = readme.current_block(doc.read_text(), doc)
     assert committed == readme.block(metrics), (
         "docs/smallnorb-profile.md's table differs from docs/smallnorb-profile/metrics.json: "
-        "run python -m pipeline.readme docs/smallnorb-profile.md "
+        "run python -m pipeline.publish.readme docs/smallnorb-profile.md "
         "docs/smallnorb-profile/metrics.json"
     )
     kinds = metrics["viewpoints"]["kinds"]

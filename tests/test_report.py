@@ -14,7 +14,7 @@ import torch
 from capsnet.evaluation import plots as figures
 from capsnet.evaluation.metrics import load_results, parse_results
 from capsnet.io.errors import CapsnetError
-from pipeline import report
+from pipeline.publish import report
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -139,7 +139,8 @@ def test_report_renders_in_headless_chromium(eval_dir, tmp_path):
 
 
 def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatch):
-    from pipeline import publish, tracking
+    from pipeline import tracking
+    from pipeline.publish import stage as publish
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     runs = publish.publish_runs(
@@ -174,7 +175,7 @@ def test_wandb_offline_eval_runs_hold_the_metrics(eval_dir, tmp_path, monkeypatc
 
 def test_publish_stage_offline_never_reports_online(eval_dir, tmp_path, monkeypatch):
     from capsnet import config
-    from pipeline import publish
+    from pipeline.publish import stage as publish
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")

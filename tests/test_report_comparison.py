@@ -10,7 +10,8 @@ import re
 import pytest
 from comparisonhelpers import comparison, group, seeded_results
 
-from pipeline import comparison_text, report
+from pipeline.publish import comparison as comparison_text
+from pipeline.publish import report
 
 
 def test_capsules_ahead_by_more_than_the_spread():
@@ -159,7 +160,8 @@ def test_report_leads_with_one_row_per_model_then_the_comparison_and_folds_skips
 
 
 def test_wandb_comparison_table_rows(tmp_path, monkeypatch):
-    from pipeline import publish, tracking
+    from pipeline import tracking
+    from pipeline.publish import stage as publish
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     results = seeded_results()

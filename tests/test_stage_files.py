@@ -1,6 +1,6 @@
 """A new DVC stage is five files (docs/pipeline.md, "Adding a stage"): a toy stage added to
-a copy of the repository runs, is listed, has exact deps and passes the walls, with nothing
-else edited."""
+a copy of the repository (its folder pipeline/toystage/ holding cli.py and stage.py) runs,
+is listed, has exact deps and passes the walls, with nothing else edited."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from test_layout import import_graph, layer_breaches, package_cycles
 from test_walls import dataset_comparisons, dvc_stage_commands, wall_breaches
 
 from capsnet.cli.declared import discover
-from pipeline import dvc_deps
-from pipeline.stage_table import stage_table
+from pipeline.dvc import deps as dvc_deps
+from pipeline.dvc.stage_table import stage_table
 
 TOY_FILES = {
-    "pipeline/toystage.py": '''
+    "pipeline/toystage/stage.py": '''
         """The toy stage: the sum of its section's numbers, written as one file."""
 
         from __future__ import annotations
@@ -34,8 +34,8 @@ TOY_FILES = {
             section = params.toystage
             return atomic_write_text(section.out, f"{sum(section.numbers)}\\n")
     ''',
-    "pipeline/toystage_cli.py": '''
-        """``capsnet toystage``: the toy stage (pipeline/toystage.py)."""
+    "pipeline/toystage/cli.py": '''
+        """``capsnet toystage``: the toy stage (pipeline/toystage/stage.py)."""
 
         from __future__ import annotations
 
@@ -58,9 +58,9 @@ TOY_FILES = {
         def toystage_command(params_path):
             """Write the sum of toystage.numbers to toystage.out."""
             from capsnet import config
-            from pipeline import toystage
+            from pipeline.toystage import stage
 
-            click.echo(f"wrote {toystage.run(config.load(params_path))}")
+            click.echo(f"wrote {stage.run(config.load(params_path))}")
     ''',
     "capsnet/config/toystage.py": '''
         """params.yaml ``toystage``."""
@@ -122,6 +122,7 @@ def copy(repo_root, tmp_path_factory) -> Path:
 
 def test_a_new_stage_is_five_files(copy):
     for name, text in TOY_FILES.items():
+        (copy / name).parent.mkdir(exist_ok=True)
         (copy / name).write_text(text.replace("\n        ", "\n").lstrip("\n"))
     with open(copy / "params.yaml", "a") as fh:
         fh.write(PARAMS)
@@ -135,10 +136,12 @@ def test_a_new_stage_is_five_files(copy):
         "wrote toy.txt\n"
     )
     assert (copy / "toy.txt").read_text() == "6\n"
-    _run([*python, "pipeline.dvc_deps", "--write"], copy)
-    assert "every stage's code deps are" in _run([*python, "pipeline.dvc_deps"], copy)
+    _run([*python, "pipeline.dvc.deps", "--write"], copy)
+    assert "every stage's code deps are" in _run([*python, "pipeline.dvc.deps"], copy)
     stages = dvc_deps.load_stages(copy / "dvc.yaml")
-    assert "pipeline/toystage.py" in stages["toystage"]["deps"]
+    assert {"pipeline/toystage/cli.py", "pipeline/toystage/stage.py"} <= set(
+        stages["toystage"]["deps"]
+    )
     assert "capsnet/config/toystage.py" in stages["train"]["deps"]  # every stage loads Params
 
     row = "| `toystage` | `capsnet toystage --params params.yaml` | `toystage` | – | `toy.txt` |"

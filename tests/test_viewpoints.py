@@ -24,7 +24,7 @@ from capsnet.evaluation import viewpoint_matching as viewpoints
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
 from capsnet.training import scoring
-from pipeline import viewpoints as stage
+from pipeline.viewpoints import stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
 from datahelpers import write_smallnorb_raw
@@ -727,7 +727,7 @@ def test_eval_stage_reports_viewpoints_and_smallnorb_checkpoints(
 
 
 def test_report_has_a_novel_viewpoint_table():
-    from pipeline import readme, report
+    from pipeline.publish import readme, report
 
     section = {
         "rule": viewpoints.RULE,

@@ -54,12 +54,12 @@ def test_the_wall_check_sees_imports_at_every_level(tmp_path):
         "def f():\n    try:\n        import ray.tune as tune\n    except ImportError:\n"
         "        pass\n\n\nclass C:\n    def g(self):\n        from wandb import init\n"
     )
-    (package / "top.py").write_text("import dvc.api, json\nfrom pipeline.sweep_sections import x\n")
+    (package / "top.py").write_text("import dvc.api, json\nfrom pipeline.sweep.sections import x\n")
     assert wall_breaches(package) == [
         "capsnet/sub/lazy.py:3: import ray.tune",
         "capsnet/sub/lazy.py:10: import wandb",
         "capsnet/top.py:1: import dvc.api",
-        "capsnet/top.py:2: import pipeline.sweep_sections",
+        "capsnet/top.py:2: import pipeline.sweep.sections",
     ]
 
 

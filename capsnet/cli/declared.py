@@ -21,7 +21,8 @@ from pathlib import Path
 
 from capsnet.io.errors import CapsnetError
 
-#: The packages whose top-level modules may declare commands (dotted, from the checkout root).
+#: The packages whose top-level modules, and each folder's cli.py, may declare commands
+#: (dotted, from the checkout root).
 PACKAGES = ("benchmarks", "capsnet.cli", "pipeline")
 
 #: A top-level ``COMMAND = ...`` / ``COMMANDS: ... = ...`` statement.
@@ -125,15 +126,18 @@ def module_commands(path: Path, module: str) -> list[Command]:
 def discover(
     root: Path, packages: Iterable[str] = PACKAGES, sections: Iterable[str] | None = None
 ) -> tuple[Command, ...]:
-    """Every command declared in the top-level modules of ``packages`` under ``root``, by
-    name; with ``sections``, each command's params sections must be among them. A package
+    """Every command declared in the top-level modules of ``packages`` under ``root`` and in
+    the ``cli.py`` of each of their folders (pipeline/<concern>/cli.py), by name; with
+    ``sections``, each command's params sections must be among them. A package
     missing under ``root`` (benchmarks/ outside a source checkout) declares nothing."""
     by_name: dict[str, Command] = {}
     where: dict[str, Path] = {}
     known = None if sections is None else set(sections)
     for package in packages:
-        for path in sorted((root / package.replace(".", "/")).glob("*.py")):
-            module = package if path.stem == "__init__" else f"{package}.{path.stem}"
+        folder = root / package.replace(".", "/")
+        for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*/cli.py")):
+            dotted = ".".join(path.relative_to(folder).with_suffix("").parts)
+            module = package if dotted == "__init__" else f"{package}.{dotted}"
             for command in module_commands(path, module):
                 if command.name in by_name:
                     raise DeclarationError(

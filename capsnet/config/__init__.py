@@ -149,7 +149,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-#: The modules a section may live in: every module of this package (``pipeline.dvc_deps``
+#: The modules a section may live in: every module of this package (``pipeline.dvc.deps``
 #: reads the pattern, so every stage that loads params depends on each of them).
 SECTION_MODULES = "capsnet.config.*"
 

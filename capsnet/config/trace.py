@@ -5,7 +5,7 @@ read from the loaded ``Params`` (a leaf, or a value that is no section) is recor
 value read. ``finish``, called by the CLI when a command has done its work:
 
 - appends one line ``<stage>\\t<dotted key>`` per key read to $CAPSNET_PARAMS_TRACE
-  (``<stage>`` is $DVC_STAGE, ``-`` outside DVC); ``pipeline.dvc_deps.unlisted_reads``
+  (``<stage>`` is $DVC_STAGE, ``-`` outside DVC); ``pipeline.dvc.deps.unlisted_reads``
   compares what each stage read with the params dvc.yaml lists for it, so a stage that
   reads a key it does not list fails a test (tests/test_dvc_repro.py runs every stage
   traced);

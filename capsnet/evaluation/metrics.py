@@ -389,7 +389,7 @@ def as_comparison(section: Any) -> Comparison | None:
 @dataclass(frozen=True)
 class EvalResults:
     """metrics.json: the entries by name (checkpoints, then seed means), the comparison
-    section (put into words and tables by pipeline.comparison_text) and the viewpoint
+    section (put into words and tables by pipeline.publish.comparison) and the viewpoint
     section."""
 
     entries: dict[str, Entry]

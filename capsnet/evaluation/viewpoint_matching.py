@@ -1,6 +1,6 @@
 """The novel-viewpoint experiment's reusable parts (Hinton, Sabour, Frosst 2018, section
 5.2; SPEC 2.3): the matching rule, the paper's numbers and reading the stage's results.
-The stage itself (training, writing the outputs) is ``pipeline.viewpoints``.
+The stage itself (training, writing the outputs) is ``pipeline.viewpoints.stage``.
 
 For each kind (azimuth, elevation), the capsule model and the CNN are trained on the
 familiar viewpoints of the smallNORB training set (``<kind>-familiar``: azimuths 300..40

@@ -55,7 +55,7 @@ def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeyp
     summary = json.loads(written["summary"].read_text())
     assert summary["lenet5"]["toy"] == pytest.approx(scored["accuracy"], abs=1e-6)
 
-    from pipeline.readme import results_table
+    from pipeline.publish.readme import results_table
 
     header, _, row = results_table(results).splitlines()[:3]
     assert header == "| model | toy bars |"

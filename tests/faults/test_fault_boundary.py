@@ -112,8 +112,8 @@ def test_a_planted_tuner_state_is_refused_unread(tmp_path, tally, plant):
     import json
     import pickle
 
-    from pipeline.sweep import SweepError
-    from pipeline.sweep_restore import STATE_FILE, record_state, restore_tuner
+    from pipeline.sweep.restore import STATE_FILE, record_state, restore_tuner
+    from pipeline.sweep.stage import SweepError
 
     state = tmp_path / "sweep-0123456789ab"
     state.mkdir()
@@ -149,8 +149,8 @@ def test_the_state_record_follows_every_snapshot_tune_takes(tmp_path):
     pytest.importorskip("ray")
     import pickle
 
-    from pipeline.sweep import SweepError
-    from pipeline.sweep_restore import StateRecorder, verify_state
+    from pipeline.sweep.restore import StateRecorder, verify_state
+    from pipeline.sweep.stage import SweepError
 
     state = tmp_path / "sweep-0123456789ab"
     state.mkdir()
@@ -171,8 +171,8 @@ def test_a_damaged_tuner_state_is_one_line(tmp_path, tally, content):
     import pickle
     import random
 
-    from pipeline.sweep import SweepError
-    from pipeline.sweep_restore import record_state, restore_tuner
+    from pipeline.sweep.restore import record_state, restore_tuner
+    from pipeline.sweep.stage import SweepError
 
     state = tmp_path / "sweep-0123456789ab"
     state.mkdir()
@@ -203,7 +203,7 @@ def test_errored_trials_are_reported_by_their_cause(tally):
     pytest.importorskip("ray")
     from ray.exceptions import RayTaskError
 
-    from pipeline.results import _first_line
+    from pipeline.sweep.results import _first_line
 
     pydantic_like = ValueError(
         "1 validation error for InitSchema\nsigma\n  Input should be greater than or equal to "
@@ -356,7 +356,7 @@ def test_a_full_disk_under_the_sweep_state_is_not_blamed_on_params(tmp_path, tal
 
     from capsnet.cli.boundary import user_error
     from capsnet.config import SweepConfig
-    from pipeline.sweep import SweepError, _storage_errors
+    from pipeline.sweep.stage import SweepError, _storage_errors
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("{}\n")

@@ -77,9 +77,10 @@ def test_a_params_trace_naming_a_directory_is_refused_in_one_line(tmp_path, tall
 
 
 def test_the_sweep_key_covers_every_code_dep_of_its_stage(tmp_path, tally, repo_root):
-    """Editing pipeline/sweep.py (space, scheduler) names a new Tune experiment, so a rerun
+    """Editing pipeline/sweep/stage.py (space, scheduler) names a new Tune experiment, so a rerun
     never restores the old one; code no sweep stage imports changes nothing."""
-    from pipeline import dvc_deps, sweep
+    from pipeline.dvc import deps as dvc_deps
+    from pipeline.sweep import stage as sweep
 
     stages = dvc_deps.load_stages(repo_root / "dvc.yaml")
     packages = dvc_deps.project_packages(repo_root)

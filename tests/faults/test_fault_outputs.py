@@ -222,7 +222,7 @@ def test_metrics_text_that_would_break_the_readme_publishes_nothing(
 @pytest.mark.parametrize("case", sorted(HOSTILE_METRICS))
 def test_the_readme_and_report_renderers_refuse_hostile_text(case):
     from capsnet.io.errors import CapsnetError
-    from pipeline import readme, report
+    from pipeline.publish import readme, report
 
     metrics, field = HOSTILE_METRICS[case]
     for render in (readme.results_table, lambda m: report.render_html(m, None, {})):
@@ -292,10 +292,10 @@ def test_a_stage_never_replaces_a_directory_holding_foreign_files(
 def _fake_viewpoints(monkeypatch) -> None:
     """The viewpoints stage with smallNORB on and no training: each kind yields no entry."""
     import capsnet.data.stages
-    import pipeline.viewpoints
+    import pipeline.viewpoints.stage
 
     monkeypatch.setattr(capsnet.data.stages, "why_off", lambda *args: None)
-    monkeypatch.setattr(pipeline.viewpoints, "run_kind", lambda *args: {})
+    monkeypatch.setattr(pipeline.viewpoints.stage, "run_kind", lambda *args: {})
 
 
 def test_a_read_only_viewpoints_csv_is_refused_not_replaced(tmp_path, monkeypatch, tally):

@@ -146,7 +146,7 @@ RAY_DRIVER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from pipeline.sweep import _init_ray
+    from pipeline.sweep.stage import _init_ray
     _init_ray("local", 1, "disabled")
     Path(sys.argv[1]).write_text("ready")
     time.sleep(600)
@@ -159,7 +159,7 @@ def test_killing_the_sweep_driver_ends_its_local_ray(tmp_path, tally):
     """A SIGKILLed driver of a local Ray (started as the sweep starts it) leaves no Ray
     process behind: its agents too end within seconds, not after Ray's 60 s error report."""
     pytest.importorskip("ray")
-    from pipeline.ray_reaper import descendants, reap, running
+    from pipeline.cluster.ray_reaper import descendants, reap, running
 
     ready = tmp_path / "ready"
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -188,7 +188,7 @@ LISTENERS = textwrap.dedent(
     """
     import json, sys
     import psutil
-    from pipeline.sweep import _init_ray
+    from pipeline.sweep.stage import _init_ray
     _init_ray("local", 1, "disabled")
     found = set()
     for process in psutil.Process().children(recursive=True):
@@ -226,7 +226,7 @@ INIT_HANGS = textwrap.dedent(
     import subprocess, sys, time
     from pathlib import Path
     import ray
-    from pipeline.sweep import _init_ray
+    from pipeline.sweep.stage import _init_ray
 
     def init(**options):
         agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -244,7 +244,7 @@ def test_a_driver_killed_during_ray_init_leaves_nothing(tmp_path, tally):
     """The reaper watches from before ``ray.init``: a driver SIGKILLed while Ray starts
     leaves none of the processes Ray had started."""
     pytest.importorskip("ray")
-    from pipeline.ray_reaper import INTERVAL, descendants, reap, running
+    from pipeline.cluster.ray_reaper import INTERVAL, descendants, reap, running
 
     started = tmp_path / "agent"
     driver = subprocess.Popen(
@@ -272,7 +272,7 @@ def test_a_driver_killed_during_ray_init_leaves_nothing(tmp_path, tally):
 def test_a_ray_shut_down_in_order_reaps_nothing():
     """ray_reaper.stop() (after ray.shutdown) ends the reaper and leaves the driver's other
     children alone."""
-    from pipeline import ray_reaper
+    from pipeline.cluster import ray_reaper
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

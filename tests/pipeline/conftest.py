@@ -38,7 +38,7 @@ def sweep_data(mnist_root):
     """The tiny sweep's data (train, val, rotated val), shared by every sweep test."""
     from sweephelpers import base
 
-    from pipeline.sweep import load_data
+    from pipeline.sweep.stage import load_data
 
     sweep = SweepConfig.from_dict({"train_size": TRAIN_SIZE, "val_size": VAL_SIZE})
     return load_data(sweep, base(sweep, mnist_root))

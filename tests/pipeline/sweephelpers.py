@@ -9,7 +9,7 @@ ONE_PROCESS = {"cpus_per_trial": 1, "max_concurrent_trials": 1}
 
 def base(sweep, data_root=None):
     """The base RunSpec of ``sweep`` with params.yaml's defaults."""
-    from pipeline.sweep import base_spec
+    from pipeline.sweep.stage import base_spec
 
     return base_spec(sweep, data_root=data_root)
 

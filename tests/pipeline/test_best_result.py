@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from capsnet.config import SweepConfig
-from pipeline.results import best_result
+from pipeline.sweep.results import best_result
 
 
 def _trial(accuracy: float, epoch: int, routing: int, augment: str, error=None):

@@ -21,8 +21,9 @@ import yaml
 
 from capsnet.config import SweepConfig
 from capsnet.io.errors import ConfigError
-from pipeline import results, sweep
-from pipeline.gpu_worker import check_client
+from pipeline.cluster.gpu_worker import check_client
+from pipeline.sweep import results
+from pipeline.sweep import stage as sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "pipeline" / "cluster"
@@ -307,7 +308,7 @@ def _refused_client(monkeypatch, error: BaseException) -> None:
 def test_a_ray_client_address_nobody_listens_on_is_blamed_on_the_address(monkeypatch):
     import socket
 
-    from pipeline.gpu_worker import connect
+    from pipeline.cluster.gpu_worker import connect
 
     with socket.socket() as probe:  # a free port: nothing listens on it once closed
         probe.bind(("127.0.0.1", 0))
@@ -324,7 +325,7 @@ def test_a_running_head_whose_client_server_fails_is_named_not_the_address(monke
     head, and the error says where to read it and what the head needs."""
     import socket
 
-    from pipeline.gpu_worker import connect
+    from pipeline.cluster.gpu_worker import connect
 
     _refused_client(monkeypatch, ConnectionError("ray client connection timeout"))
     with socket.socket() as head:
@@ -340,7 +341,7 @@ def test_a_running_head_whose_client_server_fails_is_named_not_the_address(monke
 
 
 def test_ray_client_version_mismatch_names_both_versions(monkeypatch):
-    from pipeline.gpu_worker import connect
+    from pipeline.cluster.gpu_worker import connect
 
     mismatch = (
         "Version mismatch: The cluster was started with:\n    Ray: 2.50.0\n    Python: 3.12.1\n"

@@ -16,7 +16,7 @@ from capsnet import config
 from capsnet.cli import main
 from capsnet.io.errors import ConfigError
 from pipeline import profile
-from pipeline.sweep import run_sweep
+from pipeline.sweep.stage import run_sweep
 
 PROFILE = "paper-scale-gpu"
 

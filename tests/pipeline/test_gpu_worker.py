@@ -17,9 +17,9 @@ import torch
 from capsnet import config
 from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.models import checkpoint
-from pipeline import viewpoints
-from pipeline.gpu_worker import Runner, placement
-from pipeline.train_final import train_final
+from pipeline.cluster.gpu_worker import Runner, placement
+from pipeline.final.stage import train_final
+from pipeline.viewpoints import stage as viewpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datahelpers import write_smallnorb_raw
@@ -76,7 +76,7 @@ def test_final_training_arms_run_on_several_gpus_at_once(gpu_cluster, tmp_path):
     from capsnet.data import TensorImageDataset
     from capsnet.training.fit import TrainConfig
     from capsnet.training.run import RunSpec, Split
-    from pipeline.train_final import _Trainer, train_arms
+    from pipeline.final.stage import _Trainer, train_arms
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (16, 28, 28), dtype=torch.uint8, generator=generator)

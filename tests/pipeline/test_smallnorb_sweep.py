@@ -30,9 +30,9 @@ from capsnet.data.datasets import shape_of
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
 from capsnet.training.run import build_model
-from pipeline.sweep import base_spec, load_data, run_sweep
-from pipeline.train_final import final_runs, read_best, train_final
-from pipeline.trainable import run_spec
+from pipeline.final.stage import final_runs, read_best, train_final
+from pipeline.sweep.stage import base_spec, load_data, run_sweep
+from pipeline.sweep.trainable import run_spec
 
 N_TRAIN = 72  # items per split of the tiny raw files
 SHAPE = models.Shape(2, 32, 5)  # stereo 32x32 crops, five classes

@@ -1,4 +1,4 @@
-"""pipeline/stage_table.py: the stages of dvc.yaml as a table."""
+"""pipeline/dvc/stage_table.py: the stages of dvc.yaml as a table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from click.testing import CliRunner
 
 pytest.importorskip("ruamel.yaml")
 
-from pipeline import dvc_deps, stage_table
+from pipeline.dvc import deps as dvc_deps
+from pipeline.dvc import stage_table
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def stages(repo_root):
 
 
 def test_the_stage_table_prints_each_stage_with_its_command_and_files(repo_root, stages):
-    """docs/pipeline.md shows the stages with ``python -m pipeline.stage_table``."""
+    """docs/pipeline.md shows the stages with ``python -m pipeline.dvc.stage_table``."""
     done = CliRunner().invoke(stage_table.main, ["--dvc-yaml", str(repo_root / "dvc.yaml")])
     assert done.exit_code == 0, done.output
     rows = done.output.splitlines()

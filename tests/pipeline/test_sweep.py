@@ -12,8 +12,9 @@ from sweephelpers import ONE_PROCESS, base, lenet5_space
 
 from capsnet.config import SEARCHABLE
 from capsnet.io.errors import ConfigError
-from pipeline import results, tracking
-from pipeline.sweep import param_space, run_sweep, storage_root
+from pipeline import tracking
+from pipeline.sweep import results
+from pipeline.sweep.stage import param_space, run_sweep, storage_root
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +164,8 @@ def test_gpu_request_on_cpu_cluster_fails_before_any_trial(
 
 
 def test_a_cluster_without_gpus_keeps_gpu_worker_stages_in_this_process(local_ray):
-    """Final training and the viewpoints (pipeline.gpu_worker) stay in this process."""
-    from pipeline.gpu_worker import placement
+    """Final training and the viewpoints (pipeline.cluster.gpu_worker) stay in this process."""
+    from pipeline.cluster.gpu_worker import placement
 
     lines: list[str] = []
     with placement("local", lines.append) as runner:
@@ -191,8 +192,8 @@ def test_fingerprint_follows_what_trials_read(tiny_sweep, sweep_data, monkeypatc
     import dataclasses
 
     from capsnet.config import AugmentParams, RotateAugment, ShiftAugment
-    from pipeline import sweep as sweep_module
-    from pipeline.sweep import SweepData, fingerprint
+    from pipeline.sweep import stage as sweep_module
+    from pipeline.sweep.stage import SweepData, fingerprint
 
     # the code's digest, read once (each reading walks the stage's import closure); what
     # changes it is tests/faults/test_fault_experiments.py's
@@ -273,7 +274,7 @@ def test_a_resumed_sweep_runs_under_the_current_cap(local_ray, tiny_sweep, sweep
 
     from ray.tune import Callback
 
-    from pipeline.sweep import SweepInterrupted
+    from pipeline.sweep.stage import SweepInterrupted
 
     log, stopped = tmp_path / "running.txt", tmp_path / "interrupted"
 

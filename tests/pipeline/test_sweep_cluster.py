@@ -14,7 +14,7 @@ from ray.tune import Callback
 from sweephelpers import base, lenet5_space
 from tunehelpers import trial_results
 
-from pipeline.sweep import run_sweep
+from pipeline.sweep.stage import run_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -100,7 +100,7 @@ def test_detach_inner_is_an_axis_whose_neutral_value_is_the_model_default():
     from capsnet import models
     from capsnet.config import ABLATION
     from capsnet.training.run import RunSpec, build_model
-    from pipeline.trainable import run_spec
+    from pipeline.sweep.trainable import run_spec
 
     assert models.build("capsnet-small").config.detach_inner is ABLATION["detach_inner"]
     assert "detach_inner" not in SweepConfig.from_dict({}).parameters()
@@ -253,7 +253,7 @@ def test_the_sweep_stages_keep_their_outputs_and_tune_state_is_none_of_them(repo
 def test_the_trainable_s_key_tables_are_the_search_space_s():
     """Every searchable key lands in one table with SearchSpace's value type."""
     from capsnet.config import SEARCHABLE_TYPES
-    from pipeline import trainable
+    from pipeline.sweep import trainable
 
     tables = {**trainable.TRAIN_KEYS, **trainable.MODEL_KEYS}
     assert set(tables) | {"model", "augment"} == set(SEARCHABLE_TYPES)

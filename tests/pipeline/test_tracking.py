@@ -76,7 +76,7 @@ RESULTS = {
 
 
 def _publish(tmp_path, group="exp-1"):
-    from pipeline import publish
+    from pipeline.publish import stage as publish
 
     return publish.publish_runs(
         RESULTS,
@@ -132,7 +132,7 @@ def test_runs_of_a_dvc_experiment_are_its_own(tmp_path, monkeypatch):
         assert info["group"] == "exp-1/tiny-exp/eval"
         assert info["config"]["dvc_experiment"] == "tiny-exp"
     changed = {**RESULTS, "capsnet-small": {**RESULTS["capsnet-small"], "mnist": {"accuracy": 0.5}}}
-    from pipeline import publish
+    from pipeline.publish import stage as publish
 
     again = publish.publish_runs(
         changed, tmp_path, project="capsnet-test", group="exp-1", mode="offline",
@@ -163,7 +163,7 @@ def test_sweep_run_config_holds_what_every_trial_shares():
     from types import SimpleNamespace
 
     from capsnet.config import SweepConfig
-    from pipeline.sweep import base_spec
+    from pipeline.sweep.stage import base_spec
 
     sweep = SweepConfig.from_dict(
         {"name": "s", "epochs": 3, "batch_size": 32, "seed": 7, "train_size": 300}
@@ -210,7 +210,7 @@ def test_trial_runs_record_the_full_config_node_and_device(tmp_path):
 
 
 def test_run_configs_hold_only_the_settings_the_model_uses():
-    from pipeline.trainable import used_settings
+    from pipeline.sweep.trainable import used_settings
 
     best = {
         "model": "capsnet-small",

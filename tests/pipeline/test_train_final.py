@@ -11,7 +11,7 @@ from capsnet.config import FinalTrainConfig, SweepConfig
 from capsnet.io.errors import ConfigError
 from capsnet.models import checkpoint
 from pipeline import provenance, tracking
-from pipeline.train_final import SUMMARY_KEYS, run_summary, train_final
+from pipeline.final.stage import SUMMARY_KEYS, run_summary, train_final
 
 
 def best_json(path, **config):

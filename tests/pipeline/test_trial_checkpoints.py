@@ -14,7 +14,7 @@ import torch
 from sweephelpers import base
 
 from capsnet.config import SweepConfig
-from pipeline import trainable
+from pipeline.sweep import trainable
 
 EPOCHS = 5
 
@@ -129,7 +129,7 @@ def test_final_runs_are_scored_before_the_model_leaves_its_device(monkeypatch):
     from torch import nn
 
     import capsnet.training.run
-    from pipeline.train_final import fit_and_score
+    from pipeline.final.stage import fit_and_score
 
     order: list[str] = []
 

@@ -1,7 +1,7 @@
 """The ``train`` stage after the sweep: the best sweep config trained for params.yaml
 ``train.epochs``, and the baselines (lenet5) with the same augmentation.
 
-Every run is a RunSpec built the way a trial builds its own (``pipeline.trainable.run_spec``
+Every run is a RunSpec built the way a trial builds its own (``pipeline.sweep.trainable.run_spec``
 over the base from ``capsnet.training.run.section_spec``) and trained by
 ``capsnet.training.run.train_run``;
 each writes ``<out_dir>/<model>.pt`` with ``capsnet.models.checkpoint.save`` and logs a W&B run
@@ -49,8 +49,8 @@ from capsnet.training.run import (
     training_steps,
 )
 from pipeline import provenance, tracking
-from pipeline.gpu_worker import Runner, placement
-from pipeline.trainable import device_label, run_spec, used_settings
+from pipeline.cluster.gpu_worker import Runner, placement
+from pipeline.sweep.trainable import device_label, run_spec, used_settings
 
 Score = Callable[[Any, RunSpec], dict[str, Any]]
 Fields = Callable[[RunSpec], dict[str, Any]]
@@ -86,7 +86,7 @@ def read_best(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def config_value_problem(key: str, value: Any) -> str | None:
-    """Why ``value`` cannot be trial-config ``key`` (see pipeline.trainable), or None."""
+    """Why ``value`` cannot be trial-config ``key`` (see pipeline.sweep.trainable), or None."""
     kind = SEARCHABLE_TYPES.get(key)
     if value is None or kind is None:
         return None
@@ -306,7 +306,7 @@ def _train_scored_on_test(trainer, base: RunSpec, specs: list[RunSpec], final) -
 def fit_and_score(spec: RunSpec, split: Split, score: Score | None, on_epoch=None):
     """(RunResult with the model on the CPU, ``score``'s metrics, the device label): the
     run trained and scored on its device, moved to the CPU only afterwards. What a GPU
-    worker runs (``pipeline.gpu_worker``)."""
+    worker runs (``pipeline.cluster.gpu_worker``)."""
     from capsnet.training.run import train_run
 
     result = train_run(spec, split, on_epoch=on_epoch, to_cpu=False)

@@ -16,8 +16,8 @@ from capsnet.config import SweepConfig, dataset_specs
 from capsnet.io.files import DISABLED_MARKER, atomic_write_text, clear_disabled
 from capsnet.io.outputset import atomic_directory
 from capsnet.io.outputset import write_disabled as write_disabled_outputs
+from pipeline.sweep.trainable import applies
 from pipeline.tracking import trial_number
-from pipeline.trainable import applies
 
 #: Metrics each MNIST trial reports after every epoch (both maximised); a smallNORB trial
 #: reports val_accuracy only (``SweepConfig.metrics``).
@@ -59,7 +59,7 @@ def result_rows(results, sweep: SweepConfig) -> list[dict[str, Any]]:
 
 def _trial_number(result) -> str:
     """The trial's number: from Tune's trial id, or its directory for a trial that errored
-    before reporting (``pipeline.sweep.trial_dirname``)."""
+    before reporting (``pipeline.sweep.stage.trial_dirname``)."""
     tune_id = (result.metrics or {}).get("trial_id")
     return trial_number(tune_id or Path(result.path).name.removeprefix("trial_"))
 

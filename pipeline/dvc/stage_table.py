@@ -1,7 +1,7 @@
 """Every DVC stage as a markdown table, read from dvc.yaml as it stands: the command it
 runs, the params keys it lists, what it reads besides code and what it writes.
 
-    python -m pipeline.stage_table   # docs/pipeline.md shows the stages with this
+    python -m pipeline.dvc.stage_table   # docs/pipeline.md shows the stages with this
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from pipeline import dvc_deps
+from pipeline.dvc import deps as dvc_deps
 
 
 def stage_table(root: Path, stages: dict) -> str:

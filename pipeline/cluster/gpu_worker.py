@@ -136,7 +136,7 @@ def client_failure(address: str, exc: BaseException) -> str:
     answers on is the address's fault (``check_ray_address`` raises); a port that answers
     means a head whose Ray Client server did not start this driver's session, whose reason
     is in the head's log."""
-    from pipeline.sweep_sections import check_ray_address
+    from pipeline.sweep.sections import check_ray_address
 
     check_ray_address(address)
     return (

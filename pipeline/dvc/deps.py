@@ -22,10 +22,10 @@ Code deps are the deps inside a project package (a top-level directory holding
 deps are listed file by file, never as a directory: a new module nobody imports, or an edit
 to one, leaves every stage as it was.
 
-    python -m pipeline.dvc_deps            # check: one line per missing or extra file
-    python -m pipeline.dvc_deps --write    # rewrite the code deps of every stage
+    python -m pipeline.dvc.deps            # check: one line per missing or extra file
+    python -m pipeline.dvc.deps --write    # rewrite the code deps of every stage
     CAPSNET_PARAMS_TRACE=reads.tsv dvc repro -f
-    python -m pipeline.dvc_deps --reads reads.tsv   # every key a stage read is a param of it
+    python -m pipeline.dvc.deps --reads reads.tsv   # every key a stage read is a param of it
 
 Params deps: each stage lists the params keys its command reads. With
 $CAPSNET_PARAMS_TRACE set, every read is recorded per stage (capsnet.config.trace), and
@@ -202,6 +202,8 @@ def import_closure(
                 files[prefix] = module_file(root, prefix)
             path = files[prefix]
             if path is None:
+                if root.joinpath(*parts[:i]).is_dir():
+                    continue  # a folder without __init__.py: a namespace package
                 break
             seen[prefix] = path
             key = (path, subcommands.get(prefix))

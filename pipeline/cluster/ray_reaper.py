@@ -37,7 +37,7 @@ def watch() -> subprocess.Popen | None:
         return None
     read, write = os.pipe()  # neither end is inherited by later children
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.ray_reaper", str(os.getpid())],
+        [sys.executable, "-m", "pipeline.cluster.ray_reaper", str(os.getpid())],
         cwd=Path(__file__).resolve().parents[1],  # this checkout's pipeline and capsnet
         stdin=read,
         stdout=subprocess.DEVNULL,

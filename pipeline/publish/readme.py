@@ -25,9 +25,9 @@ from capsnet.evaluation.metrics import (
 )
 from capsnet.io.errors import CapsnetError
 from capsnet.io.files import atomic_write_text, check_input, refuse_read_only
-from pipeline import comparison_text
-from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import SOURCES_LINE, paper_number
+from pipeline.publish import comparison as comparison_text
+from pipeline.publish.cells import column_title, paper_metric, percent, publishable
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -267,11 +267,11 @@ def update_readme(
     return True
 
 
-if __name__ == "__main__":  # python -m pipeline.readme DOC METRICS [FIGURE]
+if __name__ == "__main__":  # python -m pipeline.publish.readme DOC METRICS [FIGURE]
     import sys
 
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python -m pipeline.readme DOC METRICS [FIGURE]")
+        sys.exit("usage: python -m pipeline.publish.readme DOC METRICS [FIGURE]")
     try:
         changed = update_readme(sys.argv[1], sys.argv[2], *sys.argv[3:])
     except CapsnetError as exc:

@@ -1,7 +1,7 @@
 """Table cells of the evaluation results (``capsnet.evaluation.metrics``, the metrics.json
 contract): the column titles (the dataset specs'), percentages and which paper number a
-cell compares with. The
-report (pipeline/report.py) and the README table (pipeline/readme.py) use them."""
+cell compares with. The report (pipeline/publish/report.py) and the README table
+(pipeline/publish/readme.py) use them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``capsnet train-final``: the best sweep config and the baselines (pipeline/train_final.py)."""
+"""``capsnet train-final``: the best sweep config and the baselines (pipeline/final/stage.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 
 from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, mirror_option, resolve_mirror
-from pipeline.sweep_sections import (
+from pipeline.sweep.sections import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,
@@ -65,7 +65,7 @@ def train_final_command(
     """Train the best sweep config and the baselines; write <out_dir>/<model>.pt."""
     from capsnet.data.stages import why_off
     from capsnet.io.outputset import write_disabled
-    from pipeline.train_final import model_dir_files, train_final
+    from pipeline.final.stage import model_dir_files, train_final
 
     params = load_params(params_path)
     final = getattr(params, section)

@@ -1,6 +1,6 @@
 """``capsnet viewpoints``: the novel-viewpoint experiment (the DVC ``viewpoints`` stage),
-``pipeline.viewpoints`` run in this process or, when this machine has no GPU and the Ray
-cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.gpu_worker``)."""
+``pipeline.viewpoints.stage`` run in this process or, when this machine has no GPU and the Ray
+cluster of ``$RAY_ADDRESS`` has one, on a GPU worker (``pipeline.cluster.gpu_worker``)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def viewpoints_command(params_path, data_root):
     from capsnet import config
     from capsnet.data.stages import why_off
     from capsnet.evaluation.viewpoint_matching import OUT_DIR_FILES
-    from pipeline import viewpoints
-    from pipeline.gpu_worker import placement
+    from pipeline.cluster.gpu_worker import placement
+    from pipeline.viewpoints import stage as viewpoints
 
     params = config.load(params_path)
     where = f"{params_path.name}: viewpoints.out_dir"

@@ -1,4 +1,4 @@
-"""``capsnet sweep``: the Ray Tune sweep of a params section (pipeline/sweep.py)."""
+"""``capsnet sweep``: the Ray Tune sweep of a params section (pipeline/sweep/stage.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 from capsnet.cli.declared import Command
 from capsnet.cli.options import check_output, count, mirror_option, resolve_mirror
 from capsnet.io.errors import CapsnetError
-from pipeline.sweep_sections import (
+from pipeline.sweep.sections import (
     DATA_ROOT_OPTION,
     PARAMS_OPTION,
     SWEEP_OUT,
@@ -65,8 +65,8 @@ COMMAND = Command(
 def sweep_command(params_path, section, address, out_dir, num_cpus, data_root, mirror):
     """Run the Ray Tune sweep of a params section (resuming an interrupted one)."""
     from capsnet.data.stages import why_off
-    from pipeline.results import write_disabled
-    from pipeline.sweep import SweepInterrupted, base_spec, run_sweep
+    from pipeline.sweep.results import write_disabled
+    from pipeline.sweep.stage import SweepInterrupted, base_spec, run_sweep
 
     params = load_params(params_path)
     sweep = getattr(params, section)

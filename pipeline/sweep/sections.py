@@ -1,5 +1,5 @@
-"""What ``capsnet sweep`` (pipeline/sweep_cli.py) and ``capsnet train-final``
-(pipeline/train_final_cli.py) share: the params option, the sections and where each sweep
+"""What ``capsnet sweep`` (pipeline/sweep/cli.py) and ``capsnet train-final``
+(pipeline/final/cli.py) share: the params option, the sections and where each sweep
 writes. Each command lives in its own module, so a
 DVC stage depends only on the code its command imports.
 

@@ -9,7 +9,7 @@ README's markers and every target's permissions are checked, and every text is r
 before anything is written; the W&B runs are logged next, and the files last, together
 (``OutputSet``). W&B is offline unless an API key is configured
 (pipeline.tracking.resolve_mode); nothing here touches the network in offline mode.
-``capsnet publish`` is the stage's command.
+``capsnet publish`` (pipeline/publish/cli.py) is the stage's command.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import click
-
-from capsnet.cli.declared import Command
-from capsnet.cli.options import check_output, params_option
 from capsnet.evaluation.metrics import (
     COMPARISON_KEY,
     Comparison,
@@ -31,8 +27,10 @@ from capsnet.evaluation.metrics import (
 )
 from capsnet.io.files import check_input, refuse_read_only
 from capsnet.io.outputset import OutputSet
-from pipeline import comparison_text, provenance, readme, report, tracking
-from pipeline.cells import publishable
+from pipeline import provenance, tracking
+from pipeline.publish import comparison as comparison_text
+from pipeline.publish import readme, report
+from pipeline.publish.cells import publishable
 
 REPORT_TITLE = "capsnet-pipeline: do capsules generalise to new viewpoints?"
 #: Columns of the comparison table the publish stage logs: one row per arm, model and angle.
@@ -132,7 +130,7 @@ def checkpoint_experiments(results: EvalResults, params) -> dict[str, str]:
     all when set; otherwise the sweep whose final training wrote the checkpoint (a train
     section's ``out_dir`` holding it: that sweep section's ``name``), so a checkpoint's eval
     run sits beside its sweep and train runs; ``sweep.name`` for any other."""
-    from pipeline.sweep_sections import SWEEP_SECTIONS, TRAIN_SECTIONS
+    from pipeline.sweep.sections import SWEEP_SECTIONS, TRAIN_SECTIONS
 
     fixed = params.publish.experiment
     owners = {
@@ -376,47 +374,3 @@ def publish(params, metrics_path, fig_dir, log=None, readme_path=None) -> dict[s
         changed = new_readme != readme_text
         say(f"{readme_path}: results table {'updated' if changed else 'unchanged'}")
     return summary
-
-
-COMMAND = Command(
-    "publish",
-    "publish_command",
-    "report.html, results.md and W&B eval runs; with --readme the README's table.",
-    sections=("publish",),
-    stages=("publish",),
-)
-
-
-@click.command("publish")
-@params_option("section publish")
-@click.option(
-    "--metrics",
-    "metrics_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Evaluation results (default: <evaluate.out_dir>/metrics.json).",
-)
-@click.option(
-    "--readme",
-    "readme_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also copy the results table into this document (between the results markers).",
-)
-def publish_command(params_path, metrics_path, readme_path):
-    """report.html, results.md and W&B eval runs; with --readme the README's table.
-
-    W&B is offline unless configured; online, a W&B Report too."""
-    from capsnet import config
-
-    params = config.load(params_path)
-    out_dir = Path(params.evaluate.out_dir)
-    metrics_path = metrics_path or out_dir / "metrics.json"
-    check_output(params.publish.html, f"{params_path.name}: publish.html", "file")
-    check_output(params.publish.dir, f"{params_path.name}: publish.dir")
-    if readme_path is not None:
-        check_output(readme_path, "--readme", "file")
-    summary = publish(
-        params, metrics_path, out_dir / "figures", log=click.echo, readme_path=readme_path
-    )
-    click.echo(f"published {len(summary['runs'])} run(s); report {summary['html']}")

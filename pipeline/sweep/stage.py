@@ -2,8 +2,9 @@
 
 Every trial starts from one base RunSpec (``base_spec``: the sweep's data, sizes, epochs and
 seed, params.yaml's augmentation and smallNORB settings) and trains through
-``capsnet.training.run`` (pipeline/trainable.py). The data is loaded once by the driver and reaches
-trials through the object store, so trials on other machines need no data directory.
+``capsnet.training.run`` (pipeline/sweep/trainable.py). The data is loaded once by the
+driver and reaches trials through the object store, so trials on other machines need no
+data directory.
 
 The Tune experiment is named ``<sweep.name>-<fingerprint>``, the fingerprint hashing
 everything a trial reads: the sweep settings that change results, the augmentation and
@@ -36,8 +37,10 @@ from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConf
 from capsnet.io.errors import CapsnetError, ConfigError
 from capsnet.io.files import locked
 from capsnet.training.run import RunSpec, Split, section_spec
-from pipeline import ray_reaper, results, tracking
-from pipeline.gpu_worker import connect
+from pipeline import tracking
+from pipeline.cluster import ray_reaper
+from pipeline.cluster.gpu_worker import connect
+from pipeline.sweep import results
 
 
 class SweepError(CapsnetError):
@@ -158,7 +161,7 @@ def code_files(root: Path) -> list[str]:
     """The files the sweep's results depend on, relative to ``root``: the import closure
     of ``python -m capsnet sweep``, which is also the sweep stages' code deps in dvc.yaml."""
     from capsnet import cli
-    from pipeline import dvc_deps
+    from pipeline.dvc import deps as dvc_deps
 
     return sorted(dvc_deps.command_closure(root, "capsnet", cli.__name__, ["sweep"]))
 
@@ -276,7 +279,7 @@ def _init_ray(address: str, num_cpus: int | None, mode: str) -> bool:
 def _trainable(sweep: SweepConfig, base: RunSpec, data: SweepData):
     from ray import tune
 
-    from pipeline.trainable import train_trial
+    from pipeline.sweep.trainable import train_trial
 
     resources = sweep.resources
     threads = max(1, math.floor(resources.cpus_per_trial))
@@ -301,7 +304,7 @@ def _new_tuner(
 ):
     from ray import tune
 
-    from pipeline.sweep_restore import (
+    from pipeline.sweep.restore import (
         CappedASHA,
         CappedFIFO,
         CappedVariantGenerator,
@@ -369,7 +372,7 @@ def run_sweep(
     was interrupted; neither writes any output."""
     from ray import tune
 
-    from pipeline.sweep_restore import cap_concurrency, record_state, restore_tuner
+    from pipeline.sweep.restore import cap_concurrency, record_state, restore_tuner
 
     validate_space(sweep, base)
     mode = tracking.prepare_environment(sweep.wandb.mode)
@@ -469,7 +472,7 @@ def _unfinished_trials(experiment_path: str, trainable, expected: int) -> int:
     """Trials not yet TERMINATED or ERROR in the saved experiment state, plus those not
     created yet. After an interrupt Tune stops the running trials and marks them
     TERMINATED in memory, but the state it saved first still has them RUNNING."""
-    from pipeline.sweep_restore import restore_tuner
+    from pipeline.sweep.restore import restore_tuner
 
     saved = restore_tuner(experiment_path, trainable).get_results()
     return expected - saved.num_terminated - saved.num_errors

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import epochs_text
 from capsnet.evaluation.metrics import Comparison, ComparisonArm, ComparisonGroup, as_comparison
-from pipeline.cells import percent
 from pipeline.paper import ARTICLE, is_baseline, paper_number
+from pipeline.publish.cells import percent
 
 #: The rotated-MNIST article's angle (pipeline.paper.ARTICLE): its LeNet5 and CapsNet
 #: numbers are at 35°.

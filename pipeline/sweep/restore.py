@@ -6,7 +6,7 @@ writes the sha256 of every file at the top of the experiment directory to ``STAT
 beside them (atomically, after every snapshot Tune takes: ``StateRecorder``, and after every
 ``fit``); ``restore_tuner`` refuses to restore a
 directory whose files differ from that record or that has none. Trial checkpoints are read
-with ``torch.load(weights_only=True)`` (pipeline/trainable.py), so they need no record.
+with ``torch.load(weights_only=True)`` (pipeline/sweep/trainable.py), so they need no record.
 
 A restored tuner keeps the TuneConfig it was made with; ``cap_concurrency`` sets the
 current ``max_concurrent_trials`` on its searcher (``CappedVariantGenerator`` keeps it over
@@ -26,7 +26,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
 from capsnet.io.files import LOCK_NAME, atomic_write_json, is_temporary, read_json
-from pipeline.sweep import SweepError
+from pipeline.sweep.stage import SweepError
 
 #: The record of the experiment's state files this project wrote, beside them.
 STATE_FILE = "capsnet-state.json"

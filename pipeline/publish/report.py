@@ -24,10 +24,10 @@ from capsnet.evaluation.metrics import (
     table_columns,
 )
 from capsnet.io.files import atomic_write_text, check_input
-from pipeline import comparison_text
-from pipeline.cells import column_title, paper_metric, percent, publishable
 from pipeline.paper import paper_number
-from pipeline.readme import match_text, seeds_lines, viewpoints_at_chance
+from pipeline.publish import comparison as comparison_text
+from pipeline.publish.cells import column_title, paper_metric, percent, publishable
+from pipeline.publish.readme import match_text, seeds_lines, viewpoints_at_chance
 
 # --- HTML ---------------------------------------------------------------------------------------
 

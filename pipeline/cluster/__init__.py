@@ -1,0 +1,1 @@
+"""Ray clusters: GPU workers, the Ray process reaper, and the cluster configs beside them."""

@@ -1,0 +1,1 @@
+"""DVC plumbing: each stage's code deps and the stage table."""

@@ -1,0 +1,1 @@
+"""Final training: the `train` stages (best sweep config, baselines, equal-time arm)."""

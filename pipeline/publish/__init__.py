@@ -1,0 +1,1 @@
+"""The publish stage: report, results table, README block and W&B runs."""

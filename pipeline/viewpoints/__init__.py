@@ -1,0 +1,1 @@
+"""The novel-viewpoint experiment: the `viewpoints` stage."""
