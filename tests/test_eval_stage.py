@@ -531,7 +531,7 @@ def test_cli_scores_smallnorb_as_the_params_file_says(tmp_path, monkeypatch):
     seen = {}
 
     def capture(paths, request, figures=None):
-        seen["smallnorb"] = request.smallnorb
+        seen["smallnorb"] = request.settings("smallnorb")
         return {}
 
     monkeypatch.setattr(evaluation, "evaluate_checkpoints", capture)

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from capsnet import models
 from capsnet.config import STRATEGIES
-from capsnet.data.registry import TRAIN_DATASETS
+from capsnet.config.dataset_specs import TRAIN_DATASETS
 from capsnet.training import fit as train
 
 META = torch.device("meta")

@@ -102,14 +102,13 @@ def test_the_project_metadata_builds_without_setuptools_deprecations(monkeypatch
 
 
 #: capsnet's layers from the lowest up (docs/guides/layout.md): a module imports from its
-#: own layer or lower ones only. A module belongs to the longest entry its name starts with,
-#: so the dataset registry (torch-free declarations, which config validates names against)
-#: sits below config while the dataset code that reads config sits above it.
+#: own layer or lower ones only. A module belongs to the longest entry its name starts with.
+#: The dataset declarations (torch-free, their hooks "module:attribute" strings) live in
+#: config, which validates names against them; the dataset code that reads config sits above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("capsnet.io",),  # errors, atomic files, output sets, torch files
     ("capsnet.nn",),  # routing, capsule layers, losses
     ("capsnet.models",),  # the model registry, one module per family, checkpoints
-    ("capsnet.data.registry",),  # each dataset declared once
     ("capsnet.config",),  # params.yaml, the only validator
     ("capsnet.data",),  # sources, formats, one module per dataset, augmentation
     ("capsnet.training",),  # RunSpec -> train_run, fit, scoring, device and precision

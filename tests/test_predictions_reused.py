@@ -77,7 +77,7 @@ def test_the_stage_draws_the_smallnorb_confusion_from_the_scoring_pass(tmp_path)
         datasets=["smallnorb"], limit=12, batch_size=5,
         robustness=RobustnessParams(enabled=False), equivariance=EquivarianceParams(enabled=False),
     )  # fmt: skip
-    request = EvalRequest(settings, smallnorb=params.data.smallnorb, data_root=root)
+    request = EvalRequest(settings, data=params.data, data_root=root)
     drawer = FigureDrawer(tmp_path / "figures")
     type(model).forward = counting
     try:

@@ -1,5 +1,6 @@
 """The probes table (capsnet/evaluation/probes.py): a metric is its function and its entry
-there, its field in the evaluate settings and its test. A toy probe, registered here and
+there, its field in the evaluate settings, its name in the probe set's dataset spec and its
+test. A toy probe, registered here and
 named by no other file, reaches metrics.json and the report."""
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ def toy_table(results) -> probes.ProbeTable | None:
 
 @pytest.fixture
 def toy_probe(monkeypatch):
+    """The toy's entry in the table, and its name in MNIST's spec (dataset_specs.py's one
+    edit: the set it runs on)."""
+    from capsnet.config import dataset_specs
+
     monkeypatch.setitem(probes.PROBES, "toy_confidence", probes.Probe(toy_confidence, toy_table))
+    mnist = dataset_specs.REGISTRY["mnist"]
+    listed = dataclasses.replace(mnist, probes=(*mnist.probes, "toy_confidence"))
+    monkeypatch.setitem(dataset_specs.REGISTRY, "mnist", listed)
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +137,16 @@ def test_a_probe_without_its_evaluate_field_is_an_error(toy_probe, checkpoints, 
         evaluation.evaluate_checkpoints(checkpoints[:1], _request(mnist_root, EvaluateParams))
 
 
-def test_the_probes_run_on_the_set_whose_rotations_are_scored():
-    from capsnet.data import registry
+def test_each_probe_runs_on_the_set_whose_spec_lists_it(monkeypatch):
+    import dataclasses as dc
 
-    rotated = [s for s in registry.REGISTRY.values() if s.rotations_of]
-    assert probes.probe_set() == rotated[0].rotations_of
+    from capsnet.config import dataset_specs
+
+    assert probes.probe_set("robustness") == probes.probe_set("equivariance") == "mnist"
+    assert probes.probe_set("toy_confidence") is None  # no dataset lists it
+    toyed = dc.replace(dataset_specs.REGISTRY["multimnist"], probes=("toy_confidence",))
+    monkeypatch.setitem(dataset_specs.REGISTRY, "multimnist", toyed)
+    assert probes.probe_set("toy_confidence") == "multimnist"
     assert list(probes.PROBES) == ["robustness", "equivariance"]
     fields = {f.name for f in dataclasses.fields(EvaluateParams)}
     assert set(probes.PROBES) <= fields  # each probe's settings: its evaluate field

@@ -10,9 +10,10 @@ import pytest
 import yaml
 from comparisonhelpers import checkpoint_entry, seeded_results
 
-from capsnet.evaluation.outputs import SUMMARY_SETS, summary_metrics, write_outputs
+from capsnet.config.dataset_specs import summary_keys
+from capsnet.evaluation.outputs import summary_metrics, write_outputs
 
-KEYS = {*SUMMARY_SETS.values(), "mnist_sd", "rot35_sd", "n_seeds", "train_s"}
+KEYS = {*(k.key for k in summary_keys()), "mnist_sd", "rot35_sd", "n_seeds", "train_s"}
 
 
 def _keys(summary: dict) -> set[str]:

@@ -644,15 +644,59 @@ def test_capsnet_train_checkpoint_records_the_smallnorb_standardisation(tmp_path
     """The checkpoint of a smallNORB run records data.smallnorb.standardize (the
     evaluation compares it); other datasets record nothing."""
     from capsnet.cli.train_commands import _save
-    from capsnet.config import SmallnorbParams
+    from capsnet.config import DataParams, SmallnorbParams
     from capsnet.models import checkpoint
     from capsnet.training import run
 
-    plain = SmallnorbParams(standardize=False)
-    spec = run.RunSpec("smallnorb-cnn", dataset="smallnorb", smallnorb=plain)
+    plain = DataParams(smallnorb=SmallnorbParams(standardize=False))
+    spec = run.RunSpec("smallnorb-cnn", dataset="smallnorb", data_params=plain)
     assert spec.data_record() == {"standardize": False}
     assert run.RunSpec("lenet5").data_record() == {}
     result = run.RunResult(models.build("lenet5"), [], 0.0, TrainConfig(), 1, data={"x": 1})
     _save(tmp_path / "run", result, {"epochs": 1})
     _, meta = checkpoint.load(tmp_path / "run" / "model.pt")
     assert meta["extra"]["data"] == {"x": 1}
+
+
+def test_capsnet_train_reads_the_params_files_data_section_as_capsnet_eval_does(tmp_path):
+    """`capsnet train --params` trains smallNORB with the file's data.smallnorb (here crop 20,
+    unstandardised) and records it; `capsnet eval` with the same file scores the model on
+    the same images (the same accuracy), and with the built-in settings refuses it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from capsnet import config
+    from capsnet.cli import main
+    from capsnet.data import stages
+    from capsnet.models import checkpoint
+
+    params = tmp_path / "p.yaml"
+    params.write_text(
+        "data:\n  smallnorb:\n    source: synth\n    size: 24\n    crop: 20\n"
+        "    standardize: false\n    synth: {side: 16, lightings: 1}\n"
+    )
+    root = tmp_path / "data"
+    stages.download("smallnorb", config.load(params), root)
+    stages.prepare("smallnorb", config.load(params), root)
+    common = ["--device", "cpu", "--data-root", str(root)]
+    args = ["train", "--model", "smallnorb-cnn", "--dataset", "smallnorb", "--epochs", "1"]
+    args += ["--batch-size", "32", "--train-limit", "64", "--val-size", "0", "--test-limit", "40"]
+    run = tmp_path / "run"
+    trained = CliRunner().invoke(main, [*args, *common, "--params", str(params), "--out", str(run)])
+    assert trained.exit_code == 0, trained.output
+    model, meta = checkpoint.load(run / "model.pt")
+    assert model.config.input_size == 20 and meta["extra"]["data"] == {"standardize": False}
+    own = json.loads((run / "metrics.json").read_text())["smallnorb"]
+
+    scored = tmp_path / "scored.json"
+    args = ["eval", str(run / "model.pt"), "--dataset", "smallnorb", "--limit", "40", *common]
+    same = CliRunner().invoke(main, [*args, "--params", str(params), "--out", str(scored)])
+    assert same.exit_code == 0, same.output
+    (entry,) = json.loads(scored.read_text()).values()
+    assert entry["smallnorb"]["n"] == own["n"] == 40
+    assert entry["smallnorb"]["accuracy"] == pytest.approx(own["accuracy"])
+    default = tmp_path / "default.yaml"
+    default.write_text("data:\n  smallnorb:\n    size: 24\n    crop: 20\n")
+    refused = CliRunner().invoke(main, [*args, "--params", str(default)])
+    assert refused.exit_code == 1 and "data.smallnorb.standardize" in refused.output

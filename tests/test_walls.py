@@ -153,7 +153,7 @@ def test_every_dvc_stage_is_declared_by_the_command_it_runs():
         assert set(command.sections) <= sections, command.name
 
 
-# --- dataset names: only capsnet/data/ compares them ---------------------------------------
+# --- dataset names: only capsnet/data/ and capsnet/config/ compare or table them -----------
 
 
 def _dataset_literals(node: ast.AST) -> list[str]:
@@ -162,23 +162,39 @@ def _dataset_literals(node: ast.AST) -> list[str]:
     return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
 
 
-def _names_a_dataset(text: str, names) -> bool:
+def _names_a_dataset(text: str, names, exact: bool = False) -> bool:
     """Whether ``text`` is a dataset or evaluation set name, a prefix of one ("smallnorb-")
-    or one with a column suffix ("rotated-mnist@")."""
+    or one with a column suffix ("rotated-mnist@"); ``exact``: the name itself, a column
+    suffix allowed (a table's "mn" or "x" names nothing)."""
     text = text.split("@")[0]
+    if exact:
+        return text in names
     return len(text) >= 3 and any(name.startswith(text) for name in names)
+
+
+#: Where datasets are declared and what they do lives: the only places that may name them.
+DATASET_HOMES = (("capsnet", "data"), ("capsnet", "config"))
+
+
+def _table_operands(node: ast.AST) -> list[ast.AST]:
+    """The literals a table names: a dict display's keys, the elements of a tuple, list or
+    set display (a nested one is a display of its own)."""
+    if isinstance(node, ast.Dict):
+        return [k for k in node.keys if k is not None]
+    return list(node.elts) if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
 
 
 def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None) -> list[str]:
     """``file:line: literal`` for each comparison (==, !=, in, not in, startswith, endswith)
-    of a value with a dataset name literal, outside capsnet/data/."""
-    from capsnet.data import registry
+    of a value with a dataset name literal, and each table (dict keys, tuple, list or set
+    elements) naming one, outside capsnet/data/ and capsnet/config/."""
+    from capsnet.config import dataset_specs
 
-    names = names or (*registry.DATASETS, *registry.EVAL_DATASETS)
+    names = names or (*dataset_specs.DATASETS, *dataset_specs.EVAL_DATASETS)
     found = []
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
-            if path.relative_to(root).parts[:2] == ("capsnet", "data"):
+            if path.relative_to(root).parts[:2] in DATASET_HOMES:
                 continue
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if isinstance(node, ast.Compare):
@@ -186,17 +202,42 @@ def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                     operands = node.args if node.func.attr in ("startswith", "endswith") else []
                 else:
+                    tabled = [
+                        o.value
+                        for o in _table_operands(node)
+                        if isinstance(o, ast.Constant) and isinstance(o.value, str)
+                    ]
+                    found += [
+                        f"{path.relative_to(root)}:{node.lineno}: {text!r}"
+                        for text in tabled
+                        if _names_a_dataset(text, names, exact=True)
+                    ]
                     continue
                 for text in (t for o in operands for t in _dataset_literals(o)):
                     if _names_a_dataset(text, names):
                         found.append(f"{path.relative_to(root)}:{node.lineno}: {text!r}")
-    return found
+    return list(dict.fromkeys(found))  # a tuple compared with is no table of its own
 
 
-def test_no_code_outside_capsnet_data_compares_a_dataset_name():
-    """What a dataset does is declared in capsnet/data/registry.py; tests/ and benchmarks/
-    may name datasets to choose them."""
+def test_no_code_outside_capsnet_data_and_config_compares_or_tables_a_dataset_name():
+    """What a dataset does and how it is shown is declared in capsnet/config/dataset_specs.py;
+    tests/ and benchmarks/ may name datasets to choose them."""
     assert dataset_comparisons(ROOT) == []
+
+
+def test_the_dataset_name_check_sees_every_table(tmp_path):
+    (tmp_path / "capsnet" / "config").mkdir(parents=True)
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "capsnet" / "config" / "specs.py").write_text("T = {'mnist': 'MNIST'}\n")
+    (tmp_path / "pipeline" / "t.py").write_text(
+        "A = {'mnist': 'MNIST', 'n': 1}\nB = ('confusion', 'multimnist')\n"
+        "C = [('rotated-mnist@35', 35.0)]\nD = {'x': 'smallnorb'}\nE = ('mn', 'rot35')\n"
+    )
+    assert dataset_comparisons(tmp_path) == [
+        "pipeline/t.py:1: 'mnist'",
+        "pipeline/t.py:2: 'multimnist'",
+        "pipeline/t.py:3: 'rotated-mnist@35'",
+    ]
 
 
 def test_the_dataset_name_check_sees_every_form_of_comparison(tmp_path):
@@ -235,7 +276,7 @@ def test_every_dataset_registry_field_is_read():
     """A declared behaviour that nothing reads is a promise nothing keeps."""
     from dataclasses import fields
 
-    from capsnet.data.registry import DatasetSpec
+    from capsnet.config.dataset_specs import DatasetSpec
 
     reads = attribute_reads(ROOT)
     unread = [f.name for f in fields(DatasetSpec) if f.name not in reads]

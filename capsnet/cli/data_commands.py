@@ -17,7 +17,7 @@ from capsnet.cli.options import (
     output_option_check,
     resolve_mirror,
 )
-from capsnet.data.registry import DATASETS
+from capsnet.config.dataset_specs import DATASETS
 from capsnet.data.stages import DOWNLOADS, PREPARES
 
 PARAMS_HELP = "params.yaml to read (default: ./params.yaml when present, else the defaults)."

@@ -22,7 +22,7 @@ from capsnet.cli.options import (
     params_option,
     resolve_mirror,
 )
-from capsnet.config import EVAL_DATASETS, EvaluateParams
+from capsnet.config import EVAL_DATASETS, EvaluateParams, dataset_specs
 
 
 def _stderr_log(line: str) -> None:
@@ -167,7 +167,9 @@ def eval_command(
     _refuse_foreign_figures(figures_dir)
     params = config.load_or_default(params_path)
     section = params.evaluate
-    datasets = list(dict.fromkeys([*(datasets or ("mnist",)), *(["rotated-mnist"] * bool(angles))]))
+    chosen_sets = datasets or dataset_specs.EVAL_DATASETS[:1]  # the first declared: MNIST
+    rotated = dataset_specs.ROTATION_SETS if angles else ()
+    datasets = list(dict.fromkeys([*chosen_sets, *rotated]))
     angles = tuple(angles) if angles else section.angles
     base = EvaluateParams(datasets=tuple(datasets), angles=angles, limit=_or(limit, section.limit))
     chosen = section.robustness
@@ -187,7 +189,7 @@ def eval_command(
     )
     log = _stderr_log if sys.stderr.isatty() else None
     request = evaluation.EvalRequest(
-        settings, smallnorb=params.data.smallnorb, data_root=data_root, mirror=mirror, log=log
+        settings, data=params.data, data_root=data_root, mirror=mirror, log=log
     )
     with OutputSet() as outputs:  # the figures folder and --out land together, or neither
         staging = None if figures_dir is None else outputs.directory(figures_dir, FIGURE_FILES)

@@ -16,12 +16,12 @@ from capsnet.cli.options import (
     field_default,
     mirror_option,
     output_option_check,
+    params_option,
     train_default,
     usage_check,
 )
-from capsnet.config import FinalTrainConfig
+from capsnet.config import FinalTrainConfig, dataset_specs
 from capsnet.config.sweep import LOSSES
-from capsnet.data import registry
 
 
 class TrainingSet(click.Choice):
@@ -29,11 +29,11 @@ class TrainingSet(click.Choice):
     run time included)."""
 
     def __init__(self):
-        super().__init__(registry.TRAIN_DATASETS)
+        super().__init__(dataset_specs.TRAIN_DATASETS)
 
     @property
     def choices(self):
-        return registry.TRAIN_DATASETS
+        return dataset_specs.TRAIN_DATASETS
 
     @choices.setter
     def choices(self, _value):
@@ -174,7 +174,13 @@ PRECISIONS = ("auto", "bf16", "fp32")
     callback=output_option_check("dir"),
     help="Directory for model.pt and metrics.json.",
 )
+@params_option(
+    "its data and augment sections, as `capsnet eval` and the stages read them; without the "
+    "file, the built-in ones",
+    default=None,
+)
 def train_command(
+    params_path,
     model_name,
     dataset,
     subset,
@@ -199,13 +205,15 @@ def train_command(
     out,
 ):
     """Train a model; write OUT/model.pt and OUT/metrics.json (test accuracy included)."""
+    from capsnet.config import load_or_default
     from capsnet.training.device import select_device
     from capsnet.training.fit import TrainConfig
     from capsnet.training.run import RunSpec, train_run
 
     select_device(device)  # an unavailable device fails before any work
     check_run_dir(out)
-    augment_params = _augment_params(shift_pixels)
+    params = load_or_default(params_path)
+    augment_params = _augment_params(params.augment, shift_pixels)
     spec = RunSpec(
         model=model_name,
         train=TrainConfig(
@@ -219,6 +227,7 @@ def train_command(
         val_size=val_size,
         augment=augment or _default_augment(dataset, augment_params),
         augment_params=augment_params,
+        data_params=params.data,
         data_root=data_root,
         mirror=mirror,
     )  # fmt: skip
@@ -262,13 +271,10 @@ def _model_overrides(
     return overrides
 
 
-def _augment_params(shift_pixels: int | None):
-    """params.yaml ``augment`` when the file is here (else the defaults), with ``--shift``."""
+def _augment_params(params, shift_pixels: int | None):
+    """The params file's ``augment`` section ``params`` with ``--shift``."""
     import dataclasses
 
-    from capsnet.config import load_or_default
-
-    params = load_or_default(None).augment
     if shift_pixels is None:
         return params
     return dataclasses.replace(params, shift=dataclasses.replace(params.shift, pixels=shift_pixels))
@@ -276,7 +282,7 @@ def _augment_params(shift_pixels: int | None):
 
 def _default_augment(dataset: str, augment_params) -> str:
     """params.yaml's augmentation strategy, or none for a dataset that augments itself."""
-    return "none" if registry.get(dataset).self_augmenting else augment_params.strategy
+    return "none" if dataset_specs.get(dataset).self_augmenting else augment_params.strategy
 
 
 def _run_metrics(spec, result, test_limit: int | None) -> dict:

@@ -6,11 +6,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from capsnet.config import dataset_specs
 from capsnet.config.schema import MAX_BATCH, MAX_ITEMS, MAX_STEPS, Invalid, Section, count
 from capsnet.config.sweep import WandbMode
-from capsnet.data import registry
 
-EvalDataset = Literal[registry.EVAL_DATASETS]  # every dataset's evaluation sets
+EvalDataset = Literal[dataset_specs.EVAL_DATASETS]  # every dataset's evaluation sets
 EVAL_DATASETS: tuple[str, ...] = typing.get_args(EvalDataset)
 
 

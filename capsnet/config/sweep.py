@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from capsnet.config import dataset_specs
 from capsnet.config.data import Strategy
 from capsnet.config.schema import (
     MAX_BATCH,
@@ -37,16 +38,15 @@ from capsnet.config.schema import (
     dimension_values,
     seeds,
 )
-from capsnet.data import registry
 
-Dataset = Literal[registry.SWEEP_DATASETS]  # the registry's, capsnet.data.registry
+Dataset = Literal[dataset_specs.SWEEP_DATASETS]  # the dataset specs'
 Metric = Literal["val_accuracy", "val_rotated_accuracy"]
 Pose = Literal["matrix", "vector"]
 RoutingScope = Literal["global", "window"]
 Loss = Literal["auto", "margin", "cross-entropy", "spread"]
 WandbMode = Literal["auto", "offline", "online", "disabled"]
 OptimizerState = Literal["auto", "always", "never"]
-ExtraDataset = Literal[registry.EXTRA_DATASETS]
+ExtraDataset = Literal[dataset_specs.EXTRA_DATASETS]
 Precision = Literal["auto", "bf16", "fp32"]
 
 DATASETS: tuple[str, ...] = typing.get_args(Dataset)
@@ -253,7 +253,7 @@ class SweepConfig(Section):
             )
         at_most(self, "max_failures", MAX_RUNS)
         seeds(self)
-        data = registry.get(self.dataset)
+        data = dataset_specs.get(self.dataset)
         if self.metric not in self.metrics():
             raise Invalid(
                 "metric",
@@ -277,7 +277,7 @@ class SweepConfig(Section):
 
     def metrics(self) -> tuple[str, ...]:
         """What every trial reports after each epoch (all maximised)."""
-        if not registry.get(self.dataset).rotated_validation:
+        if not dataset_specs.get(self.dataset).rotated_validation:
             return ("val_accuracy",)
         return ("val_accuracy", "val_rotated_accuracy")
 
@@ -285,7 +285,7 @@ class SweepConfig(Section):
         """The searchable parameters recorded per trial (results.csv, best.json): all of
         them for smallnorb; for mnist the ablation axes only when set away from their
         neutral values, so an MNIST sweep's outputs keep the columns they always had."""
-        if registry.get(self.dataset).sweep_records_all:
+        if dataset_specs.get(self.dataset).sweep_records_all:
             return list(SEARCHABLE)
         return [
             name

@@ -1,7 +1,6 @@
-"""Datasets: sources (mirror + official URLs), formats, the registry, and torch Datasets.
+"""Datasets: sources (mirror + official URLs), formats, hook resolution, and torch Datasets.
 
-The names below are imported on first use, so ``capsnet.data.registry`` (which the config
-and the CLI read) imports no torch.
+The names below are imported on first use, so ``capsnet.data.registry`` imports no torch.
 """
 
 __all__ = ["DATASETS", "TensorImageDataset", "load", "rotate_images"]

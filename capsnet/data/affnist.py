@@ -81,7 +81,7 @@ def read_mats(paths: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse the extracted test batches into ``out_dir/test.pt`` (and ``test-centered.pt``
     from just_centered/test.mat when present)."""
-    from capsnet.data.registry import PREPARED_FILES
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -259,8 +259,8 @@ def build_synth(
     limit: int | None = None,
 ) -> Path:
     """Write ``out_dir/test.pt``: affnist-synth from the MNIST test split under ``root``."""
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data import mnist
-    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -374,7 +374,7 @@ def load_synth_dataset(request):
 def download_stage(out: Path, section, mirror, progress: bool, stand_in=None) -> Path:
     """The download stage: the archives (data.affnist.source real or auto), a DISABLED.txt
     when synth, or when auto and the real files are unreachable."""
-    from capsnet.data.registry import RAW_FILES
+    from capsnet.config.dataset_specs import RAW_FILES
     from capsnet.io.outputset import write_disabled
 
     if section.source == "synth":

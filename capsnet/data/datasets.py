@@ -1,4 +1,4 @@
-"""``load(name, split, root)``: any registered dataset (``capsnet.data.registry``) by name."""
+"""``load(name, split, root)``: any declared dataset (``capsnet.config.dataset_specs``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import Dataset
 
 from capsnet.config.data import DATA_ROOT
-from capsnet.data.registry import DATASETS, get, resolve
+from capsnet.config.dataset_specs import DATASETS, get
+from capsnet.data.registry import resolve
 from capsnet.data.tensors import LoadRequest, Slice, TensorImageDataset, shape_of, split_tail
 from capsnet.io.errors import DataError
 

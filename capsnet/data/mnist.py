@@ -95,7 +95,7 @@ def load_split(
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Parse and check the raw files; write ``out_dir/{train,test}.pt`` (uint8 images,
     int64 labels) atomically, both or neither."""
-    from capsnet.data.registry import PREPARED_FILES
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 

@@ -290,8 +290,8 @@ def build(
 ) -> Path:
     """Write ``out_dir/{train,test}.pt`` recipes over the MNIST splits under data ``root``
     (the test recipe is drawn from ``seed + 1`` and never redrawn)."""
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data import mnist
-    from capsnet.data.registry import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 

@@ -25,20 +25,21 @@ def _load(dataset: str, split: str, root: Path, **kwargs):
     """(data, note): ``dataset``, or, for a test set whose real files are missing, the
     stand-in ``capsnet eval`` scores in its place (the dataset's evaluation-set hook, so
     both fall back alike), with a note saying so."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
     from capsnet.data.datasets import load
+    from capsnet.data.registry import resolve
 
     try:
         return load(dataset, split, root, **kwargs), None
     except DataError as exc:
-        spec = registry.REGISTRY[dataset]
+        spec = dataset_specs.REGISTRY[dataset]
         if split != "test" or spec.evaluation_set is None or spec.stand_in_source is None:
             raise
-        hook = registry.resolve(spec.evaluation_set)
+        hook = resolve(spec.evaluation_set)
         request = SimpleNamespace(mirror=None, params=SimpleNamespace(limit=None))
         data, info = hook(dataset, request, root, lambda name, **kw: load(name, split, root, **kw))
         source = info.get("source")
-        if not registry.is_stand_in(dataset, source):
+        if not dataset_specs.is_stand_in(dataset, source):
             raise
         data.source = source
         return data, f"{exc}; showing {source}, the stand-in `capsnet eval` scores instead"
@@ -66,7 +67,7 @@ def show(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
     from capsnet.data.datasets import DEFAULT_ROOT
     from capsnet.io.files import atomic_write_bytes
 
@@ -82,7 +83,7 @@ def show(
         say(note)
     title = getattr(data, "name", dataset)
     source = getattr(data, "source", None)
-    if registry.is_stand_in(dataset, source):
+    if dataset_specs.is_stand_in(dataset, source):
         title += f" ({source}: the stand-in for {dataset})"
     names = getattr(data, "class_names", None)
     if strategy is not None:

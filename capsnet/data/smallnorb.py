@@ -202,7 +202,7 @@ def downsample(images: torch.Tensor, size: int = 48) -> torch.Tensor:
 def prepare(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, size: int = 48) -> Path:
     """Write ``out_dir/{train,test}.pt``: images uint8 (N, 2, size, size), labels, info,
     and in meta the source (smallnorb or smallnorb-synth)."""
-    from capsnet.data.registry import PREPARED_FILES
+    from capsnet.config.dataset_specs import PREPARED_FILES
     from capsnet.data.store import save_prepared
     from capsnet.io.outputset import atomic_directory
 
@@ -425,7 +425,7 @@ def prepare_stage(root: Path, out: Path, section) -> Path:
 def run_options(spec) -> dict:
     """The loader options of a run (``capsnet.training.run.RunSpec``): stereo channels and the
     ``data.smallnorb`` crop, jitter and standardisation (train and test alike)."""
-    norb = spec.smallnorb
+    norb = spec.settings()
     return {
         "channels": tuple(range(spec.channels)), "crop": norb.crop,
         "brightness": norb.brightness, "contrast": norb.contrast,
@@ -466,19 +466,20 @@ def run_test_set(spec, subset: str | None = None):
     return load(spec.data_root, "test", subset or spec.subset, **run_options(spec))
 
 
-def data_record(spec) -> dict:
-    """What a checkpoint records of a run's preprocessing: ``standardize`` (the crop is the
-    model's input size); the evaluation checks it (``capsnet.evaluation.datasets``)."""
-    return {"standardize": spec.smallnorb.standardize}
+def data_record(settings) -> dict:
+    """What a checkpoint records of the preprocessing ``settings`` (``data.smallnorb``) ask
+    for: ``standardize`` (the crop is the model's input size); the evaluation checks it
+    against its own settings (``capsnet.evaluation.datasets``)."""
+    return {"standardize": settings.standardize}
 
 
 def evaluation_set(name: str, request, root: Path, load, channels: int = 2):
     """The evaluation's centre-cropped test set of the viewpoint subset ``name`` stands for,
     with ``channels`` views and the ``data.smallnorb`` crop and standardisation."""
-    from capsnet.data.registry import subset_of
+    from capsnet.config.dataset_specs import subset_of
 
     subset = subset_of(name)
-    norb = request.smallnorb
+    norb = request.settings(name)
     dataset = load(
         "smallnorb", subset=subset, channels=tuple(range(channels)), crop=norb.crop,
         standardize=norb.standardize,

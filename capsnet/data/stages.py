@@ -1,6 +1,6 @@
 """The data stages: what ``capsnet data download|prepare NAME`` does, given the params.
 
-Each stage reads its dataset's declaration (``capsnet.data.registry``) and params section,
+Each stage reads its dataset's declaration (``capsnet.config.dataset_specs``) and params section,
 calls the declared function and writes one directory: ``<root>/raw/<dataset>`` (download)
 or ``<root>/prepared/<name>`` (prepare). A dataset switched off in params gets a directory
 holding only DISABLED.txt, because DVC needs every declared output to exist; so does a
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from capsnet.config import Params
 from capsnet.config.data import DATA_ROOT
-from capsnet.data.registry import DOWNLOADS, PREPARED_FILES, PREPARES, RAW_FILES, get, resolve
+from capsnet.config.dataset_specs import DOWNLOADS, PREPARED_FILES, PREPARES, RAW_FILES, get
+from capsnet.data.registry import resolve
 from capsnet.io.files import clear_disabled, locked, read_disabled, remove_stale_in
 from capsnet.io.outputset import write_disabled
 

@@ -6,9 +6,9 @@ files builds them in a temporary directory and swaps it into place only when eve
 succeeded, so a failing stage leaves no partial output behind.
 
 Every file is checked when loaded against the PreparedSpec its dataset declares
-(``capsnet.data.registry``: keys, dtypes, shapes, value ranges) and against the dataset and
-split it names in its meta, so a damaged, stale or misplaced file fails at once, in one line
-naming the file and the command that rebuilds it, instead of deep inside training.
+(``capsnet.config.dataset_specs``: keys, dtypes, shapes, value ranges) and against the
+dataset and split it names in its meta, so a damaged, stale or misplaced file fails at once,
+in one line naming the file and the command that rebuilds it, instead of deep inside training.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from capsnet.data.registry import PREPARES, REGISTRY, resolve
+from capsnet.config.dataset_specs import PREPARES, REGISTRY
+from capsnet.data.registry import resolve
 from capsnet.io import torchfile
 from capsnet.io.errors import DataError
 from capsnet.io.files import input_problem

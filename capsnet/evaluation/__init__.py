@@ -14,9 +14,10 @@ Modules by job: results (the dataclasses of metrics.json, built by the writers b
 returned by its reader, and the one serialiser), headline (the rules reading them: a
 column's number, which entry fills a table cell),
 request (the settings of one evaluation), datasets (test sets, model fit), checkpoints
-(evaluating), probes (robustness, equivariance, ...: one table of name -> probe), seeds (aggregating), comparison (its section), figures (drawn while each
-model is loaded), outputs (metrics.json, rotation.csv, summary.json, the summary table),
-novel_viewpoints (the smallNORB novel-viewpoint section), stage (the DVC stage).
+(evaluating), probes (robustness, equivariance, ...: one table of name -> probe), seeds
+(aggregating), comparison (its section), figures (drawn while each model is loaded),
+outputs (metrics.json, rotation.csv, summary.json, the summary table), novel_viewpoints
+(the smallNORB novel-viewpoint section), stage (the DVC stage).
 """
 
 #: each name -> the module that defines it, imported on first use (PEP 562), so the

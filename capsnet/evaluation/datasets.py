@@ -15,6 +15,8 @@ MNIST_CLASSES = 10  # what a dataset that does not say has
 #: checkpoint written since data.smallnorb.standardize exists was trained with its default,
 #: on; the record came later (docs/guides/evaluation.md).
 UNRECORDED_STANDARDIZE = True
+#: What a checkpoint's data record holds when it does not record a setting.
+UNRECORDED = {"standardize": UNRECORDED_STANDARDIZE}
 
 
 class TestSets:
@@ -42,21 +44,22 @@ class TestSets:
     def get(self, name: str, channels: int = 1) -> tuple[Any, dict]:
         """(dataset, info) for an evaluation name; a stereo dataset keeps ``channels``
         views."""
-        from capsnet.data import registry
+        from capsnet.config import dataset_specs
 
-        key = (name, channels if registry.of_evaluation(name).channels_from_model else 1)
+        key = (name, channels if dataset_specs.of_evaluation(name).channels_from_model else 1)
         if key not in self._cache:
             self._cache[key] = self._read(name, channels)
         return self._cache[key]
 
     def _read(self, name: str, channels: int) -> tuple[Any, dict]:
-        from capsnet.data import registry
+        from capsnet.config import dataset_specs
         from capsnet.data.datasets import DEFAULT_ROOT
+        from capsnet.data.registry import resolve
 
-        spec = registry.of_evaluation(name)
+        spec = dataset_specs.of_evaluation(name)
         if spec.evaluation_set is not None:
             root = self.root if self.root is not None else DEFAULT_ROOT
-            hook = registry.resolve(spec.evaluation_set)
+            hook = resolve(spec.evaluation_set)
             return hook(name, self.request, root, self._load, channels)
         # rotations are applied in memory, to the rotated dataset's source
         return self._load(spec.rotations_of or spec.name).subset(self.request.params.limit), {}
@@ -64,9 +67,9 @@ class TestSets:
 
 def image_shape(name: str) -> tuple[int, int] | None:
     """(size, classes) a dataset needs, known without loading it (None: ask the data)."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    shape = registry.of_evaluation(name).shape
+    shape = dataset_specs.of_evaluation(name).shape
     return None if shape is None else (shape[1], shape[2])
 
 
@@ -80,7 +83,7 @@ def _dataset_shape(dataset) -> tuple[int, int, int, str | None]:
 
 def model_fit(model, name: str, dataset=None) -> str | None:
     """Why ``model`` cannot take dataset ``name`` (image size, channels, classes), or None."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
     config = model.config
     size, channels = int(config.input_size), int(config.in_channels)
@@ -92,7 +95,7 @@ def model_fit(model, name: str, dataset=None) -> str | None:
     else:
         need_size, need_classes = image_shape(name)
         need_channels = 1
-    declared = registry.of_evaluation(name)
+    declared = dataset_specs.of_evaluation(name)
     if declared.crops and need_classes == classes and need_size != size:
         raise DataError(
             f"{name}: the model takes {size}x{size} crops but data.{declared.section}.crop is "
@@ -109,17 +112,25 @@ def model_fit(model, name: str, dataset=None) -> str | None:
 
 
 def check_preprocessing(path, meta: dict, name: str, request: EvalRequest) -> None:
-    """CheckpointError naming ``path`` (never a skip) when smallNORB set ``name`` would be
-    standardised otherwise than the model was trained (its ``extra["data"]`` record)."""
-    from capsnet.data import registry
+    """CheckpointError naming ``path`` (never a skip) when set ``name`` would be preprocessed
+    otherwise than the model was trained: its dataset's ``data_record`` of the request's
+    settings against the checkpoint's ``extra["data"]`` record."""
+    from capsnet.config import dataset_specs
+    from capsnet.data.registry import resolve
 
-    if registry.of_evaluation(name).data_record is None:
+    spec = dataset_specs.of_evaluation(name)
+    if spec.data_record is None:
         return
     record = meta.get("extra", {}).get("data", {})
-    trained = bool(record.get("standardize", UNRECORDED_STANDARDIZE))
-    asked = request.smallnorb.standardize
-    if trained != asked:
-        raise CheckpointError(
-            f"{path}: trained with data.smallnorb.standardize {str(trained).lower()} but "
-            f"evaluated with {str(asked).lower()}: evaluate with the setting it was trained with"
-        )
+    for key, asked in resolve(spec.data_record)(request.settings(name)).items():
+        trained = record.get(key, UNRECORDED.get(key))
+        if trained != asked:
+            raise CheckpointError(
+                f"{path}: trained with data.{spec.section}.{key} {_text(trained)} but evaluated "
+                f"with {_text(asked)}: evaluate with the setting it was trained with"
+            )
+
+
+def _text(value) -> str:
+    """A setting as params.yaml spells it (``false``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

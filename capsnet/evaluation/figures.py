@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from capsnet.config import dataset_specs
 from capsnet.evaluation import plots as draw
 from capsnet.evaluation.datasets import TestSets, model_fit
 from capsnet.evaluation.probes import PROBES
@@ -40,8 +41,9 @@ SHARED_FIGURES = (
     "reconstructions",
     "viewpoints",
 )
-#: The figures drawn for one checkpoint (``figure_stem``).
-MODEL_FIGURES = ("confusion", "perturbation", "multimnist")
+#: The figures drawn for one checkpoint (``figure_stem``): a multi-label set's figure is
+#: named after the set.
+MODEL_FIGURES = ("confusion", "perturbation", *dataset_specs.MULTI_LABEL_SETS)
 
 
 def figure_stem(kind: str, name: str, test_set: str | None = None) -> str:
@@ -54,7 +56,7 @@ def figure_stem(kind: str, name: str, test_set: str | None = None) -> str:
 def model_figure_stems(name: str) -> set[str]:
     """Every stem a figure of checkpoint ``name`` can have: its own, matched by the whole
     name, never by a suffix (``em-capsnet-small``'s figures are not ``capsnet-small``'s)."""
-    from capsnet.data.registry import CONFUSION_SETS
+    from capsnet.config.dataset_specs import CONFUSION_SETS
 
     stems = {figure_stem(kind, name) for kind in MODEL_FIGURES}
     return stems | {figure_stem("confusion", name, test_set) for test_set in CONFUSION_SETS}
@@ -71,25 +73,23 @@ class FigureDrawer:
 
     def add_model(self, name: str, model, entry: Entry, data: TestSets, request: EvalRequest):
         """The figures of one evaluated model, which is on ``request.device``."""
-        from capsnet.data.registry import CONFUSION_SETS
+        from capsnet.config.dataset_specs import CONFUSION_SETS
 
         if model_fit(model, "mnist") is None:
             self._mnist_figures(name, model, data, request)
         for test_set in CONFUSION_SETS:
             if "accuracy" in entry.block(test_set):
                 self._set_confusion(name, model, test_set, data, request)
-        if (
-            "strict_accuracy" in entry.block("multimnist")
-            and getattr(model, "decoder", None) is not None
-        ):
-            self.written[f"multimnist-{name}"] = multimnist_figure(
-                model,
-                data.get("multimnist")[0],
-                request.params.figure_examples,
-                self.fig_dir / f"{figure_stem('multimnist', name)}.png",
-                name,
-                request.device,
-            )
+        for test_set in dataset_specs.MULTI_LABEL_SETS:
+            if "strict_accuracy" in entry.block(test_set) and getattr(model, "decoder", None):
+                self.written[f"{test_set}-{name}"] = multimnist_figure(
+                    model,
+                    data.get(test_set)[0],
+                    request.params.figure_examples,
+                    self.fig_dir / f"{figure_stem(test_set, name)}.png",
+                    name,
+                    request.device,
+                )
 
     def _mnist_figures(self, name: str, model, data: TestSets, request: EvalRequest) -> None:
         from capsnet.data.datasets import rotate_images

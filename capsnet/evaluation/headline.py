@@ -23,17 +23,17 @@ def _angle_key(entry: Entry, column: str) -> str | None:
 
 def _swept(column: str) -> bool:
     """Whether ``column`` is one angle of a rotation sweep (``rotated-mnist@35``)."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    spec = registry.of_column(column)
+    spec = dataset_specs.of_column(column)
     return "@" in column and spec is not None and spec.rotations_of is not None
 
 
 def _metric(column: str) -> str:
     """The metrics.json field that holds ``column``'s number (its dataset's headline)."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    spec = registry.of_column(column)
+    spec = dataset_specs.of_column(column)
     return "accuracy" if spec is None else spec.headline_metric
 
 
@@ -65,18 +65,11 @@ def std_value(entry: Entry, column: str) -> float | None:
 
 
 def table_columns(entries: dict[str, Entry], angle: float = 35.0) -> list[str]:
-    """The result columns that hold at least one number of ``entries``, in a fixed order."""
-    candidates = [
-        "mnist",
-        f"rotated-mnist@{angle:g}",
-        "expanded-mnist",
-        "affnist",
-        "affnist-synth",
-        "multimnist",
-        "smallnorb",
-        "smallnorb-azimuth-novel",
-        "smallnorb-elevation-novel",
-    ]
+    """The result columns that hold at least one number of ``entries``, in the order the
+    dataset specs give (``capsnet.config.dataset_specs.column_titles``)."""
+    from capsnet.config import dataset_specs
+
+    candidates = dataset_specs.column_titles(angle)
     return [c for c in candidates if any(cell_value(e, c) is not None for e in entries.values())]
 
 
@@ -109,27 +102,27 @@ LEARNED = 2.0
 def at_chance(entry: Entry, column: str, multiple: float = AT_CHANCE) -> bool:
     """Whether ``entry``'s accuracy on ``column`` is below ``multiple`` times chance (False
     where the column has no chance level or no number)."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    chance, value = registry.chance(column), cell_value(entry, column)
+    chance, value = dataset_specs.chance(column), cell_value(entry, column)
     return chance is not None and value is not None and value < multiple * chance
 
 
 def trained_for(column: str) -> str | None:
     """The training set a test column is scored for (its dataset's ``trained_on``: the part
     after "@" in a checkpoint name); None for a model's own set."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    spec = registry.of_column(column)
+    spec = dataset_specs.of_column(column)
     return None if spec is None else spec.trained_on
 
 
 def _training_set(tag: str) -> bool:
     """Whether a name after "@" is a dataset; any other (equal-time, a strategy such as
     rotate) names a comparison run, which never fills a model's row."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    return tag in registry.REGISTRY
+    return tag in dataset_specs.REGISTRY
 
 
 _SEED = re.compile(r"(?:^|-)seed\d+$")

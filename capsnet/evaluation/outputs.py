@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.comparison import comparison_lines
 from capsnet.evaluation.headline import cell_value, main_entries, model_picks, std_value
 from capsnet.evaluation.novel_viewpoints import viewpoint_lines
@@ -71,54 +71,48 @@ def _number(value) -> str:
     return f"{value:.6f}" if isinstance(value, (float, int)) and math.isfinite(value) else ""
 
 
-#: The test sets of summary.json: {column of capsnet.evaluation.headline: key}. Every model has
-#: every key (null where a set was not evaluated), so experiments compare column by column.
-SUMMARY_SETS = {
-    "mnist": "mnist",
-    "rotated-mnist@35": "rot35",
-    "expanded-mnist": "expanded",
-    "affnist": "affnist",
-    "multimnist": "multimnist",
-    "smallnorb": "smallnorb",
-}
-#: The sets whose cells are seed means, with their standard deviation beside them.
-SEEDED_SETS = ("mnist", "rot35")
-
-
 def _rounded(value) -> float | None:
     return (
         round(float(value), 6) if isinstance(value, (int, float)) and math.isfinite(value) else None
     )
 
 
+def _seeded() -> list[dataset_specs.SummaryKey]:
+    """The summary.json numbers given as seed means (those at a rotation-sweep angle)."""
+    return [k for k in dataset_specs.summary_keys() if k.sweep_angle is not None]
+
+
 def _arm_row(group: ComparisonGroup) -> dict[str, float | None]:
     at = {float(k): k for k in group.accuracy}
     row = {}
-    for key, angle in (("mnist", 0.0), ("rot35", 35.0)):
-        row[key] = _rounded(group.accuracy.get(at.get(angle)))
-        row[f"{key}_sd"] = _rounded(group.std.get(at.get(angle)))
+    for summary in _seeded():
+        row[summary.key] = _rounded(group.accuracy.get(at.get(summary.sweep_angle)))
+        row[f"{summary.key}_sd"] = _rounded(group.std.get(at.get(summary.sweep_angle)))
     row["n_seeds"] = group.seeds
     row["train_s"] = _rounded(group.train_seconds)
     return row
 
 
 def summary_metrics(results: EvalResults) -> dict[str, dict]:
-    """summary.json: per model of the results table, the accuracy on each SUMMARY_SETS set
-    (mean over seeds, ``<set>_sd`` their deviation for SEEDED_SETS), the seeds and the mean
-    training seconds; per comparison arm other than equal augmentation (equal training time,
-    augmented baselines), the baselines' numbers under ``<arm>.<model>``."""
+    """summary.json: per model of the results table, the accuracy under each of the dataset
+    specs' summary keys (``capsnet.config.dataset_specs.summary_keys``: every model has
+    every key, null where a set was not evaluated, so experiments compare column by column;
+    a seed mean with ``<key>_sd`` its deviation), the seeds and the mean training seconds;
+    per comparison arm other than equal augmentation (equal training time, augmented
+    baselines), the baselines' numbers under ``<arm>.<model>``."""
     results = _typed(results)
     arms = results.comparison.arms if results.comparison is not None else {}
     trained = arms["equal_augmentation"].groups if "equal_augmentation" in arms else {}
+    keys, seeded = dataset_specs.summary_keys(), _seeded()
     summary: dict[str, dict] = {}
-    for model, chosen in model_picks(main_entries(results), list(SUMMARY_SETS)).items():
+    for model, chosen in model_picks(main_entries(results), [k.column for k in keys]).items():
         row: dict = {}
-        for column, key in SUMMARY_SETS.items():
-            found = chosen.get(column)
+        for summary_key in keys:
+            column, key, found = summary_key.column, summary_key.key, chosen.get(summary_key.column)
             row[key] = _rounded(cell_value(found, column)) if found else None
-            if key in SEEDED_SETS:
+            if summary_key.sweep_angle is not None:
                 row[f"{key}_sd"] = _rounded(std_value(found, column)) if found else None
-        first = chosen.get("mnist") or chosen.get("rotated-mnist@35")
+        first = next((chosen[k.column] for k in seeded if k.column in chosen), None)
         row["n_seeds"] = first.seeds if first else None
         row["train_s"] = _rounded(trained[model].train_seconds) if model in trained else None
         summary[model] = row
@@ -219,10 +213,10 @@ def _scored_lines(results: EvalResults) -> list[str]:
     parts = []
     for key, ns in counts.items():
         n = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
-        spec = registry.of_column(key)
+        spec = dataset_specs.of_column(key)
         part = f"{key} {n} images" + (" per angle" if spec and spec.rotations_of else "")
         for source in sorted(sources.get(key, ())):
-            standing = registry.is_stand_in(key, source)
+            standing = dataset_specs.is_stand_in(key, source)
             part += f" ({source}: the synthetic stand-in for {key})" if standing else f" ({source})"
         parts.append(part)
     return [f"scored on: {'; '.join(parts)}"] if parts else []
@@ -258,7 +252,7 @@ def _columns(
     keys = list(dict.fromkeys(key for entry in entries.values() for key in entry.scores))
     columns: list[tuple[str, Callable[[Entry], str]]] = []
     for key in keys:
-        spec = registry.of_column(key)
+        spec = dataset_specs.of_column(key)
         if spec is not None and spec.rotations_of is not None:
             sweeps = [e.block(key).get("accuracy") or {} for e in entries.values()]
             angles = list(dict.fromkeys(a for sweep in sweeps for a in sweep))

@@ -4,9 +4,10 @@
 A probe's name is its field in params.yaml's evaluate section (a dataclass of
 capsnet/config/evaluate.py with ``enabled`` and ``limit``, the only home of its defaults),
 its block in every metrics.json entry and its key here. ``run_probes`` runs each enabled
-probe on a loaded model over the first ``limit`` test images of the probe set
-(``probe_set``); the figure drawer draws each probe's ``figure`` and the report renders each
-probe's ``table``. A new metric: its function and ``Probe`` here, its config field, its test.
+probe on a loaded model over the first ``limit`` test images of its probe set (the dataset
+whose spec lists it, ``probe_set``); the figure drawer draws each probe's ``figure`` and the
+report renders each probe's ``table``. A new metric: its function and ``Probe`` here, its
+config field, its name in a dataset spec's ``probes``, its test.
 
 The module imports torch only inside the measuring functions: the report reads the table
 without it.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from capsnet.config.dataset_specs import column_title
 from capsnet.evaluation.results import Entry, EvalResults
 
 if TYPE_CHECKING:
@@ -55,17 +57,13 @@ class Probe:
     caption: str = ""
 
 
-def probe_set() -> str | None:
-    """The evaluation set the probes run on: the one whose rotations are scored (a
-    dataset's ``rotations_of``); None when no dataset declares one."""
-    from capsnet.data import registry
+def probe_set(name: str) -> str | None:
+    """The evaluation set probe ``name`` runs on: the first of the dataset that lists it
+    (its spec's ``probes``); None when no dataset does."""
+    from capsnet.config import dataset_specs
 
-    return next((s.rotations_of for s in registry.REGISTRY.values() if s.rotations_of), None)
-
-
-def _title(name: str) -> str:
-    """How a skip reason names the probe set (MNIST)."""
-    return name.upper()
+    specs = dataset_specs.REGISTRY.values()
+    return next((s.evaluation[0] for s in specs if name in s.probes and s.evaluation), None)
 
 
 def run_probes(model, data: TestSets, request: EvalRequest) -> dict[str, dict[str, Any]]:
@@ -78,10 +76,10 @@ def run_probes(model, data: TestSets, request: EvalRequest) -> dict[str, dict[st
         settings = getattr(request.params, name)
         if not settings.enabled:
             continue
-        test_set = probe_set()
-        reason = "no dataset declares rotations" if test_set is None else model_fit(model, test_set)
+        test_set = probe_set(name)
+        reason = "no dataset lists it" if test_set is None else model_fit(model, test_set)
         if reason is not None:
-            where = f"{_title(test_set)} does not fit: " if test_set is not None else ""
+            where = f"{column_title(test_set)} does not fit: " if test_set is not None else ""
             blocks[name] = {"skipped": where + reason}
             continue
         dataset, _ = data.get(test_set)
@@ -201,7 +199,7 @@ def robustness_table(results: EvalResults) -> ProbeTable | None:
         "robustness",
         "Adversarial robustness",
         "Accuracy under untargeted L-inf attacks on the "
-        f"{_title(probe_set() or '')} test images (pixel range [0, 1]).",
+        f"{column_title(probe_set('robustness') or '')} test images (pixel range [0, 1]).",
         tuple(f"{a.upper()} ε={k}" for a in ATTACKS for k in epsilons),
         tuple(
             (n, tuple(r.get(a, {}).get(k) for a in ATTACKS for k in epsilons))

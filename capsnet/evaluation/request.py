@@ -7,20 +7,22 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from capsnet.config import EvaluateParams, SmallnorbParams
+from capsnet.config import DataParams, EvaluateParams
 
 
 @dataclass(frozen=True)
 class EvalRequest:
     """``params``: the evaluate settings (datasets, angles, limits, robustness, ...);
-    ``data_root`` None means the default data directory; ``smallnorb``: the data.smallnorb
-    settings the models were trained with (crop, standardisation)."""
+    ``data_root`` None means the default data directory; ``data``: params.yaml's whole
+    ``data`` section, each dataset reading its own part (``settings``: the preprocessing
+    the models were trained with, such as smallNORB's crop and standardisation)."""
 
     params: EvaluateParams = field(default_factory=EvaluateParams)
-    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
+    data: DataParams = field(default_factory=DataParams)
     data_root: str | Path | None = None
     mirror: str | None = None
     log: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
@@ -46,6 +48,12 @@ class EvalRequest:
         if isinstance(model, EMCapsNet):
             model.compile_routing(self.params.compile)
         return model
+
+    def settings(self, name: str) -> Any:
+        """The settings of evaluation set ``name``'s dataset: ``data.<its section>``."""
+        from capsnet.config import dataset_specs
+
+        return getattr(self.data, dataset_specs.of_evaluation(name).section)
 
     def say(self, line: str) -> None:
         if self.log is not None:

@@ -58,7 +58,7 @@ def run_stage(params, data_root=None, mirror=None, log=None) -> dict[str, Path]:
     paths, names = stage_checkpoints(settings, log)
     request = EvalRequest(
         settings,
-        smallnorb=params.data.smallnorb,
+        data=params.data,
         data_root=data_root or DATA_ROOT,
         mirror=mirror,
         log=log,

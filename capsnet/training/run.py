@@ -23,12 +23,13 @@ from torch.utils.data import Dataset
 from capsnet.config import (
     DATA_ROOT,
     AugmentParams,
+    DataParams,
     FinalTrainConfig,
     Params,
-    SmallnorbParams,
     SweepConfig,
+    dataset_specs,
 )
-from capsnet.data import registry
+from capsnet.data.registry import resolve
 from capsnet.io.errors import ConfigError, DataError
 from capsnet.training.fit import TrainConfig, TrainState, compile_record, fit
 
@@ -39,7 +40,8 @@ class RunSpec:
 
     ``train.seed`` seeds the weights, the batch order and the augmentation draws;
     ``train.device`` picks the device. ``overrides`` are model config fields other than the
-    shape fields, which follow the data.
+    shape fields, which follow the data. ``data_params`` is params.yaml's whole ``data``
+    section; the dataset reads its own part of it (``settings``).
     """
 
     model: str
@@ -52,18 +54,18 @@ class RunSpec:
     val_size: int = FinalTrainConfig.val_size  # held out from the end of the training set (0: none)
     augment: str = "none"  # capsnet.data.augment.STRATEGIES
     augment_params: AugmentParams = field(default_factory=AugmentParams)
-    smallnorb: SmallnorbParams = field(default_factory=SmallnorbParams)
+    data_params: DataParams = field(default_factory=DataParams)
     data_root: str | Path = DATA_ROOT
     mirror: str | None = None
 
     def __post_init__(self):
-        if self.dataset not in registry.TRAIN_DATASETS:
+        if self.dataset not in dataset_specs.TRAIN_DATASETS:
             raise ConfigError(
                 f"dataset {self.dataset!r} cannot be trained on; choose one of "
-                f"{', '.join(registry.TRAIN_DATASETS)}"
+                f"{', '.join(dataset_specs.TRAIN_DATASETS)}"
             )
         if self.subset != "all" and not self.data.subsets:
-            having = [s.name for s in registry.REGISTRY.values() if s.subsets]
+            having = [s.name for s in dataset_specs.REGISTRY.values() if s.subsets]
             raise ConfigError(
                 f"subset {self.subset!r}: only {', '.join(having)} has viewpoint subsets"
             )
@@ -75,16 +77,20 @@ class RunSpec:
             raise ConfigError(f"train_size must be >= 1 or null, got {self.train_size}")
 
     @property
-    def data(self) -> registry.DatasetSpec:
+    def data(self) -> dataset_specs.DatasetSpec:
         """The registry's declaration of this run's dataset."""
-        return registry.get(self.dataset)
+        return dataset_specs.get(self.dataset)
+
+    def settings(self) -> Any:
+        """The dataset's own settings: ``data.<its section>`` of ``data_params``."""
+        return getattr(self.data_params, self.data.section)
 
     def data_record(self) -> dict[str, Any]:
         """What a checkpoint of this run records of its data preprocessing (the dataset's
-        ``data_record`` hook; {} without one), checked by the evaluation
+        ``data_record`` hook on its settings; {} without one), checked by the evaluation
         (``capsnet.evaluation.datasets.check_preprocessing``)."""
         hook = self.data.data_record
-        return {} if hook is None else registry.resolve(hook)(self)
+        return {} if hook is None else resolve(hook)(self.settings())
 
 
 def section_spec(
@@ -93,7 +99,7 @@ def section_spec(
     """The RunSpec a params section starts its runs from (a sweep's trials or the final
     training; they set the model, augmentation and searched settings): ``section``'s
     epochs, batch size, seed, compile, amp and sizes on ``sweep``'s dataset and channels, with
-    params.yaml's augmentation and smallNORB settings; ``train``: more TrainConfig fields."""
+    params.yaml's augmentation and data settings; ``train``: more TrainConfig fields."""
     params = params or Params()
     if section.amp is not None:
         train = {"amp": section.amp, **train}
@@ -108,7 +114,7 @@ def section_spec(
         train_size=section.train_size,
         val_size=section.val_size,
         augment_params=params.augment,
-        smallnorb=params.data.smallnorb,
+        data_params=params.data,
         data_root=data_root,
         mirror=mirror,
     )  # fmt: skip
@@ -213,7 +219,7 @@ def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) 
     from capsnet.data.datasets import load, split_tail
 
     if spec.data.split is not None:
-        return Split(*registry.resolve(spec.data.split)(spec))
+        return Split(*resolve(spec.data.split)(spec))
     options = {"components": True} if reconstructs_digits(spec, model_config) else {}
     full = load(
         spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
@@ -238,7 +244,7 @@ def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None
     from capsnet.data.datasets import Slice, load
 
     if spec.data.test_set is not None:
-        test = registry.resolve(spec.data.test_set)(spec, subset)
+        test = resolve(spec.data.test_set)(spec, subset)
     else:
         test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror)
     if limit is None or limit >= len(test):

@@ -203,9 +203,9 @@ def score(
 ) -> dict:
     """The model's numbers on evaluation set ``name`` as its registry declaration says: a
     rotation sweep over ``angles`` (``rotations_of``), the multi-label scores, or accuracy."""
-    from capsnet.data import registry
+    from capsnet.config import dataset_specs
 
-    spec = registry.of_evaluation(name)
+    spec = dataset_specs.of_evaluation(name)
     if spec.rotations_of is not None:
         return rotation_sweep(model, dataset, angles, batch_size, device, amp)
     if spec.multi_label:

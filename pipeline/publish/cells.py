@@ -1,6 +1,7 @@
 """Table cells of the evaluation results (``capsnet.evaluation.results``, the metrics.json
-contract): the column titles, percentages and which paper number a cell compares with. The
-report (pipeline/publish/report.py) and the README table (pipeline/publish/readme.py) use them."""
+contract): the column titles (the dataset specs'), percentages and which paper number a
+cell compares with. The report (pipeline/publish/report.py) and the README table
+(pipeline/publish/readme.py) use them."""
 
 from __future__ import annotations
 
@@ -8,34 +9,21 @@ import math
 import os
 from typing import Any
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import cell_value
 from capsnet.evaluation.results import Entry, EvalResults, load_results, parse_results
 from pipeline.provenance import check_results_text
 
-#: Column titles of the result tables (the rest are computed or the dataset's name).
-TITLES = {
-    "mnist": "MNIST",
-    "rotated-mnist": "rotated MNIST",
-    "expanded-mnist": "expanded MNIST",
-    "affnist": "affNIST",
-    "affnist-synth": "affNIST (synth stand-in)",
-    "multimnist": "MultiMNIST (strict)",
-    "smallnorb": "smallNORB",
-    "smallnorb-azimuth-novel": "smallNORB novel azimuths",
-    "smallnorb-elevation-novel": "smallNORB novel elevations",
-}
-
 
 def column_title(column: str, entries: dict[str, Entry]) -> str:
-    """The title of a result column; a stand-in's data named as such."""
+    """The title of a result column (its dataset's spec); a stand-in's data named as such."""
     base, _, angle = column.partition("@")
-    spec = registry.of_column(column)
+    spec = dataset_specs.of_column(column)
+    title = dataset_specs.column_title(column)
     if angle and spec is not None and spec.rotations_of is not None:
-        return f"{TITLES.get(base, base)} {angle}°"
-    title = TITLES.get(column, column)
+        return title
     scored = [e.source(base) for e in entries.values() if cell_value(e, column) is not None]
-    if any(registry.is_stand_in(column, s) for s in scored):
+    if any(dataset_specs.is_stand_in(column, s) for s in scored):
         return title + " (synth stand-in)"
     return title
 
@@ -49,7 +37,7 @@ def percent(value: float | None, std: float | None = None) -> str:
 
 def paper_metric(column: str, entry: Entry) -> str:
     """The column to look the paper's number up by; "" for a stand-in's data."""
-    if registry.is_stand_in(column, entry.source(column.split("@")[0])):
+    if dataset_specs.is_stand_in(column, entry.source(column.split("@")[0])):
         return ""  # a stand-in's data is never compared with the paper's
     return column
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import epochs_text
 from capsnet.evaluation.results import Comparison, ComparisonArm, ComparisonGroup, as_comparison
 from pipeline.paper import ARTICLE, is_baseline, published
@@ -234,10 +235,11 @@ def _summary(outcomes: list[str], key: str, target: float) -> str:
 def _paper_context(target: float) -> str | None:
     """The rotated-MNIST article's numbers (pipeline/paper.py) as context, never as our
     results."""
+    sweep = dataset_specs.ROTATION_SETS[0]
     found = [
         published(metric, family)
         for family in ("lenet5", "capsnet")
-        for metric in ("rotated-mnist@0", "rotated-mnist@35")
+        for metric in (f"{sweep}@0", f"{sweep}@35")
     ]
     if None in found:
         return None

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import (
     AT_CHANCE,
     at_chance,
@@ -83,7 +83,7 @@ def at_chance_line(
             for name in [*members, *entry.failed]:
                 if name is not None and at_chance(metrics.entries[name], column):
                     value = cell_value(metrics.entries[name], column)
-                    chance = registry.chance(column)
+                    chance = dataset_specs.chance(column)
                     where = titles.get(column, column)
                     found[name, column] = (
                         f"{name} on {where}, {percent(value)} (chance {percent(chance)})"
@@ -140,7 +140,7 @@ def viewpoints_at_chance(section: Viewpoints) -> str:
     """One sentence naming each novel-viewpoint run (kind, seed, model) whose familiar
     accuracy is at chance (``AT_CHANCE``), so its comparison and any mean over seeds that
     includes it support no conclusion; "" when there is none."""
-    chance = registry.chance("smallnorb")
+    chance = dataset_specs.chance("smallnorb")
     found = [
         f"{m.model} on {entry.kind}, familiar error {percent(m.familiar_error)}"
         for entry in section.kinds

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from capsnet.config import dataset_specs
 from capsnet.evaluation.headline import (
     cell_value,
     count_text,
@@ -368,7 +369,11 @@ FIGURE_CAPTIONS = {
     "its title names.",
     "viewpoints": "Test error per epoch on the familiar (solid) and novel (dashed) "
     "viewpoints, one colour per model.",
-    "multimnist": "MultiMNIST inputs with the two predicted digits reconstructed.",
+    # each multi-label set's figure (capsnet.evaluation.figures.MODEL_FIGURES)
+    **dict.fromkeys(
+        dataset_specs.MULTI_LABEL_SETS,
+        "MultiMNIST inputs with the two predicted digits reconstructed.",
+    ),
 }
 
 
@@ -404,7 +409,7 @@ def _left_out(results: EvalResults, figures: list[Path]) -> set[Path]:
 def figure_owner(stem: str) -> str:
     """A figure's stem without the evaluation set a per-set figure adds
     (``confusion-<name>-<set>`` -> ``confusion-<name>``; the registry's set names)."""
-    from capsnet.data.registry import CONFUSION_SETS
+    from capsnet.config.dataset_specs import CONFUSION_SETS
 
     for test_set in CONFUSION_SETS:
         if stem.endswith(f"-{figure_slug(test_set)}"):

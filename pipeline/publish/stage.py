@@ -220,7 +220,7 @@ def create_wandb_report(
     import wandb
     import wandb_workspaces.reports.v2 as wr
 
-    from capsnet.data.registry import CONFUSION_SETS
+    from capsnet.config.dataset_specs import CONFUSION_SETS
 
     entity = entity or wandb.Api().default_entity
     filters = report_filters(runs, sweep_groups)

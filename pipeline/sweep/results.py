@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capsnet.cli.boundary import error_cause
-from capsnet.config import SweepConfig
-from capsnet.data import registry
+from capsnet.config import SweepConfig, dataset_specs
 from capsnet.io.files import DISABLED_MARKER, atomic_write_text, clear_disabled
 from capsnet.io.outputset import atomic_directory
 from capsnet.io.outputset import write_disabled as write_disabled_outputs
@@ -86,7 +85,7 @@ def best_result(results, sweep: SweepConfig, experiment: str = "") -> dict[str, 
         return None
     best = min(good, key=lambda r: _rank(r, sweep))
     data = {"dataset": sweep.dataset}
-    if registry.get(sweep.dataset).rotated_validation:
+    if dataset_specs.get(sweep.dataset).rotated_validation:
         data["rotation_angle"] = sweep.rotation_angle
     else:
         data["channels"] = sweep.channels
@@ -181,7 +180,9 @@ def output_paths(out_dir, sweep: SweepConfig) -> dict[str, Path]:
     """results.csv, best.json and the plot data: by_routing and by_augment for MNIST,
     by_routing and ablation (every searched parameter) for smallNORB."""
     out = Path(out_dir)
-    plots = ("by_routing", "ablation") if registry.get(sweep.dataset).sweep_records_all else PLOTS
+    plots = (
+        ("by_routing", "ablation") if dataset_specs.get(sweep.dataset).sweep_records_all else PLOTS
+    )
     return {
         "results": out / "results.csv",
         "best": out / "best.json",

@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConfig
-from capsnet.data import registry
+from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConfig, dataset_specs
 from capsnet.io.errors import CapsnetError, ConfigError
 from capsnet.io.files import locked
 from capsnet.training.run import RunSpec, Split, section_spec
@@ -92,7 +91,7 @@ def load_data(sweep: SweepConfig, base: RunSpec) -> SweepData:
     from capsnet.training.run import load_split
 
     split = load_split(base)
-    if not registry.get(sweep.dataset).rotated_validation:
+    if not dataset_specs.get(sweep.dataset).rotated_validation:
         return SweepData(split)
     return SweepData(split, rotated(split.val, sweep.rotation_angle, "val-rot"))
 
@@ -197,9 +196,7 @@ def fingerprint(sweep: SweepConfig, base: RunSpec, data: SweepData) -> str:
     }
     used = {  # the settings of the strategies the space uses, no other augment key
         "augment": {s: dataclasses.asdict(b) if b is not None else None for s, b in blocks.items()},
-        "smallnorb": dataclasses.asdict(base.smallnorb)
-        if registry.get(sweep.dataset).self_augmenting
-        else None,
+        "data": dataclasses.asdict(base.settings()) if base.data.self_augmenting else None,
     }
     parts = [_digest(settings), _digest(used), data_digest(data), code_digest(sweep)]
     return _digest(parts)[:12]

@@ -81,7 +81,7 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str, seed: int | N
         channels=settings.channels,
         train_size=settings.train_limit,
         val_size=0,
-        smallnorb=params.data.smallnorb,
+        data_params=params.data,
         data_root=data_root,
     )  # fmt: skip
 

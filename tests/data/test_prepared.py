@@ -15,8 +15,8 @@ from clihelpers import assert_one_line_error, invoke_cli
 from datahelpers import write_affnist_mirror, write_smallnorb_raw, write_tiny_mnist
 
 from capsnet import models
+from capsnet.config.dataset_specs import PREPARES
 from capsnet.data import affnist, load, mnist, multimnist, smallnorb
-from capsnet.data.registry import PREPARES
 from capsnet.data.store import load_prepared, prepared_spec, save_prepared
 from capsnet.io.errors import DataError
 from capsnet.models import checkpoint

@@ -12,8 +12,8 @@ import pytest
 
 import capsnet.data
 from capsnet.config import DATASETS as SWEEP_DATASETS
-from capsnet.config import EVAL_DATASETS, EXTRA_DATASETS, DataParams
-from capsnet.data import registry
+from capsnet.config import EVAL_DATASETS, EXTRA_DATASETS, DataParams, dataset_specs
+from capsnet.data.registry import resolve
 
 DATA_DIR = Path(capsnet.data.__file__).parent
 
@@ -62,8 +62,8 @@ def test_each_data_module_imports_alone_and_the_registry_without_torch():
     modules = sorted(p.stem for p in DATA_DIR.glob("*.py") if p.stem != "__init__")
     script = (
         "import os, sys, traceback\n"
-        "import capsnet.data.registry, capsnet.config\n"
-        "assert 'torch' not in sys.modules, 'the registry and config import torch'\n"
+        "import capsnet.config.dataset_specs, capsnet.config, capsnet.data.registry\n"
+        "assert 'torch' not in sys.modules, 'the dataset specs and config import torch'\n"
         f"for name in {modules!r}:\n"
         "    __import__(f'capsnet.data.{name}')\n"
         "for name in [m for m in sys.modules if m == 'capsnet' or m.startswith('capsnet.')]:\n"
@@ -90,29 +90,29 @@ def test_each_data_module_imports_alone_and_the_registry_without_torch():
 
 def test_every_declaration_resolves_and_names_its_params_section():
     sections = {f.name for f in DataParams.__dataclass_fields__.values()}
-    for name, spec in registry.REGISTRY.items():
+    for name, spec in dataset_specs.REGISTRY.items():
         assert spec.name == name and spec.section in sections, name
         hooks = (spec.split, spec.test_set, spec.evaluation_set, spec.data_record)
         for reference in (spec.loader, spec.download, spec.stand_in, spec.prepare, spec.prepared,
                           *hooks):  # fmt: skip
             if reference is not None:
-                assert registry.resolve(reference) is not None, reference
+                assert resolve(reference) is not None, reference
         if spec.download:
             assert spec.prepare, f"{name}: downloaded but never prepared"
 
 
 def test_config_choices_are_the_registry():
-    assert EVAL_DATASETS == registry.EVAL_DATASETS
-    assert SWEEP_DATASETS == registry.SWEEP_DATASETS == ("mnist", "smallnorb")
+    assert EVAL_DATASETS == dataset_specs.EVAL_DATASETS
+    assert SWEEP_DATASETS == dataset_specs.SWEEP_DATASETS == ("mnist", "smallnorb")
     assert set(EXTRA_DATASETS) == {"multimnist", "expanded-mnist"}
     assert len(set(EVAL_DATASETS)) == len(EVAL_DATASETS)
     from capsnet.cli import data_commands as cli
     from capsnet.cli import train_commands as train_cli
 
     train_choices = next(p for p in train_cli.train_command.params if p.name == "dataset").type
-    assert tuple(train_choices.choices) == registry.TRAIN_DATASETS
+    assert tuple(train_choices.choices) == dataset_specs.TRAIN_DATASETS
     prepare = next(p for p in cli.prepare_command.params if p.name == "dataset").type
-    assert tuple(prepare.choices) == registry.PREPARES
+    assert tuple(prepare.choices) == dataset_specs.PREPARES
 
 
 def test_unknown_names_fail_in_one_line():

@@ -1,6 +1,6 @@
 """A dataset registered at run time (tests/data/toyset.py and its DatasetSpec) goes through
-``capsnet train``, the checkpoint evaluation and the evaluate stage with nothing else
-changed: the registry is the only switch."""
+``capsnet train``, the checkpoint evaluation, the evaluate stage's summary.json and the
+published results table with nothing else changed: the declaration is the only switch."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ import pytest
 import toyset
 from click.testing import CliRunner
 
-from capsnet.data import registry
+from capsnet.config import dataset_specs
 
 
 @pytest.fixture
 def toy():
-    registry.register(toyset.SPEC)
+    dataset_specs.register(toyset.SPEC)
     yield toyset.SPEC
-    registry.unregister(toyset.SPEC.name)
+    dataset_specs.unregister(toyset.SPEC.name)
 
 
 def test_registering_a_taken_name_is_refused(toy):
     with pytest.raises(Exception, match="toy-bars already registered"):
-        registry.register(toy)
+        dataset_specs.register(toy)
 
 
 def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeypatch):
@@ -52,4 +52,12 @@ def test_a_registered_toy_dataset_trains_and_is_evaluated(toy, tmp_path, monkeyp
     scored = results["lenet5"][toy.name]
     assert scored["n"] == toyset.SIZES["test"]
     assert scored["accuracy"] == pytest.approx(metrics[toy.name]["accuracy"])
-    assert toy.name not in registry.REGISTRY or registry.get(toy.name) is toy
+    summary = json.loads(written["summary"].read_text())
+    assert summary["lenet5"]["toy"] == pytest.approx(scored["accuracy"], abs=1e-6)
+
+    from pipeline.publish.readme import results_table
+
+    header, _, row = results_table(results).splitlines()[:3]
+    assert header == "| model | toy bars |"
+    assert row.startswith(f"| lenet5 | {100 * scored['accuracy']:.2f}%")
+    assert toy.name not in dataset_specs.REGISTRY or dataset_specs.get(toy.name) is toy

@@ -1,12 +1,12 @@
 """A toy dataset registered at run time: three classes of 12x12 bars (horizontal, vertical,
 diagonal) with a little noise, built in memory. Everything the project needs of it is this
-module and its registration (``SPEC``)."""
+module and its registration (``SPEC``: behaviour and display, its results column first)."""
 
 from __future__ import annotations
 
 import torch
 
-from capsnet.data.registry import DatasetSpec
+from capsnet.config.dataset_specs import Column, DatasetSpec, SummaryKey
 from capsnet.data.tensors import TensorImageDataset
 
 SIDE, CLASSES = 12, 3
@@ -32,5 +32,6 @@ def load_dataset(request, **options) -> TensorImageDataset:
 
 SPEC = DatasetSpec(
     "toy-bars", "toy-bars", "toyset:load_dataset", shape=(1, SIDE, CLASSES),
-    train=True, evaluation=("toy-bars",),
+    train=True, evaluation=("toy-bars",), columns=(Column("toy-bars", "toy bars"),),
+    column_order=5, summary=(SummaryKey("toy-bars", "toy"),),
 )  # fmt: skip
