@@ -111,3 +111,29 @@ def test_squash_is_fp32_under_bf16_input():
 def test_zero_iterations_rejected():
     with pytest.raises(ValueError, match="iterations"):
         dynamic_routing(torch.randn(1, 2, 2, 2), 0)
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_fused_dynamic_routing_compiles_without_a_graph_break(amp, monkeypatch):
+    """The compiled training step traces the routing whole (``fullgraph``), with bf16
+    autocast on or off. It never asks ``torch.amp.is_autocast_available``, which Dynamo
+    cannot trace in torch 2.11 (the graph split there on every step on an H200)."""
+    from capsnet.nn.layers import fused_dynamic_routing
+
+    def untraceable(device_type):
+        raise AssertionError(f"is_autocast_available({device_type!r}) called in a forward")
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)
+    torch._dynamo.reset()
+    u = torch.randn(4, 32, 8)  # (B, I, K)
+    weight = torch.randn(32, 10, 16, 8, requires_grad=True)  # (I, J, D, K)
+    routed = torch.compile(
+        lambda u, w: fused_dynamic_routing(u, w, 3), fullgraph=True, backend="eager"
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        v, c = routed(u, weight)
+        eager_v, _ = fused_dynamic_routing(u, weight, 3)
+    assert v.shape == (4, 10, 16) and c.shape == (4, 32, 10)
+    torch.testing.assert_close(v, eager_v)
+    v.sum().backward()
+    assert weight.grad is not None and weight.grad.dtype == torch.float32

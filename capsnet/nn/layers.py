@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsnet.nn.compiling import has_autocast
 from capsnet.nn.routing import dynamic_routing, squash
 
 ROUTING_CHUNK = 32  # examples per routing chunk on a CPU (best of 16..128 on 2 cores, batch 128)
@@ -71,7 +72,7 @@ def _autocast_once(weight: torch.Tensor) -> torch.Tensor:
     keeps no cached copy); one cast gives the same forward values once per forward, and
     sums the weight's gradient over the products in bf16 before casting it back."""
     kind = weight.device.type
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+    if has_autocast(kind) and torch.is_autocast_enabled(kind):
         return weight.to(torch.get_autocast_dtype(kind))
     return weight
 

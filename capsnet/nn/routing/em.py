@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from capsnet.nn.compiling import has_autocast
+
 EM_FINAL_LAMBDA = 0.01  # official code: final inverse temperature
 EM_MIN_VAR = 0.0005  # official code: variance floor
 EM_EPS = 1e-6  # added to every r_ij a_i in the M-step weights (bounded with no active child)
@@ -407,7 +409,7 @@ def _iterate(steps, groups, acts, scope, sizes: tuple[int, int], constants, unif
 
 def _without_autocast(device: torch.device):
     """Autocast switched off on ``device`` (a no-op where autocast does not exist: meta)."""
-    if torch.amp.is_autocast_available(device.type):
+    if has_autocast(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()
 
