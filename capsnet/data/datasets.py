@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from capsnet.config.data import DATA_ROOT
+from capsnet.config.data import DATA_ROOT, DataParams
 from capsnet.config.dataset_specs import DATASETS, get
 from capsnet.data.registry import resolve
 from capsnet.data.tensors import LoadRequest, Slice, TensorImageDataset, shape_of, split_tail
@@ -49,6 +49,7 @@ def load(
     download: bool = True,
     mirror: str | None = None,
     progress: bool = False,
+    data: DataParams | None = None,
     **options,
 ) -> Dataset:
     """A prepared dataset by name, as a torch Dataset of (image float (C, H, W) in [0, 1],
@@ -61,7 +62,9 @@ def load(
     multimnist (``options``: merge, redraw, components: items (image, target, each digit
     alone (2, 1, S, S), the two labels (2,))). Prepared files under ``root/prepared`` are used
     when present; MNIST-derived sets are otherwise computed from the raw MNIST files
-    (downloaded when ``download``).
+    (downloaded when ``download``). ``data``: params.yaml's validated ``data`` section
+    (default: its defaults); the loader reads its dataset's part, ``data.<spec.section>``,
+    as ``request.settings``.
     """
     root = Path(root) if root is not None else DEFAULT_ROOT
     spec = get(name)
@@ -71,5 +74,6 @@ def load(
     if unknown:
         raise DataError(f"{name}: unknown option(s) {', '.join(unknown)}")
 
-    request = LoadRequest(root, split, angle, subset, seed, download, mirror, progress)
+    settings = getattr(DataParams() if data is None else data, spec.section, None)
+    request = LoadRequest(root, split, angle, subset, seed, download, mirror, progress, settings)
     return resolve(spec.loader)(request, **options)

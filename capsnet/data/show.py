@@ -37,7 +37,10 @@ def _load(dataset: str, split: str, root: Path, **kwargs):
             raise
         hook = resolve(spec.evaluation_set)
         request = SimpleNamespace(mirror=None, params=SimpleNamespace(limit=None))
-        data, info = hook(dataset, request, root, lambda name, **kw: load(name, split, root, **kw))
+        settings = kwargs.get("data")
+        data, info = hook(
+            dataset, request, root, lambda name, **kw: load(name, split, root, data=settings, **kw)
+        )
         source = info.get("source")
         if not dataset_specs.is_stand_in(dataset, source):
             raise
@@ -74,6 +77,7 @@ def show(
     params = params or Params()
     root = Path(root) if root is not None else DEFAULT_ROOT
     kwargs = {"angle": angle} if dataset == "rotated-mnist" else {}
+    kwargs["data"] = params.data
     if dataset == "smallnorb":
         kwargs["subset"] = subset
     data, note = _load(

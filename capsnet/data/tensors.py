@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -122,7 +123,9 @@ def shape_of(dataset: Dataset) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class LoadRequest:
     """What a dataset loader is asked for: the split under ``root`` (prepared files in
-    ``root/prepared``), and the settings some datasets read."""
+    ``root/prepared``), and the settings some datasets read. ``settings``: the dataset's
+    validated params.yaml section (``data.<its spec's section>``, a ``capsnet.config.data``
+    dataclass; None where the data section has none), the same at every entry point."""
 
     root: Path
     split: str
@@ -133,3 +136,4 @@ class LoadRequest:
     download: bool = True  # fetch missing raw files
     mirror: str | None = None
     progress: bool = False
+    settings: Any = None

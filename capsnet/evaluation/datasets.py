@@ -38,6 +38,7 @@ class TestSets:
             self.root,
             mirror=self.request.mirror,
             progress=sys.stderr.isatty(),
+            data=self.request.data,
             **kwargs,
         )
 

@@ -222,8 +222,9 @@ def load_split(spec: RunSpec, progress: bool = False, model_config: Any = None) 
         return Split(*resolve(spec.data.split)(spec))
     options = {"components": True} if reconstructs_digits(spec, model_config) else {}
     full = load(
-        spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress, **options
-    )
+        spec.dataset, "train", spec.data_root, mirror=spec.mirror, progress=progress,
+        data=spec.data_params, **options,
+    )  # fmt: skip
     if spec.val_size >= len(full):
         raise ConfigError(f"val_size {spec.val_size} >= {len(full)} {spec.dataset} images")
     train, val = split_tail(full, spec.val_size, spec.train_size)
@@ -246,7 +247,7 @@ def load_test(spec: RunSpec, limit: int | None = None, subset: str | None = None
     if spec.data.test_set is not None:
         test = resolve(spec.data.test_set)(spec, subset)
     else:
-        test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror)
+        test = load(spec.dataset, "test", spec.data_root, mirror=spec.mirror, data=spec.data_params)
     if limit is None or limit >= len(test):
         return test
     return test.subset(limit) if hasattr(test, "subset") else Slice(test, 0, limit)
