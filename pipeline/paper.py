@@ -28,7 +28,7 @@ SOURCES_LINE = (
 class PaperNumber:
     """One published figure of a source of ``CITES``, as an accuracy in [0, 1]."""
 
-    metric: str  # "mnist", "rotated-mnist@0", "rotated-mnist@35", "affnist", "smallnorb", ...
+    metric: str  # a results column: a dataset's evaluation set, "<rotation set>@<angle>"
     family: str  # a registered model family: capsnet, em, lenet5, sabour-cnn, smallnorb-cnn
     accuracy: float
     source: str  # who published it: SABOUR, HINTON or ARTICLE
@@ -46,27 +46,19 @@ class PaperNumber:
         return f"{self.source}, {self.model}: {self.accuracy * 100:.2f}%"
 
 
-PAPER_NUMBERS = (
-    PaperNumber("mnist", "capsnet", 0.9975, SABOUR, "CapsNet", "0.25% error, 3 iterations, reconstruction"),  # noqa: E501
-    PaperNumber("mnist", "sabour-cnn", 0.9961, SABOUR, "baseline CNN (35.4M)", "0.39% error"),
-    PaperNumber("mnist", "lenet5", 0.9868, ARTICLE, "LeNet5", "shift-only training"),
-    PaperNumber("rotated-mnist@0", "capsnet", 0.9937, ARTICLE, "CapsNet", "upright MNIST"),
-    PaperNumber("rotated-mnist@0", "lenet5", 0.9868, ARTICLE, "LeNet5", "shift-only training"),
-    PaperNumber("rotated-mnist@35", "capsnet", 0.8409, ARTICLE, "CapsNet", "35°: 84.09-92.12% by training"),  # noqa: E501
-    PaperNumber("rotated-mnist@35", "lenet5", 0.7605, ARTICLE, "LeNet5", "35°, shift-only training"),  # noqa: E501
-    PaperNumber("expanded-mnist", "capsnet", 0.992, SABOUR, "CapsNet", "expanded MNIST test"),
-    PaperNumber("expanded-mnist", "sabour-cnn", 0.992, SABOUR, "baseline CNN", "expanded MNIST test"),  # noqa: E501
-    PaperNumber("affnist", "capsnet", 0.79, SABOUR, "CapsNet", "trained on expanded MNIST"),
-    PaperNumber("affnist", "sabour-cnn", 0.66, SABOUR, "baseline CNN", "trained on expanded MNIST"),
-    PaperNumber("multimnist", "capsnet", 0.948, SABOUR, "CapsNet", "5.2% error (strict)"),
-    PaperNumber("multimnist", "sabour-cnn", 0.919, SABOUR, "baseline CNN", "8.1% error"),
-    PaperNumber("smallnorb", "em", 0.982, HINTON, "matrix capsules, EM", "1.8% error, 3 iterations"),  # noqa: E501
-    PaperNumber("smallnorb", "smallnorb-cnn", 0.948, HINTON, "baseline CNN", "5.2% error"),
-    PaperNumber("smallnorb-azimuth-novel", "em", 0.865, HINTON, "matrix capsules, EM", "novel azimuths: 13.5% error"),  # noqa: E501
-    PaperNumber("smallnorb-azimuth-novel", "smallnorb-cnn", 0.80, HINTON, "baseline CNN", "novel azimuths: 20% error"),  # noqa: E501
-    PaperNumber("smallnorb-elevation-novel", "em", 0.877, HINTON, "matrix capsules, EM", "novel elevations: 12.3% error"),  # noqa: E501
-    PaperNumber("smallnorb-elevation-novel", "smallnorb-cnn", 0.822, HINTON, "baseline CNN", "novel elevations: 17.8% error"),  # noqa: E501
-)  # fmt: skip
+#: Each source's key in the dataset declarations (``DatasetSpec.published``).
+SOURCES = {"sabour": SABOUR, "hinton": HINTON, "article": ARTICLE}
+
+
+def paper_numbers() -> tuple[PaperNumber, ...]:
+    """The published numbers, as the dataset declarations give them
+    (``capsnet.config.dataset_specs``, ``published``)."""
+    from capsnet.config import dataset_specs
+
+    return tuple(
+        PaperNumber(p.column, p.family, p.accuracy, SOURCES[p.source], p.model, p.note)
+        for p in dataset_specs.published_numbers()
+    )
 
 
 def model_family(model: str | None) -> str | None:
@@ -89,7 +81,7 @@ def is_baseline(model: str | None) -> bool:
 
 def published(metric: str, family: str | None) -> PaperNumber | None:
     """The number published for model family ``family`` on ``metric``, or None."""
-    return next((p for p in PAPER_NUMBERS if p.metric == metric and p.family == family), None)
+    return next((p for p in paper_numbers() if p.metric == metric and p.family == family), None)
 
 
 def paper_number(metric: str, model: str) -> PaperNumber | None:

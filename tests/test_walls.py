@@ -184,10 +184,28 @@ def _table_operands(node: ast.AST) -> list[ast.AST]:
     return list(node.elts) if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
 
 
+def _named_operands(node: ast.AST) -> list[ast.AST]:
+    """The values a dataset would be named by at ``node`` other than in a comparison or a
+    table: a call's arguments (``load("mnist")``, ``d.get("mnist")``, ``dataset="mnist"``),
+    a subscript's key (``d["mnist"]``) and a parameter's default (``def f(d="mnist")``).
+    A model name that contains a dataset's ("smallnorb-cnn") is no dataset name: these
+    match whole names only."""
+    if isinstance(node, ast.Call):
+        return [*node.args, *(k.value for k in node.keywords)]
+    if isinstance(node, ast.Subscript):
+        return [node.slice]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    return []
+
+
 def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None) -> list[str]:
     """``file:line: literal`` for each comparison (==, !=, in, not in, startswith, endswith)
-    of a value with a dataset name literal, and each table (dict keys, tuple, list or set
-    elements) naming one, outside capsnet/data/ and capsnet/config/."""
+    of a value with a dataset name literal, each table (dict keys, tuple, list or set
+    elements) naming one, and each dataset name passed as a call argument, used as a
+    subscript key or as a parameter default (``_named_operands``), outside capsnet/data/
+    and capsnet/config/: what code needs of a dataset comes from its spec (a flag or a
+    relation: ``rotation_sweep``, ``viewpoint_dataset``, ``published``)."""
     from capsnet.config import dataset_specs
 
     names = names or (*dataset_specs.DATASETS, *dataset_specs.EVAL_DATASETS)
@@ -197,6 +215,11 @@ def dataset_comparisons(root: Path, packages=("capsnet", "pipeline"), names=None
             if path.relative_to(root).parts[:2] in DATASET_HOMES:
                 continue
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                found += [
+                    f"{path.relative_to(root)}:{node.lineno}: {text!r}"
+                    for text in (t for o in _named_operands(node) for t in _dataset_literals(o))
+                    if _names_a_dataset(text, names, exact=True)
+                ]
                 if isinstance(node, ast.Compare):
                     operands = [node.left, *node.comparators]
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -257,6 +280,29 @@ def test_the_dataset_name_check_sees_every_form_of_comparison(tmp_path):
         "capsnet/m.py:4: 'smallnorb-'",
         "capsnet/m.py:5: 'rotated-mnist@'",
         "pipeline/p.py:2: 'smallnorb'",
+    ]
+
+
+def test_the_dataset_name_check_sees_arguments_keys_and_defaults(tmp_path):
+    (tmp_path / "capsnet" / "config").mkdir(parents=True)
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "capsnet" / "config" / "own.py").write_text("spec = get('smallnorb')\n")
+    (tmp_path / "pipeline" / "p.py").write_text(
+        "a = chance('smallnorb')\nb = data.get('mnist')[0]\nc = run(dataset='smallnorb')\n"
+        "d = scores['rotated-mnist@35']\ne = entry.block('rotated-mnist')\n"
+        "def f(name='affnist', *, other='multimnist'):\n    return name\n"
+        "g = models.registered('smallnorb-cnn')\nh = get('mn', key=name)\n"
+        "i = Number('expanded-mnist', 'capsnet', 0.99)\n"
+    )
+    assert sorted(dataset_comparisons(tmp_path), key=lambda f: int(f.split(":")[1])) == [
+        "pipeline/p.py:1: 'smallnorb'",
+        "pipeline/p.py:2: 'mnist'",
+        "pipeline/p.py:3: 'smallnorb'",
+        "pipeline/p.py:4: 'rotated-mnist@35'",
+        "pipeline/p.py:5: 'rotated-mnist'",
+        "pipeline/p.py:6: 'affnist'",
+        "pipeline/p.py:6: 'multimnist'",
+        "pipeline/p.py:10: 'expanded-mnist'",
     ]
 
 

@@ -20,7 +20,7 @@ from capsnet.cli.options import (
     train_default,
     usage_check,
 )
-from capsnet.config import FinalTrainConfig, dataset_specs
+from capsnet.config import FinalTrainConfig, SweepConfig, dataset_specs
 from capsnet.config.sweep import LOSSES
 
 
@@ -87,7 +87,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 @click.option(
     "--dataset",
     type=TrainingSet(),
-    default="mnist",
+    default=SweepConfig.dataset,
     show_default=True,
     help="Training data; the model's input size, channels and classes follow it.",
 )

@@ -49,6 +49,22 @@ class SummaryKey:
 
 
 @dataclass(frozen=True)
+class Published:
+    """A number a paper published on one of the dataset's results columns: ``column`` (a
+    ``Column`` key, its angle filled in: "rotated-mnist@35"), the registered model
+    ``family`` it describes (``capsnet.models.register(..., family=...)``), its
+    ``accuracy`` in [0, 1], its ``source`` (a key of ``pipeline.paper.SOURCES``), the
+    ``model`` in the source's words and a ``note``."""
+
+    column: str
+    family: str
+    accuracy: float
+    source: str
+    model: str
+    note: str
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """One dataset: its name, what a model needs for it, where its files come from, how it
     is prepared and loaded, where it is evaluated and how its numbers are shown."""
@@ -92,6 +108,7 @@ class DatasetSpec:
     columns: tuple[Column, ...] = ()
     column_order: int = 1000
     summary: tuple[SummaryKey, ...] = ()
+    published: tuple[Published, ...] = ()  # the papers' numbers on its columns
 
 
 REGISTRY: dict[str, DatasetSpec] = {
@@ -105,12 +122,23 @@ REGISTRY: dict[str, DatasetSpec] = {
             probes=("robustness", "equivariance"),
             columns=(Column("mnist", "MNIST"),), column_order=10,
             summary=(SummaryKey("mnist", "mnist", sweep_angle=0.0),),
+            published=(
+                Published("mnist", "capsnet", 0.9975, "sabour", "CapsNet", "0.25% error, 3 iterations, reconstruction"),  # noqa: E501
+                Published("mnist", "sabour-cnn", 0.9961, "sabour", "baseline CNN (35.4M)", "0.39% error"),  # noqa: E501
+                Published("mnist", "lenet5", 0.9868, "article", "LeNet5", "shift-only training"),
+            ),
         ),
         DatasetSpec(
             "rotated-mnist", "mnist", "capsnet.data.rotated:load_dataset", shape=(1, 28, 10),
             evaluation=("rotated-mnist",), rotations_of="mnist",
             columns=(Column("rotated-mnist@{angle}", "rotated MNIST {angle}°"),), column_order=20,
             summary=(SummaryKey("rotated-mnist@35", "rot35", sweep_angle=35.0),),
+            published=(
+                Published("rotated-mnist@0", "capsnet", 0.9937, "article", "CapsNet", "upright MNIST"),  # noqa: E501
+                Published("rotated-mnist@0", "lenet5", 0.9868, "article", "LeNet5", "shift-only training"),  # noqa: E501
+                Published("rotated-mnist@35", "capsnet", 0.8409, "article", "CapsNet", "35°: 84.09-92.12% by training"),  # noqa: E501
+                Published("rotated-mnist@35", "lenet5", 0.7605, "article", "LeNet5", "35°, shift-only training"),  # noqa: E501
+            ),
         ),
         DatasetSpec(
             "affnist", "affnist", "capsnet.data.affnist:load_real_dataset", shape=(1, 40, 10),
@@ -120,6 +148,10 @@ REGISTRY: dict[str, DatasetSpec] = {
             stand_in_source="affnist-synth", trained_on="expanded-mnist",
             columns=(Column("affnist", "affNIST"),), column_order=40,
             summary=(SummaryKey("affnist", "affnist"),),
+            published=(
+                Published("affnist", "capsnet", 0.79, "sabour", "CapsNet", "trained on expanded MNIST"),  # noqa: E501
+                Published("affnist", "sabour-cnn", 0.66, "sabour", "baseline CNN", "trained on expanded MNIST"),  # noqa: E501
+            ),
         ),
         DatasetSpec(
             "affnist-synth", "affnist", "capsnet.data.affnist:load_synth_dataset",
@@ -133,6 +165,10 @@ REGISTRY: dict[str, DatasetSpec] = {
             train=True, extra=True, evaluation=("expanded-mnist",), trained_on="expanded-mnist",
             columns=(Column("expanded-mnist", "expanded MNIST"),), column_order=30,
             summary=(SummaryKey("expanded-mnist", "expanded"),),
+            published=(
+                Published("expanded-mnist", "capsnet", 0.992, "sabour", "CapsNet", "expanded MNIST test"),  # noqa: E501
+                Published("expanded-mnist", "sabour-cnn", 0.992, "sabour", "baseline CNN", "expanded MNIST test"),  # noqa: E501
+            ),
         ),
         DatasetSpec(
             "multimnist", "multimnist", "capsnet.data.multimnist:load_dataset",
@@ -143,6 +179,10 @@ REGISTRY: dict[str, DatasetSpec] = {
             multi_label=True, headline_metric="strict_accuracy", trained_on="multimnist",
             columns=(Column("multimnist", "MultiMNIST (strict)"),), column_order=60,
             summary=(SummaryKey("multimnist", "multimnist"),),
+            published=(
+                Published("multimnist", "capsnet", 0.948, "sabour", "CapsNet", "5.2% error (strict)"),  # noqa: E501
+                Published("multimnist", "sabour-cnn", 0.919, "sabour", "baseline CNN", "8.1% error"),  # noqa: E501
+            ),
         ),
         DatasetSpec(
             "smallnorb", "smallnorb", "capsnet.data.smallnorb:load_dataset",
@@ -167,6 +207,14 @@ REGISTRY: dict[str, DatasetSpec] = {
                 Column("smallnorb-elevation-novel", "smallNORB novel elevations"),
             ),
             column_order=70, summary=(SummaryKey("smallnorb", "smallnorb"),),
+            published=(
+                Published("smallnorb", "em", 0.982, "hinton", "matrix capsules, EM", "1.8% error, 3 iterations"),  # noqa: E501
+                Published("smallnorb", "smallnorb-cnn", 0.948, "hinton", "baseline CNN", "5.2% error"),  # noqa: E501
+                Published("smallnorb-azimuth-novel", "em", 0.865, "hinton", "matrix capsules, EM", "novel azimuths: 13.5% error"),  # noqa: E501
+                Published("smallnorb-azimuth-novel", "smallnorb-cnn", 0.80, "hinton", "baseline CNN", "novel azimuths: 20% error"),  # noqa: E501
+                Published("smallnorb-elevation-novel", "em", 0.877, "hinton", "matrix capsules, EM", "novel elevations: 12.3% error"),  # noqa: E501
+                Published("smallnorb-elevation-novel", "smallnorb-cnn", 0.822, "hinton", "baseline CNN", "novel elevations: 17.8% error"),  # noqa: E501
+            ),
         ),
     )
 }  # fmt: skip
@@ -298,6 +346,27 @@ def column_title(column: str) -> str:
             if c.key.format(angle=angle) == column:
                 return c.title.format(angle=angle)
     return column
+
+
+def published_numbers() -> list[Published]:
+    """Every dataset's published numbers (``published``), in table order."""
+    return [number for spec in _displayed() for number in spec.published]
+
+
+def rotation_sweep() -> DatasetSpec | None:
+    """The dataset scored at the evaluate.angles rotations (``rotations_of``: its first
+    evaluation set holds the results' rotation sweep, the dataset it names the upright
+    set the rotation figures are drawn on); None when none is declared."""
+    return next((s for s in REGISTRY.values() if s.rotations_of), None)
+
+
+def viewpoint_dataset() -> str:
+    """The dataset with viewpoint subsets (``subsets``): what the novel-viewpoint
+    experiment trains and tests on; a DataError unless exactly one declares them."""
+    having = [s.name for s in REGISTRY.values() if s.subsets]
+    if len(having) != 1:
+        raise DataError(f"the viewpoint experiment needs one dataset with subsets, not {having}")
+    return having[0]
 
 
 def summary_keys() -> list[SummaryKey]:

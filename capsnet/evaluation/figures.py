@@ -75,8 +75,9 @@ class FigureDrawer:
         """The figures of one evaluated model, which is on ``request.device``."""
         from capsnet.config.dataset_specs import CONFUSION_SETS
 
-        if model_fit(model, "mnist") is None:
-            self._mnist_figures(name, model, data, request)
+        sweep = dataset_specs.rotation_sweep()  # its figures are drawn on the upright set
+        if sweep is not None and model_fit(model, sweep.rotations_of) is None:
+            self._mnist_figures(name, model, data, request, sweep.rotations_of)
         for test_set in CONFUSION_SETS:
             if "accuracy" in entry.block(test_set):
                 self._set_confusion(name, model, test_set, data, request)
@@ -91,11 +92,13 @@ class FigureDrawer:
                     request.device,
                 )
 
-    def _mnist_figures(self, name: str, model, data: TestSets, request: EvalRequest) -> None:
+    def _mnist_figures(
+        self, name: str, model, data: TestSets, request: EvalRequest, upright: str
+    ) -> None:
         from capsnet.data.datasets import rotate_images
 
         params, device = request.params, request.device
-        images, labels = data.get("mnist")[0].tensors  # (N, 1, 28, 28) uint8, (N,)
+        images, labels = data.get(upright)[0].tensors  # (N, 1, 28, 28) uint8, (N,)
         rotated = rotate_images(images, params.confusion_angle)  # (N, 1, 28, 28)
         predicted = predict_tensor(model, rotated, params.batch_size, device)  # (N,)
         angle = evaluate.format_angle(params.confusion_angle)

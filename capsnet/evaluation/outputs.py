@@ -43,7 +43,7 @@ def rotation_rows(results: EvalResults) -> list[tuple[float, str, float, float |
     group_of = {member: name for name, mean in results.means().items() for member in mean.names}
     rows = []
     for name, entry in results.entries.items():
-        if "accuracy" not in entry.block("rotated-mnist"):
+        if not entry.has_sweep():
             continue
         single = entry.checkpoint is not None
         kind = "mean" if not single else "seed" if name in group_of else "checkpoint"

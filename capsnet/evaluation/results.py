@@ -36,6 +36,15 @@ ARM_FIELDS = {
 ARMS = tuple(ARM_FIELDS)
 
 
+def rotation_set() -> str | None:
+    """The evaluation set holding the rotation sweep, as the dataset declarations say
+    (``capsnet.config.dataset_specs.rotation_sweep``); None when none is declared."""
+    from capsnet.config import dataset_specs
+
+    spec = dataset_specs.rotation_sweep()
+    return None if spec is None else spec.evaluation[0]
+
+
 def _finite(value):
     """JSON-safe: NaN and infinities become null (DVC and browsers reject NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -116,13 +125,17 @@ class Entry:
         """How many test images a column's number counts."""
         return self.block(column.split("@")[0]).get("n")
 
+    def has_sweep(self) -> bool:
+        """Whether the entry holds accuracies of the rotation sweep (``rotation_set``)."""
+        return "accuracy" in self.block(rotation_set())
+
     def sweep(self) -> dict[str, Any]:
         """{"<angle>": accuracy} of the rotated-MNIST sweep, as written; {} without one."""
-        return self.block("rotated-mnist").get("accuracy") or {}
+        return self.block(rotation_set()).get("accuracy") or {}
 
     def sweep_std(self) -> dict[str, Any]:
         """{"<angle>": the seeds' deviation} of a seed mean's sweep; {} otherwise."""
-        found = self.deviations.get("rotated-mnist")
+        found = self.deviations.get(rotation_set())
         return (found.get("accuracy") or {}) if isinstance(found, dict) else {}
 
     def rotation(self) -> list[tuple[float, float | None]]:

@@ -149,7 +149,7 @@ def train_final(
     from capsnet.training.run import check
 
     best = read_best(best_path)
-    swept = best.get("dataset", "mnist")
+    swept = best.get("dataset", SweepConfig.dataset)  # best files before the record: MNIST
     if swept != sweep.dataset:
         raise ConfigError(
             f"{best_path}: the best config of a {swept} sweep, but {sweep.SECTION}.dataset "

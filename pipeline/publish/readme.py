@@ -140,7 +140,7 @@ def viewpoints_at_chance(section: Viewpoints) -> str:
     """One sentence naming each novel-viewpoint run (kind, seed, model) whose familiar
     accuracy is at chance (``AT_CHANCE``), so its comparison and any mean over seeds that
     includes it support no conclusion; "" when there is none."""
-    chance = dataset_specs.chance("smallnorb")
+    chance = dataset_specs.chance(dataset_specs.viewpoint_dataset())
     found = [
         f"{m.model} on {entry.kind}, familiar error {percent(m.familiar_error)}"
         for entry in section.kinds

@@ -31,6 +31,7 @@ def viewpoints_command(params_path, data_root):
     """Train capsules and the CNN on familiar smallNORB viewpoints; compare them on novel
     viewpoints at matched familiar error -> viewpoints.out_dir."""
     from capsnet import config
+    from capsnet.config import dataset_specs
     from capsnet.data.stages import why_off
     from capsnet.evaluation.viewpoint_matching import OUT_DIR_FILES
     from pipeline.cluster.gpu_worker import placement
@@ -40,7 +41,7 @@ def viewpoints_command(params_path, data_root):
     where = f"{params_path.name}: viewpoints.out_dir"
     check_output(params.viewpoints.out_dir, where, own=OUT_DIR_FILES)
     check_output(f"{params.viewpoints.out_dir}.csv", where, "file")
-    if why_off(params, "smallnorb", data_root) is not None:
+    if why_off(params, dataset_specs.viewpoint_dataset(), data_root) is not None:
         result = viewpoints.run(params, data_root, log=_stderr_log)
     else:
         with placement(log=_stderr_log) as runner:

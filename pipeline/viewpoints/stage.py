@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from capsnet.config import DATA_ROOT, ROLE_CAPSULES
+from capsnet.config import DATA_ROOT, ROLE_CAPSULES, dataset_specs
 from capsnet.evaluation.viewpoint_matching import (
     CSV_COLUMNS,
     OUT_DIR_FILES,
@@ -76,7 +76,7 @@ def kind_spec(params, data_root: str | Path, kind: str, role: str, seed: int | N
             amp=settings.amp or TrainConfig.amp, **schedule(settings),
         ),
         overrides=dict(getattr(settings.overrides, role)),
-        dataset="smallnorb",
+        dataset=dataset_specs.viewpoint_dataset(),
         subset=f"{kind}-familiar",
         channels=settings.channels,
         train_size=settings.train_limit,
@@ -345,13 +345,13 @@ def track(kinds: Mapping[str, Mapping[str, Any]], rule: str, wandb, experiment: 
     mode = tracking.prepare_environment(wandb.mode)
     if mode == "disabled":
         return []
-    ids = []
+    ids, dataset = [], dataset_specs.viewpoint_dataset()
     try:
         for key, entry in kinds.items():
             selection = entry["selection"]
             for role, model in entry["models"].items():
                 config = {
-                    "dataset": "smallnorb", "kind": entry["kind"], "seed": entry["seed"],
+                    "dataset": dataset, "kind": entry["kind"], "seed": entry["seed"],
                     "entry": key, "role": role, "model": model["model"], "rule": rule,
                     "checkpoint": model["checkpoint"], "epochs": model["epochs"],
                     "checks_per_epoch": model["checks_per_epoch"],
@@ -390,7 +390,7 @@ def run(params, data_root: str | Path = DATA_ROOT, log: Log | None = None,
 
     say = log or (lambda line: None)
     settings = params.viewpoints
-    reason = why_off(params, "smallnorb", data_root)
+    reason = why_off(params, dataset_specs.viewpoint_dataset(), data_root)
     if reason is not None:
         write_disabled(settings.out_dir, reason)
         return {"disabled": reason}
