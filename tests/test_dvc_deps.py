@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repohelpers import tracked_copy
 
 pytest.importorskip("ruamel.yaml")
 
@@ -384,24 +385,6 @@ def test_a_stage_reaches_the_datasets_its_command_and_params_name(repo_root):
     assert reach.named([evaluation], declared) == {"smallnorb"}
 
 
-def _git_copy(repo_root: Path, work: Path) -> Path:
-    """The repository's tracked files (as the workspace holds them) in a fresh git repo."""
-    import shutil
-    import subprocess
-
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, text=True, check=True
-    ).stdout.split("\0")
-    for name in filter(None, tracked):
-        if (repo_root / name).is_file():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo_root / name, work / name)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
-        subprocess.run([*git, *args], cwd=work, check=True, capture_output=True)
-    return work
-
-
 def _stale_for(work: Path, edited: str) -> set[str]:
     """The stages `dvc status` finds stale because ``edited`` changed (a comment appended)."""
     import json
@@ -438,6 +421,6 @@ def test_dvc_status_after_a_dataset_module_edit_names_only_the_stages_reaching_i
     repo_root, tmp_path
 ):
     pytest.importorskip("dvc")
-    work = _git_copy(repo_root, tmp_path / "repo")
+    work = tracked_copy(repo_root, tmp_path / "repo")
     assert _stale_for(work, "capsnet/data/smallnorb_synth.py") == SMALLNORB_STAGES
     assert _stale_for(work, "capsnet/data/multimnist.py") == MULTIMNIST_STAGES

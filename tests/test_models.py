@@ -137,3 +137,32 @@ def test_reconstruct_decodes_one_image_per_label_column():
         torch.testing.assert_close(model.reconstruct(poses, labels[:, 0]), both[:, 0])
     with pytest.raises(ValueError, match="no decoder"):
         models.build("capsnet-small", decoder=False).reconstruct(poses, labels)
+
+
+def test_a_model_is_its_module_alone(tmp_path, monkeypatch):
+    """A module dropped into capsnet/models/ registers its model: no list names it."""
+    import sys
+
+    import capsnet.models as package
+
+    (tmp_path / "toymodels.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from torch import nn\n"
+        "from capsnet.models import register\n\n"
+        "@dataclass(frozen=True)\n"
+        "class ToyConfig:\n"
+        "    input_size: int = 28\n\n"
+        "@register('toy-net', ToyConfig, 'a toy', capsules=False, family='toy')\n"
+        "class ToyNet(nn.Module):\n"
+        "    def __init__(self, config):\n"
+        "        super().__init__()\n"
+        "        self.config = config\n"
+    )
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.delitem(package._REGISTRY, "toy-net", raising=False)
+    try:
+        assert "toy-net" in package.names()
+        assert package.registered("toy-net").family == "toy"
+    finally:
+        package._REGISTRY.pop("toy-net", None)
+        sys.modules.pop("capsnet.models.toymodels", None)

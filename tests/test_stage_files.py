@@ -5,13 +5,13 @@ is listed, has exact deps and passes the walls, with nothing else edited."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from repohelpers import tracked_copy
 from test_layout import import_graph, layer_breaches, package_cycles
 from test_walls import dataset_comparisons, dvc_stage_commands, wall_breaches
 
@@ -104,20 +104,7 @@ def _run(args: list[str], cwd: Path) -> str:
 @pytest.fixture(scope="module")
 def copy(repo_root, tmp_path_factory) -> Path:
     """The repository's git-tracked files, committed in a fresh git repository."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=repo_root, capture_output=True, text=True, check=True
-    ).stdout.split("\0")
-    work = tmp_path_factory.mktemp("stagefiles") / "repo"
-    for name in filter(None, tracked):
-        if (repo_root / name).is_file():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo_root / name, work / name)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
-        subprocess.run([*git, *args], cwd=work, check=True, capture_output=True)
-    return work
+    return tracked_copy(repo_root, tmp_path_factory.mktemp("stagefiles") / "repo")
 
 
 def test_a_new_stage_is_five_files(copy):

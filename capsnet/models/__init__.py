@@ -192,18 +192,18 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-_FAMILIES = ("capsnet.models.capsnet", "capsnet.models.baselines", "capsnet.models.em")
+#: Every module of this package, imported for the models it registers: a new model is its
+#: module alone (and the DVC stages that build models depend on every module here).
+FAMILY_MODULES = "capsnet.models.*"
 
 
 def _load_families() -> None:
     import importlib
+    import pkgutil
 
-    for module in _FAMILIES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    package = importlib.import_module(FAMILY_MODULES.removesuffix(".*"))
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
 from capsnet.io.files import LOCK_NAME, atomic_write_json, is_temporary, read_json
-from pipeline.sweep.stage import SweepError
+from pipeline.sweep.errors import SweepError
 
 #: The record of the experiment's state files this project wrote, beside them.
 STATE_FILE = "capsnet-state.json"

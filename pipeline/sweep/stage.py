@@ -34,25 +34,14 @@ from typing import Any
 import torch
 
 from capsnet.config import DATA_ROOT, SEARCHABLE, Params, SearchSpace, SweepConfig, dataset_specs
-from capsnet.io.errors import CapsnetError, ConfigError
+from capsnet.io.errors import ConfigError
 from capsnet.io.files import locked
 from capsnet.training.run import RunSpec, Split, section_spec
 from pipeline import tracking
 from pipeline.cluster import ray_reaper
 from pipeline.cluster.gpu_worker import connect
 from pipeline.sweep import results
-
-
-class SweepError(CapsnetError):
-    """Trials still errored after their retries (the message names them)."""
-
-
-class SweepInterrupted(CapsnetError):
-    """The driver was interrupted; Tune saved its state and the next run resumes."""
-
-    def __init__(self, message: str, experiment_path: str = ""):
-        super().__init__(message)
-        self.experiment_path = experiment_path
+from pipeline.sweep.errors import SweepError, SweepInterrupted
 
 
 @dataclass
