@@ -54,10 +54,18 @@ def paper_numbers() -> tuple[PaperNumber, ...]:
     """The published numbers, as the dataset declarations give them
     (``capsnet.config.dataset_specs``, ``published``)."""
     from capsnet.config import dataset_specs
+    from capsnet.io.errors import ConfigError
 
+    numbers = dataset_specs.published_numbers()
+    for p in numbers:
+        if p.source not in SOURCES:
+            raise ConfigError(
+                f"dataset spec: the published number for {p.column} ({p.family}) cites "
+                f"source {p.source!r}; pipeline/paper.py knows {', '.join(sorted(SOURCES))}"
+            )
     return tuple(
         PaperNumber(p.column, p.family, p.accuracy, SOURCES[p.source], p.model, p.note)
-        for p in dataset_specs.published_numbers()
+        for p in numbers
     )
 
 

@@ -89,3 +89,19 @@ def test_a_name_no_model_is_registered_under_has_no_family():
     assert paper.model_family("capsnet-retired") is None
     assert paper.paper_number("mnist", "capsnet-retired") is None
     assert paper.is_baseline("capsnet-retired") and paper.is_baseline(None)
+
+
+def test_a_published_number_citing_an_unknown_source_is_a_one_line_error(monkeypatch):
+    import dataclasses
+
+    from capsnet.config import dataset_specs
+    from capsnet.io.errors import ConfigError
+    from pipeline import paper
+
+    mnist = dataset_specs.REGISTRY["mnist"]
+    typo = dataset_specs.Published("mnist", "capsnet", 0.99, "SABUOR", "CapsNet", "")
+    listed = dataclasses.replace(mnist, published=(*mnist.published, typo))
+    monkeypatch.setitem(dataset_specs.REGISTRY, "mnist", listed)
+    with pytest.raises(ConfigError, match=r"mnist \(capsnet\) cites source 'SABUOR'") as info:
+        paper.paper_numbers()
+    assert "\n" not in str(info.value)
