@@ -700,3 +700,17 @@ def test_capsnet_train_reads_the_params_files_data_section_as_capsnet_eval_does(
     default.write_text("data:\n  smallnorb:\n    size: 24\n    crop: 20\n")
     refused = CliRunner().invoke(main, [*args, "--params", str(default)])
     assert refused.exit_code == 1 and "data.smallnorb.standardize" in refused.output
+
+
+def test_capsnet_train_refuses_a_bad_params_file_before_writing_anything(tmp_path):
+    """`capsnet train --params`: a missing file or a bad data setting is one line naming it,
+    and the run directory is never made."""
+    from clihelpers import assert_one_line_error, invoke_cli
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  smallnorb:\n    crop: 64\n")  # larger than size 48
+    out = tmp_path / "run"
+    args = ["train", "--model", "lenet5", "--epochs", "1", "--device", "cpu", "--out", out]
+    assert_one_line_error(invoke_cli(*args, "--params", bad), "bad.yaml", "crop")
+    assert_one_line_error(invoke_cli(*args, "--params", tmp_path / "gone.yaml"), "gone.yaml")
+    assert not out.exists()
