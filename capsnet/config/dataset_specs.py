@@ -17,6 +17,7 @@ prepare: ``prepare(root, out_dir, section_params)``; the prepared spec is a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from capsnet.io.errors import DataError
 
@@ -109,6 +110,11 @@ class DatasetSpec:
     column_order: int = 1000
     summary: tuple[SummaryKey, ...] = ()
     published: tuple[Published, ...] = ()  # the papers' numbers on its columns
+
+    def settings(self, data: Any) -> Any:
+        """Its own part of params.yaml's validated ``data`` section, ``data.<section>``
+        (None where the section has no such part)."""
+        return getattr(data, self.section, None)
 
 
 REGISTRY: dict[str, DatasetSpec] = {

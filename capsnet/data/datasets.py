@@ -74,6 +74,6 @@ def load(
     if unknown:
         raise DataError(f"{name}: unknown option(s) {', '.join(unknown)}")
 
-    settings = getattr(DataParams() if data is None else data, spec.section, None)
+    settings = spec.settings(DataParams() if data is None else data)
     request = LoadRequest(root, split, angle, subset, seed, download, mirror, progress, settings)
     return resolve(spec.loader)(request, **options)

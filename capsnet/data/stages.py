@@ -35,7 +35,7 @@ def download(name: str, params: Params, root=None, mirror=None, progress=False) 
     with locked(root):
         remove_stale_in(out.parent)
         remove_stale_in(out)
-        section = getattr(params.data, spec.section)
+        section = spec.settings(params.data)
         if not section.enabled:
             return write_disabled(out, _switched_off(spec), own=RAW_FILES)
         clear_disabled(out)
@@ -50,7 +50,7 @@ def prepare(name: str, params: Params, root=None) -> Path:
     with locked(root):
         remove_stale_in(root / "prepared")
         out = root / "prepared" / name
-        section = getattr(params.data, spec.section)
+        section = spec.settings(params.data)
         if not section.enabled:
             return write_disabled(out, _switched_off(spec), own=PREPARED_FILES)
         if spec.download:
@@ -68,7 +68,7 @@ def why_off(params: Params, name: str, root=None) -> str | None:
     """Why dataset ``name`` cannot be used: its params section switched off, or its
     prepared folder under ``root`` holding DISABLED.txt; None when it can."""
     spec = get(name)
-    if not getattr(params.data, spec.section).enabled:
+    if not spec.settings(params.data).enabled:
         return _switched_off(spec)
     prepared = _root(root) / "prepared" / name
     reason = read_disabled(prepared)

@@ -53,7 +53,7 @@ class EvalRequest:
         """The settings of evaluation set ``name``'s dataset: ``data.<its section>``."""
         from capsnet.config import dataset_specs
 
-        return getattr(self.data, dataset_specs.of_evaluation(name).section)
+        return dataset_specs.of_evaluation(name).settings(self.data)
 
     def say(self, line: str) -> None:
         if self.log is not None:

@@ -83,7 +83,7 @@ class RunSpec:
 
     def settings(self) -> Any:
         """The dataset's own settings: ``data.<its section>`` of ``data_params``."""
-        return getattr(self.data_params, self.data.section)
+        return self.data.settings(self.data_params)
 
     def data_record(self) -> dict[str, Any]:
         """What a checkpoint of this run records of its data preprocessing (the dataset's
